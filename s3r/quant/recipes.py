@@ -1,0 +1,103 @@
+"""Rounding recipes: the only thing that differs between the INT8 training modes.
+
+A `Recipe` says how the backward pass turns the scaled upstream gradient G' into int8
+codes Q (ALGORITHM.md §1): round to nearest, independent stochastic rounding, or shared
+stochastic rounding with one threshold per token ("token", Φ2D) or per example
+("example", Φbcast), and which of the two backward products gets the S3R-EC correction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Rounding = Literal["none", "rtne", "sr", "shared"]
+Topology = Literal["token", "example"]
+
+_ROUNDINGS = ("none", "rtne", "sr", "shared")
+_TOPOLOGIES = ("token", "example")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+  """How one quantized linear layer computes its forward and backward pass."""
+
+  name: str  # registry name, e.g. "s3r_ec_dx"
+  rounding: Rounding  # "none" = bf16 (no quantization); "rtne"; "sr" = independent; "shared" = S3R
+  dx_topology: Topology | None = None  # shared thresholds of the dX product: one per token or per example
+  dw_topology: Topology | None = None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
+  correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
+  correct_dw: bool = False  # S3R-EC: subtract the structured rounding error from dW
+  description: str = ""  # one line for `s3r recipes`
+
+  def __post_init__(self):
+    if self.rounding not in _ROUNDINGS:
+      raise ValueError(f"Recipe.rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
+    shared = self.rounding == "shared"
+    for field in ("dx_topology", "dw_topology"):
+      value = getattr(self, field)
+      if shared and value not in _TOPOLOGIES:
+        raise ValueError(f"Recipe.{field} must be one of {_TOPOLOGIES} when rounding='shared', got {value!r}")
+      if not shared and value is not None:
+        raise ValueError(f"Recipe.{field} must be None when rounding={self.rounding!r}, got {value!r}")
+    if (self.correct_dx or self.correct_dw) and not shared:
+      raise ValueError(f"Recipe.correct_dx/correct_dw need rounding='shared' (S3R-EC), got rounding={self.rounding!r}")
+    if (self.correct_dx or self.correct_dw) and self.split:
+      raise ValueError("Recipe.correct_dx/correct_dw are not defined for split quantization (dx_topology != dw_topology)")
+
+  @property
+  def quantized(self) -> bool:
+    """True for every INT8 recipe (all but `bf16`)."""
+    return self.rounding != "none"
+
+  @property
+  def stochastic(self) -> bool:
+    """True when the backward pass draws random numbers, so a PRNG key is required."""
+    return self.rounding in ("sr", "shared")
+
+  @property
+  def split(self) -> bool:
+    """True when G' is quantized twice (once per backward product)."""
+    return self.rounding == "sr" or (self.rounding == "shared" and self.dx_topology != self.dw_topology)
+
+
+def _shared(name, topo, *, dx=False, dw=False, dw_topo=None, description):
+  return Recipe(name=name, rounding="shared", dx_topology=topo, dw_topology=dw_topo or topo,
+                correct_dx=dx, correct_dw=dw, description=description)
+
+
+_RECIPES = (
+    Recipe(name="bf16", rounding="none", description="no quantization: bf16 operands, f32 accumulation"),
+    Recipe(name="int8_rtne", rounding="rtne", description="INT8, gradient rounded to nearest even (biased)"),
+    Recipe(name="int8_sr", rounding="sr",
+           description="INT8, independent stochastic rounding: two full-size uniform draws, G' quantized twice"),
+    _shared("s3r", "token", description="S3R: one shared threshold per token, one Q for both products"),
+    _shared("s3r_bcast", "example", description="S3R ablation: one shared threshold per example"),
+    _shared("s3r_ec", "token", dx=True, dw=True, description="S3R-EC: per-token thresholds, dX and dW corrected"),
+    _shared("s3r_ec_dx", "token", dx=True, description="S3R-EC: per-token thresholds, dX corrected (recommended)"),
+    _shared("s3r_ec_bcast", "example", dx=True, dw=True,
+            description="S3R-EC: per-example thresholds, dX and dW corrected"),
+    _shared("s3r_ec_dx_bcast", "example", dx=True, description="S3R-EC: per-example thresholds, dX corrected"),
+    # Diagnostic variants (Table II of the paper).
+    _shared("s3r_ec_dw", "token", dw=True, description="diagnostic: per-token thresholds, dW-only correction"),
+    _shared("s3r_ec_dw_bcast", "example", dw=True, description="diagnostic: per-example thresholds, dW-only correction"),
+    _shared("s3r_split_dx2d_dwbcast", "token", dw_topo="example",
+            description="diagnostic: G' quantized twice, dX per-token / dW per-example thresholds"),
+    _shared("s3r_split_dxbcast_dw2d", "example", dw_topo="token",
+            description="diagnostic: G' quantized twice, dX per-example / dW per-token thresholds"),
+)
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
+DIAGNOSTIC_RECIPES = ("s3r_ec_dw", "s3r_ec_dw_bcast", "s3r_split_dx2d_dwbcast", "s3r_split_dxbcast_dw2d")
+
+
+def recipe(name_or_recipe: str | Recipe) -> Recipe:
+  """Returns the registered recipe called `name_or_recipe` (a Recipe passes through)."""
+  if isinstance(name_or_recipe, Recipe):
+    return name_or_recipe
+  if not isinstance(name_or_recipe, str):
+    raise TypeError(f"recipe must be a Recipe or one of {sorted(RECIPES)}, got {type(name_or_recipe).__name__}")
+  try:
+    return RECIPES[name_or_recipe]
+  except KeyError:
+    raise ValueError(f"unknown recipe {name_or_recipe!r}; valid names: {', '.join(RECIPES)}") from None
