@@ -1,0 +1,233 @@
+"""``prepare()``: from a corpus on disk to a tokenizer and token arrays.
+
+Which corpus (``data`` argument):
+
+* ``None`` or ``"enwiki"`` -- ``<data root>/enwiki``: every shard but the last
+  is training data, the last shard (shard 9) is validation. If there is no
+  data root with ``enwiki/`` (and ``data`` is ``None``), the fallback is the
+  ``.py`` files of the running Python's standard library, which every Python
+  has (also selectable as ``"python-stdlib"``).
+* anything else -- a file, glob, or directory (see :mod:`s3r.data.sources`); a
+  relative path that does not exist is also looked up under the data root, so
+  ``"shakespeare"`` works. Documents (not tokens) are split into train and
+  validation by a hash of their text, so no document (nor any exact duplicate
+  of it) is on both sides.
+
+Whenever the data root has ``c4/c4-sample-a.json.gz`` and it is not part of
+the training data, it is encoded too, as the out-of-domain validation set
+``"c4"``. The tokenizer is trained on training documents only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import pathlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from s3r.data import sources
+from s3r.data.cache import cached_tokenizer, cached_tokens
+from s3r.data.errors import DataError
+from s3r.data.tokenizer import Tokenizer
+
+STDLIB_NAME = "python-stdlib"
+ENWIKI_NAME = "enwiki"
+C4_VAL_FILE = ("c4", "c4-sample-a.json.gz")
+_MAX_LISTED_FILES = 32
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Corpus:
+    """A tokenized corpus, as returned by :func:`prepare`.
+
+    Attributes:
+        name: ``"enwiki"``, ``"python-stdlib"``, or the path the user gave.
+        tokenizer: the tokenizer trained on the training documents.
+        train_tokens: 1-D ``uint16`` (``int32`` if the vocabulary exceeds 65536)
+            array of all training documents, each followed by ``eot_id``.
+        val_tokens: ``{"val": ...}`` (in-domain held-out documents) and, when
+            available, ``"c4"`` (out-of-domain web text); same layout.
+        info: JSON-serialisable description: name, files, split, document,
+            character and token counts, vocabulary, and cache keys/paths.
+    """
+
+    name: str
+    tokenizer: Tokenizer
+    train_tokens: np.ndarray
+    val_tokens: dict[str, np.ndarray]
+    info: dict
+
+
+@dataclasses.dataclass
+class _Source:
+    """Documents chosen for each split, before tokenization."""
+
+    name: str
+    split: str
+    train: list[str]
+    val: dict[str, list[str]]
+    files: dict[str, list[pathlib.Path]]
+
+
+def prepare(data: str | None, *, vocab_size: int = 8192,
+            cache_dir: str | os.PathLike = ".cache/s3r", val_fraction: float = 0.05,
+            max_train_docs: int | None = None,
+            log: Callable[[str], None] = print) -> Corpus:
+    """Read a corpus, train (or reuse) its tokenizer, and encode every split.
+
+    See the module docstring for how ``data`` is interpreted. ``max_train_docs``
+    keeps only the first that many training documents (for quick runs); the
+    validation sets are unaffected. The tokenizer and every token array are
+    cached in ``cache_dir`` under a hash of their inputs, so a second call on
+    the same corpus only reads and hashes the text. Raises :class:`DataError`
+    for problems with the data and ``ValueError`` for invalid arguments.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if max_train_docs is not None and max_train_docs < 1:
+        raise ValueError(f"max_train_docs must be >= 1 or None, got {max_train_docs}")
+    cache = pathlib.Path(cache_dir)
+    root = sources.default_data_root()
+    src = _select_source(data, root, val_fraction, max_train_docs, log)
+    tok, tok_info = cached_tokenizer(src.train, vocab_size, cache, log)
+    splits = {"train": src.train, **src.val}
+    arrays, cache_info = {}, {}
+    for split, docs in splits.items():
+        arrays[split], cache_info[split] = cached_tokens(
+            split, docs, tok, tok_info["cache_key"], cache, log)
+    info = {
+        "name": src.name, "split": src.split,
+        "data_root": str(root) if root else None,
+        "n_files": {k: len(v) for k, v in src.files.items()},
+        "files": {k: [str(f) for f in v[:_MAX_LISTED_FILES]] for k, v in src.files.items()},
+        "n_docs": {k: len(v) for k, v in splits.items()},
+        "n_chars": {k: sum(len(d) for d in v) for k, v in splits.items()},
+        "n_tokens": {k: int(len(v)) for k, v in arrays.items()},
+        "vocab_size": tok.vocab_size, "requested_vocab_size": vocab_size,
+        "eot_id": tok.eot_id, "dtype": arrays["train"].dtype.name,
+        "val_fraction": val_fraction, "max_train_docs": max_train_docs,
+        "tokenizer": tok_info, "token_cache": cache_info,
+    }
+    log(f"data: {src.name}: " + ", ".join(
+        f"{k} {info['n_docs'][k]:,} docs / {info['n_tokens'][k]:,} tokens" for k in splits))
+    train = arrays.pop("train")
+    return Corpus(name=src.name, tokenizer=tok, train_tokens=train, val_tokens=arrays, info=info)
+
+
+def _select_source(data: str | None, root: pathlib.Path | None, val_fraction: float,
+                   max_train_docs: int | None, log) -> _Source:
+    """Decide which documents make up each split (see module docstring)."""
+    enwiki = root / ENWIKI_NAME if root else None
+    if data is None or data == ENWIKI_NAME:
+        if enwiki is not None and enwiki.is_dir():
+            src = _enwiki_source(enwiki, max_train_docs, log)
+        elif data == ENWIKI_NAME:
+            raise DataError(f"no {ENWIKI_NAME}/ directory in the data root ({root or 'not found'}); "
+                            f"set ${sources.DATA_DIR_ENV} to the directory that holds it")
+        else:
+            why = (f"no data root found (${sources.DATA_DIR_ENV} unset and no shared/data above "
+                   f"the current or package directory)" if root is None
+                   else f"data root {root} has no {ENWIKI_NAME}/")
+            src = _stdlib_source(val_fraction, max_train_docs)
+            log(f"data: {why}; using the Python standard library as the corpus: "
+                f"{len(src.files['train'])} .py files under {sources.stdlib_root()}")
+    elif data == STDLIB_NAME:
+        src = _stdlib_source(val_fraction, max_train_docs)
+        log(f"data: {STDLIB_NAME}: .py files under {sources.stdlib_root()}")
+    else:
+        path = _resolve_user_path(data, root)
+        files = sources.resolve_files(path)
+        docs = list(sources.read_files(files, path))
+        src = _hash_split_source(data, files, docs, val_fraction, max_train_docs)
+        log(f"data: {data}: {len(files)} file(s), {len(docs):,} documents, split by "
+            f"document hash into {len(src.train):,} train / {len(src.val['val']):,} val")
+    _add_c4_validation(src, root, log)
+    return src
+
+
+def _resolve_user_path(data: str, root: pathlib.Path | None) -> str:
+    """``data`` itself, or ``<root>/data`` when only that exists (e.g. "shakespeare")."""
+    p = pathlib.Path(os.path.expanduser(data))
+    if p.exists() or p.is_absolute() or root is None or sources.has_glob(data):
+        return data
+    under_root = root / p
+    return str(under_root) if under_root.exists() else data
+
+
+def _enwiki_source(enwiki: pathlib.Path, max_train_docs: int | None, log) -> _Source:
+    shards = sources.resolve_files(enwiki)
+    if len(shards) < 2:
+        raise DataError(f"{enwiki} needs at least 2 shards (train + validation), "
+                        f"found {len(shards)}")
+    train_files, val_files = shards[:-1], shards[-1:]
+    train = list(itertools.islice(sources.read_files(train_files, enwiki), max_train_docs))
+    val = list(sources.read_files(val_files, val_files[0]))
+    log(f"data: {ENWIKI_NAME} from {enwiki}: shards 0-{len(train_files) - 1} train, "
+        f"shard {len(train_files)} validation")
+    split = f"shards {shards[0].name}..{train_files[-1].name} train, {val_files[0].name} val"
+    return _Source(ENWIKI_NAME, split, train, {"val": val},
+                   {"train": train_files, "val": val_files})
+
+
+def _stdlib_source(val_fraction: float, max_train_docs: int | None) -> _Source:
+    files = sources.stdlib_python_files()
+    docs = list(sources.read_files(files, sources.stdlib_root()))
+    return _hash_split_source(STDLIB_NAME, files, docs, val_fraction, max_train_docs)
+
+
+def _hash_split_source(name: str, files: list[pathlib.Path], docs: list[str],
+                       val_fraction: float, max_train_docs: int | None) -> _Source:
+    train_idx, val_idx = split_documents(docs, val_fraction, label=name)
+    train = [docs[i] for i in train_idx][:max_train_docs]
+    split = f"document-text hash, val_fraction={val_fraction}"
+    # Each file may hold documents of both splits, so both list all files.
+    return _Source(name, split, train, {"val": [docs[i] for i in val_idx]},
+                   {"train": files, "val": files})
+
+
+def split_documents(docs: Sequence[str], val_fraction: float, *,
+                    label: str = "corpus") -> tuple[list[int], list[int]]:
+    """Indices of training and validation documents, chosen by a hash of each text.
+
+    A document is held out when its hash, as a number in [0, 1), is below
+    ``val_fraction``; identical texts always land on the same side. At least
+    one document (group of identical texts) is held out and at least one is
+    kept for training; a corpus with fewer than two distinct documents raises
+    :class:`DataError`.
+    """
+    scores = [_unit_hash(d) for d in docs]
+    if len(set(scores)) < 2:
+        raise DataError(f"{label} has {len(docs)} document(s) ({len(set(scores))} distinct); "
+                        f"need at least 2 to split into train and validation "
+                        f"(a .txt file is split into documents at two or more blank lines)")
+    threshold = val_fraction
+    if not any(s < threshold for s in scores):  # hold out the lowest-scoring text
+        threshold = np.nextafter(min(scores), 1.0)
+    if all(s < threshold for s in scores):  # keep the highest-scoring text for training
+        threshold = max(scores)
+    val = [i for i, s in enumerate(scores) if s < threshold]
+    train = [i for i, s in enumerate(scores) if s >= threshold]
+    return train, val
+
+
+def _unit_hash(text: str) -> float:
+    digest = hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def _add_c4_validation(src: _Source, root: pathlib.Path | None, log) -> None:
+    """Add ``<root>/c4/c4-sample-a.json.gz`` as validation set "c4" if usable."""
+    if root is None:
+        return
+    c4 = root.joinpath(*C4_VAL_FILE)
+    if not c4.is_file():
+        return
+    train_files = {f.resolve() for f in src.files["train"]}
+    if c4.resolve() in train_files:
+        log(f"data: not using {c4} for out-of-domain validation: it is training data")
+        return
+    src.val["c4"] = list(sources.read_files([c4], c4))
+    src.files["c4"] = [c4]
