@@ -1,8 +1,169 @@
-"""PLACEHOLDER (being replaced by the real custom-VJP implementation): bf16 matmul with the final signature."""
-import jax, jax.numpy as jnp
-from s3r.quant.recipes import Recipe, recipe as _recipe
+"""The quantized linear layer Y = X W with an INT8 forward and an INT8, unbiased backward.
 
-def qmatmul(x, w, *, key=None, recipe="s3r_ec_dx"):
-  r = _recipe(recipe)
-  y = jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-  return y.astype(x.dtype)
+Forward (every INT8 recipe): per-token and per-output-channel absmax scales, RTNE codes,
+one int8 x int8 -> int32 GEMM, rescale. Backward: both scales are folded into the upstream
+gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into int8 codes Q;
+dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more int8 GEMMs. The recipe decides how
+Q is rounded (see recipes.py) and whether S3R-EC corrects the products (see ec.py).
+
+Dimension letters: B examples, S tokens per example, T = B*S, K input features, N outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from s3r.quant import ec, numerics, thresholds
+from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+
+_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
+
+
+def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
+            recipe: str | Recipe = "s3r_ec_dx") -> jax.Array:
+  """x @ w with the recipe's INT8 forward and backward; returns [..., N] in x's dtype.
+
+  Args:
+    x: activations [B, S, K] (B examples of S tokens) or [T, K] (one example of T tokens).
+    w: weight [K, N] (typically the f32 master weight).
+    key: a `jax.random.key` (or raw uint32[2] key) for the backward pass's rounding; required
+      by stochastic recipes, ignored by `bf16` and `int8_rtne`. Use a fresh key per layer and
+      step: the same key gives the same thresholds.
+    recipe: a `Recipe` or a registered name (see `s3r.RECIPES`).
+
+  A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
+  non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
+  """
+  r = _check_recipe(recipe)
+  _check_operands(x, w)
+  key = _check_key(key, r)
+  if not r.quantized:
+    y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
+  x_BxSxK = x if x.ndim == 3 else x[None]
+  y = _qmatmul(r, np.dtype(x.dtype), np.dtype(w.dtype), x_BxSxK, w, key)
+  return y if x.ndim == 3 else y[0]
+
+
+# --- custom VJP: _qmatmul, _fwd, _bwd, defvjp ------------------------------------------------
+# A custom VJP because the backward is not the derivative of the forward: it re-quantizes
+# the upstream gradient and runs int8 GEMMs on the saved int8 operands.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _qmatmul(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+  return _fwd(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
+
+
+def _fwd(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+  del r, w_dtype
+  batch, seq, k = x_BxSxK.shape
+  sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
+  sw_N = numerics.absmax_scale(w_KxN, axis=0)
+  xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None]).reshape(batch * seq, k)
+  wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :])
+  acc_TxN = numerics.int8_matmul(xq_TxK, wq_KxN)
+  y_TxN = acc_TxN.astype(jnp.float32) * sx_BxS.reshape(-1, 1) * sw_N
+  y_BxSxN = y_TxN.astype(x_dtype).reshape(batch, seq, -1)
+  # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
+  xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])
+  return y_BxSxN, (xqT_KxT, wq_KxN, sx_BxS, sw_N, key)
+
+
+def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
+  xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
+  batch, seq = sx_BxS.shape
+  n = wq_KxN.shape[1]
+  gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
+  delta = jnp.max(jnp.abs(gp_BxSxN)) / numerics.QMAX
+  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  v_BxSxN = gp_BxSxN / delta
+  q_dx, q_dw = _round(r, v_BxSxN, key)
+
+  acc_dx_TxK = numerics.int8_matmul_nt(q_dx.astype(jnp.int8).reshape(-1, n), wq_KxN).astype(jnp.float32)
+  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.astype(jnp.int8).reshape(-1, n)).astype(jnp.float32)
+  if r.correct_dx or r.correct_dw:
+    factors = ec.error_factors(q_dx - v_BxSxN)  # same Q feeds both products (no split with EC)
+    if r.correct_dx:
+      acc_dx_TxK = acc_dx_TxK - ec.dx_correction(*factors, wq_KxN).reshape(acc_dx_TxK.shape)
+    if r.correct_dw:
+      acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
+  dx_BxSxK = (acc_dx_TxK * (delta / sx_BxS).reshape(-1, 1)).reshape(batch, seq, -1)
+  dw_KxN = acc_dw_KxN * (delta / sw_N)
+  return dx_BxSxK.astype(x_dtype), dw_KxN.astype(w_dtype), None
+
+
+_qmatmul.defvjp(_fwd, _bwd)
+
+
+def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
+  """f32 integer codes (Q for dX, Q for dW) of v = G'/Δ; the same array twice when shared."""
+  clip = lambda q: jnp.clip(q, -numerics.QMAX, numerics.QMAX)
+  if r.rounding == "rtne":
+    q = clip(jnp.round(v_BxSxN))
+    return q, q
+  batch, seq, _ = v_BxSxN.shape
+  if r.rounding == "sr":
+    key_dx, key_dw = jax.random.split(key)
+    q_dx = clip(jnp.floor(v_BxSxN + jax.random.uniform(key_dx, v_BxSxN.shape)))
+    q_dw = clip(jnp.floor(v_BxSxN + jax.random.uniform(key_dw, v_BxSxN.shape)))
+    return q_dx, q_dw
+  if not r.split:
+    u = thresholds.shared_thresholds(key, batch, seq, r.dx_topology)
+    q = clip(jnp.floor(v_BxSxN + u))
+    return q, q
+  key_dx, key_dw = jax.random.split(key)
+  u_dx = thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)
+  u_dw = thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)
+  return clip(jnp.floor(v_BxSxN + u_dx)), clip(jnp.floor(v_BxSxN + u_dw))
+
+
+# --- argument checks (trace time) ------------------------------------------------------------
+
+
+def _check_recipe(recipe) -> Recipe:
+  if isinstance(recipe, Recipe):
+    return recipe
+  if isinstance(recipe, str):
+    return lookup_recipe(recipe)
+  raise TypeError(f"qmatmul: recipe must be a s3r.Recipe or a recipe name (str), got {type(recipe).__name__}")
+
+
+def _describe(a) -> str:
+  return f"shape {tuple(a.shape)} dtype {a.dtype}"
+
+
+def _check_operands(x, w) -> None:
+  for name, a in (("x", x), ("w", w)):
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+      raise TypeError(f"qmatmul: {name} must be an array, got {type(a).__name__}")
+    if not any(a.dtype == f for f in _FLOATS):
+      raise TypeError(f"qmatmul: {name} must have a real floating dtype (bfloat16, float16, float32), "
+                      f"got {_describe(a)}")
+  if x.ndim not in (2, 3):
+    raise ValueError(f"qmatmul: x must be [B, S, K] or [T, K], got {_describe(x)}")
+  if w.ndim != 2:
+    raise ValueError(f"qmatmul: w must be [K, N], got {_describe(w)}")
+  if x.shape[-1] != w.shape[0]:
+    raise ValueError(f"qmatmul: the last dim of x ({x.shape[-1]}) must equal the first dim of w "
+                     f"({w.shape[0]}); x has {_describe(x)}, w has {_describe(w)}")
+
+
+def _check_key(key, r: Recipe):
+  if not r.stochastic:
+    return None
+  if key is None:
+    raise ValueError(f"qmatmul: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
+  if not hasattr(key, "dtype"):
+    raise TypeError(f"qmatmul: key must be a jax.random.key array, got {type(key).__name__}")
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.shape != ():
+      raise ValueError(f"qmatmul: key must be a single key (shape ()), got shape {tuple(key.shape)}")
+    return key
+  if key.dtype == jnp.uint32 and key.shape == (2,):
+    return jax.random.wrap_key_data(key)
+  raise TypeError(f"qmatmul: key must be a jax.random.key (or a raw uint32[2] key), got {_describe(key)}")

@@ -1,0 +1,53 @@
+"""INT8 numerics: absmax scales, round-to-nearest-even codes and the int8 GEMMs.
+
+Dimension letters: T tokens (B*S flattened), K input features, N output features.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+QMAX = 127  # codes live in [-127, 127]: the int8 range made symmetric
+
+
+def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
+  """s = max |x| / 127 along `axis` (f32); an all-zero slice gets scale 1, never 0."""
+  amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis)
+  scale = amax / QMAX
+  return jnp.where(scale == 0, jnp.ones_like(scale), scale)
+
+
+def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """int8 codes RTNE(x / scale), clipped to [-127, 127]; `scale` broadcasts against x."""
+  v = x.astype(jnp.float32) / scale
+  return jnp.clip(jnp.round(v), -QMAX, QMAX).astype(jnp.int8)
+
+
+def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array) -> jax.Array:
+  """int8 x int8 -> int32 product in the canonical layout (contract a's last, b's first dim).
+
+  XLA:CPU runs this layout several times faster than one that contracts a leading
+  dimension, so every caller passes operands already laid out this way.
+  """
+  return lax.dot_general(a_MxC, b_CxN, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def int8_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array) -> jax.Array:
+  """int8 x int8 -> int32 product a @ b.T (contracts the last dim of both; also a fast layout)."""
+  return lax.dot_general(a_MxC, b_NxC, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Array:
+  """a.T as a real row-major copy that XLA cannot fold back into the consuming dot.
+
+  XLA's simplifier sinks a plain transpose into the dot_general that consumes it, turning
+  X̂ᵀ Q into a dot that contracts X̂'s leading (token) dimension; XLA:CPU then upcasts the
+  int8 operands to int32 and runs a generic GEMM about 15x slower. A conditional on a
+  runtime value (`nonnegative`, any scalar >= 0 or NaN, e.g. a scale) is opaque to that
+  rewrite (`optimization_barrier` is not: XLA:CPU expands it early). Both branches have the
+  same shape; the second is never taken.
+  """
+  take = jnp.logical_not(nonnegative < 0)  # true for every scale, NaN included
+  return lax.cond(take, lambda a: a.T, lambda a: jnp.zeros_like(a.T), a_MxN)
