@@ -3,7 +3,9 @@
 The tokenizer is GPT-2 style: text is split by the ByteLevel pre-tokenizer
 (which maps every byte to a printable symbol, so any string is encodable and
 decoding is exact), merges are learned with a BPE trainer, and one special
-token, ``<|endoftext|>`` (id 0), separates documents.
+token, ``<|endoftext|>`` (id 0), separates documents. The literal string
+``<|endoftext|>`` inside a text is encoded as ordinary characters, so a
+document can never fake a document boundary.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ class Tokenizer:
         eot_id = hf.token_to_id(EOT)
         if eot_id is None:
             raise DataError(f"tokenizer has no {EOT} token")
+        # Text that happens to contain "<|endoftext|>" is encoded as ordinary
+        # characters; only the pipeline itself inserts the special token.
+        hf.encode_special_tokens = True
         self.hf = hf
         self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
         self.eot_id: int = eot_id
