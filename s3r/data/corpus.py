@@ -31,7 +31,7 @@ import numpy as np
 from s3r.data import sources
 from s3r.data.cache import cached_tokenizer, cached_tokens
 from s3r.data.errors import DataError
-from s3r.data.tokenizer import Tokenizer
+from s3r.data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 STDLIB_NAME = "python-stdlib"
 ENWIKI_NAME = "enwiki"
@@ -89,6 +89,10 @@ def prepare(data: str | None, *, vocab_size: int = 8192,
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if max_train_docs is not None and max_train_docs < 1:
         raise ValueError(f"max_train_docs must be >= 1 or None, got {max_train_docs}")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} (256 bytes + EOT), "
+                         f"got {vocab_size}")
+    data = None if data is None else os.fspath(data)
     cache = pathlib.Path(cache_dir)
     root = sources.default_data_root()
     src = _select_source(data, root, val_fraction, max_train_docs, log)

@@ -116,6 +116,9 @@ class BatchLoader:
         a different token count, batch size, or sequence length raises
         ``ValueError``, since the batches could not be replayed.
         """
+        missing = [k for k in ("seed", "epoch", "position") if k not in state]
+        if missing:
+            raise ValueError(f"cannot restore loader state: missing {', '.join(missing)}")
         for key in ("batch_size", "seq_len", "n_tokens"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"cannot restore loader state: {key}={state[key]} in the state "

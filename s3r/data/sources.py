@@ -90,6 +90,12 @@ def _hidden(rel: pathlib.Path) -> bool:
 def read_documents(path: str | os.PathLike) -> Iterator[str]:
     """Yield the non-empty documents of a file, glob, or directory, in order.
 
+    Formats (by name): ``.txt`` (split into documents at two or more
+    consecutive blank lines), ``.jsonl`` / ``.jsonl.gz`` / ``.json.gz`` (one
+    JSON object per line; its ``"text"``, or ``"prefix" + "gold_completion"``),
+    and ``.py`` (one document per file). A directory is read recursively,
+    files sorted by path; see the module docstring for details.
+
     The path is checked eagerly (a missing path raises :class:`DataError` at
     the call); file contents are read lazily. Problems found while reading
     (bad JSON, a record without ``"text"``, bad UTF-8 or gzip, or a corpus

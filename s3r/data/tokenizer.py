@@ -22,7 +22,7 @@ from s3r.data.errors import DataError
 EOT = "<|endoftext|>"
 # Bump when the tokenizer recipe changes so that cached tokenizers are retrained.
 TOKENIZER_VERSION = f"s3r-bytelevel-bpe-v1/tokenizers-{tokenizers.__version__}"
-_MIN_VOCAB = 257  # 256 byte symbols + <|endoftext|>
+MIN_VOCAB_SIZE = 257  # 256 byte symbols + <|endoftext|>
 
 
 class Tokenizer:
@@ -51,8 +51,8 @@ class Tokenizer:
         The result can be smaller than ``vocab_size`` when the texts are too
         small to support that many merges; read ``.vocab_size`` afterwards.
         """
-        if not _MIN_VOCAB <= vocab_size <= 2**31 - 1:
-            raise ValueError(f"vocab_size must be at least {_MIN_VOCAB} "
+        if not MIN_VOCAB_SIZE <= vocab_size <= 2**31 - 1:
+            raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} "
                              f"(256 bytes + {EOT}), got {vocab_size}")
         hf = tokenizers.Tokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -136,6 +136,8 @@ def test_invalid_arguments_raise_value_error(tmp_path, no_data_root):
         prepare(None, val_fraction=1.0, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="max_train_docs"):
         prepare(None, max_train_docs=0, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="vocab_size"):
+        prepare(None, vocab_size=200, cache_dir=tmp_path)
 
 
 def test_real_enwiki_is_the_default_corpus(real_data_root, tmp_path, log):
