@@ -1,0 +1,2 @@
+"""Flax adapters: s3r's quantized matmul as a `dot_general` for Linen `Dense` and `nnx.Linear`."""
+from s3r.nn.dot_general import LinenDotGeneral, NnxDotGeneral, dot_general

@@ -79,7 +79,7 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta = jnp.max(jnp.abs(gp_BxSxN)) / numerics.QMAX
+  delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
   v_BxSxN = gp_BxSxN / delta
   q_dx, q_dw = _round(r, v_BxSxN, key)

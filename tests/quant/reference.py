@@ -1,0 +1,46 @@
+"""Shared helpers for the quantized-matmul tests: float64 NumPy references of ALGORITHM.md §1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+def np_scale(a: np.ndarray, axis: int) -> np.ndarray:
+  s = np.max(np.abs(a.astype(np.float32)), axis=axis) * np.float32(1 / 127)  # as numerics.absmax_scale
+  return np.where(s == 0, np.float32(1), s).astype(np.float32)
+
+
+def np_rtne_codes(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+  return np.clip(np.round(a.astype(np.float32) / s), -127, 127).astype(np.int8)
+
+
+class Reference:
+  """The executed forward graph's operands and its exact (float64) backward for upstream g."""
+
+  def __init__(self, x, w, g):
+    x, w, g = (np.asarray(a, np.float32) for a in (x, w, g))
+    self.sx = np_scale(x, axis=-1)  # [B, S]
+    self.sw = np_scale(w, axis=0)  # [N]
+    self.xq = np_rtne_codes(x, self.sx[..., None])
+    self.wq = np_rtne_codes(w, self.sw[None, :])
+    x_deq = self.xq.astype(np.float64) * self.sx[..., None]
+    w_deq = self.wq.astype(np.float64) * self.sw[None, :]
+    self.y = x_deq @ w_deq
+    self.dx = g.astype(np.float64) @ w_deq.T
+    self.dw = np.einsum("bsk,bsn->kn", x_deq, g.astype(np.float64))
+    self.gp = self.sx[..., None].astype(np.float64) * g * self.sw
+    self.delta = np.abs(self.gp).max() / 127
+
+
+def heavy_tailed(rng: np.random.Generator, shape, decades: float = 4.0) -> np.ndarray:
+  """Random signs times log-normal magnitudes spanning about `decades` orders of magnitude."""
+  sigma = decades * np.log(10) / 4  # +-2 sigma covers the decades
+  return (rng.choice([-1.0, 1.0], size=shape) * rng.lognormal(0.0, sigma, size=shape)).astype(np.float32)
+
+
+def grads(recipe, x, w, g, key):
+  """(dX, dW) of qmatmul for upstream gradient g."""
+  from s3r import qmatmul
+  _, vjp = jax.vjp(lambda a, b: qmatmul(a, b, key=key, recipe=recipe), x, w)
+  return vjp(jnp.asarray(g, x.dtype))
