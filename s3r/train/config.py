@@ -1,0 +1,76 @@
+"""Configuration of one training run (what `s3r train` flags set)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from s3r.model import PRESETS, ModelConfig, preset as model_preset
+from s3r.quant import RECIPES
+from s3r.train.optimizer import OptimizerConfig
+
+# Fields that may differ between a run and its `--resume`: they do not change the numbers.
+RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """Everything a training run needs; saved in <out>/config.json and in every checkpoint."""
+
+  out: str  # run directory: metrics.jsonl, loss.png, config.json, checkpoints/
+  preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
+  recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
+  steps: int = 300  # optimizer steps in the whole run
+  lr: float = 1e-3  # peak learning rate
+  warmup: int = 30  # linear warm-up steps
+  batch: int = 8  # sequences per step (global batch)
+  seq: int = 256  # tokens per sequence
+  data: str | None = None  # corpus (None: enwiki under the shared data root, see s3r.data.prepare)
+  vocab: int = 8192  # tokenizer vocabulary size requested from s3r.data.prepare
+  max_train_docs: int | None = None  # keep only the first N training documents (quick runs)
+  cache_dir: str = ".cache/s3r"  # tokenizer and token cache
+  seed: int = 0  # seeds parameters, quantizer randomness and batch order
+  eval_every: int = 100  # validation loss every N steps (and at the end)
+  eval_batches: int = 16  # batches per validation set
+  ckpt_every: int = 100  # checkpoint every N steps (and at the end)
+  resume: bool = False  # continue from the latest checkpoint in `out`
+  mesh: str | None = None  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (None: one device)
+  progress: bool = True  # show a tqdm progress bar
+
+  def __post_init__(self):
+    if self.preset not in PRESETS:
+      raise ValueError(f"TrainConfig.preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
+    if self.recipe not in RECIPES:
+      raise ValueError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+    for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"TrainConfig.{field} must be an int >= 1, got {value!r}")
+    if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
+      raise ValueError(f"TrainConfig.warmup must be an int in [0, steps={self.steps}], got {self.warmup!r}")
+    if not self.lr > 0:
+      raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+    if self.max_train_docs is not None and self.max_train_docs < 1:
+      raise ValueError(f"TrainConfig.max_train_docs must be >= 1 or None, got {self.max_train_docs!r}")
+    if not self.out:
+      raise ValueError("TrainConfig.out must be a non-empty path")
+
+  def model_config(self, vocab_size: int) -> ModelConfig:
+    """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
+    base = PRESETS[self.preset]
+    return model_preset(self.preset, vocab_size=vocab_size, recipe=self.recipe,
+                        max_seq_len=max(base.max_seq_len, self.seq))
+
+  def optimizer_config(self) -> OptimizerConfig:
+    return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "TrainConfig":
+    return cls(**d)
+
+  def resume_mismatches(self, saved: "TrainConfig") -> list[str]:
+    """Fields (other than RESUMABLE_CHANGES) in which `saved` differs from this config."""
+    mine, theirs = self.to_dict(), saved.to_dict()
+    return [f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in mine if k not in RESUMABLE_CHANGES and mine[k] != theirs[k]]

@@ -1,0 +1,64 @@
+"""Pure train and eval steps.
+
+Dimension letters: B batch, S sequence, V vocabulary. A batch is int32 [B, S + 1]:
+inputs are its first S tokens, targets its last S.
+
+Randomness: the quantizers of step t use `fold_in(train_key, t)`, so a resumed run draws
+exactly the numbers an uninterrupted run would; the model derives per-layer and
+per-projection keys from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from s3r import model as s3r_model
+
+
+class TrainState(NamedTuple):
+  step: jax.Array  # int32 scalar: number of updates applied so far
+  params: dict  # nested dict of f32 master weights
+  opt_state: Any  # optax state of `make_optimizer`
+
+
+def init_state(params: dict, tx: optax.GradientTransformation) -> TrainState:
+  """A fresh TrainState (step 0) around the parameters from `s3r.model.init`."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+  """Token-mean cross-entropy, computed in f32."""
+  losses_BxS = optax.softmax_cross_entropy_with_integer_labels(logits_BxSxV.astype(jnp.float32), targets_BxS)
+  return jnp.mean(losses_BxS)
+
+
+def loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Array | None) -> jax.Array:
+  logits_BxSxV = s3r_model.apply(graphdef, params, batch_BxS1[:, :-1], key=key)
+  return cross_entropy(logits_BxSxV, batch_BxS1[:, 1:])
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule):
+  """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics)."""
+
+  def train_step(state: TrainState, batch_BxS1: jax.Array, train_key: jax.Array):
+    step_key = jax.random.fold_in(train_key, state.step)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, graphdef, batch_BxS1, step_key)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr_schedule(state.step)}
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return train_step
+
+
+def make_eval_step(graphdef):
+  """Returns eval_step(params, batch_BxS1, eval_key) -> token-mean loss (forward only)."""
+
+  def eval_step(params: dict, batch_BxS1: jax.Array, eval_key: jax.Array):
+    return loss_fn(params, graphdef, batch_BxS1, eval_key)
+
+  return eval_step
