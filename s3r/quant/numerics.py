@@ -19,7 +19,9 @@ def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
 
   Computed as max|x| * f32(1/127): XLA rewrites a division by the constant 127 into that
   multiplication anyway (within 1 ulp of the true quotient), so we write it explicitly and
-  references can match the result bit for bit.
+  references can match the result bit for bit. A slice whose max is below 127 times the
+  smallest normal f32 (~1.5e-36) gets a subnormal scale, which XLA:CPU flushes to zero, so it
+  takes the zero-slice path and quantizes to all-zero codes.
   """
   amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis)
   scale = amax * INV_QMAX

@@ -84,10 +84,11 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
   v_BxSxN = gp_BxSxN / delta
   q_dx, q_dw = _round(r, v_BxSxN, key)
 
-  acc_dx_TxK = numerics.int8_matmul_nt(q_dx.astype(jnp.int8).reshape(-1, n), wq_KxN).astype(jnp.float32)
-  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.astype(jnp.int8).reshape(-1, n)).astype(jnp.float32)
+  acc_dx_TxK = numerics.int8_matmul_nt(q_dx.reshape(-1, n), wq_KxN).astype(jnp.float32)
+  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n)).astype(jnp.float32)
   if r.correct_dx or r.correct_dw:
-    factors = ec.error_factors(q_dx - v_BxSxN)  # same Q feeds both products (no split with EC)
+    # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw)
+    factors = ec.error_factors(q_dx.astype(jnp.float32) - v_BxSxN)
     if r.correct_dx:
       acc_dx_TxK = acc_dx_TxK - ec.dx_correction(*factors, wq_KxN).reshape(acc_dx_TxK.shape)
     if r.correct_dw:
@@ -101,25 +102,25 @@ _qmatmul.defvjp(_fwd, _bwd)
 
 
 def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
-  """f32 integer codes (Q for dX, Q for dW) of v = G'/Δ; the same array twice when shared."""
-  clip = lambda q: jnp.clip(q, -numerics.QMAX, numerics.QMAX)
+  """int8 codes (Q for dX, Q for dW) of v = G'/Δ: one array, returned twice, unless split."""
+  def codes(noise):
+    rounded = jnp.round(v_BxSxN) if noise is None else jnp.floor(v_BxSxN + noise)
+    return jnp.clip(rounded, -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+
   if r.rounding == "rtne":
-    q = clip(jnp.round(v_BxSxN))
+    q = codes(None)
     return q, q
   batch, seq, _ = v_BxSxN.shape
   if r.rounding == "sr":
     key_dx, key_dw = jax.random.split(key)
-    q_dx = clip(jnp.floor(v_BxSxN + jax.random.uniform(key_dx, v_BxSxN.shape)))
-    q_dw = clip(jnp.floor(v_BxSxN + jax.random.uniform(key_dw, v_BxSxN.shape)))
-    return q_dx, q_dw
+    return (codes(jax.random.uniform(key_dx, v_BxSxN.shape)),
+            codes(jax.random.uniform(key_dw, v_BxSxN.shape)))
   if not r.split:
-    u = thresholds.shared_thresholds(key, batch, seq, r.dx_topology)
-    q = clip(jnp.floor(v_BxSxN + u))
+    q = codes(thresholds.shared_thresholds(key, batch, seq, r.dx_topology))
     return q, q
   key_dx, key_dw = jax.random.split(key)
-  u_dx = thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)
-  u_dw = thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)
-  return clip(jnp.floor(v_BxSxN + u_dx)), clip(jnp.floor(v_BxSxN + u_dw))
+  return (codes(thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)),
+          codes(thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)))
 
 
 # --- argument checks (trace time) ------------------------------------------------------------
