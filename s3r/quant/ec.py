@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+_UNROLL_MAX_EXAMPLES = 64  # up to this many examples per device the dW update is unrolled
+
 
 def error_factors(e_BxSxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Token means r [B, S], channel means c [B, N] and grand means m [B] of the error."""
@@ -48,7 +50,11 @@ def dw_correction(r_BxS, c_BxN, m_B, xqT_KxT: jax.Array) -> jax.Array:
   p_KxB = jnp.einsum("kbs,bs->kb", xq_KxBxS, r_BxS)
   xbar_KxB = jnp.mean(xq_KxBxS, axis=2)
   col_K = jnp.sum(p_KxB - seq * m_B * xbar_KxB, axis=1)
-  # Written as a broadcast-multiply-reduce over the B examples rather than a dot so that XLA
-  # can fuse it into the rescale of the dW accumulator instead of writing a [K, N] temporary.
-  rank_b_KxN = jnp.sum(xbar_KxB[:, :, None] * c_BxN[None, :, :], axis=1)
+  if batch <= _UNROLL_MAX_EXAMPLES:
+    # A sum of B outer products (not a dot): XLA fuses it into the rescale of the int32 dW
+    # accumulator, so no weight-sized f32 temporary exists besides dW itself. As a dot, XLA
+    # would first write the accumulator out as f32 to use it as the GEMM's addend.
+    rank_b_KxN = sum(xbar_KxB[:, b, None] * c_BxN[None, b, :] for b in range(batch))
+  else:  # keeps the traced program small; costs one [K, N] f32 temporary
+    rank_b_KxN = jnp.einsum("kb,bn->kn", xbar_KxB, c_BxN)
   return col_K[:, None] + seq * rank_b_KxN

@@ -1,0 +1,99 @@
+"""Program structure: three int8 GEMMs, one quantized gradient, few random words, no full-size
+threshold tensor in memory, and no weight-sized correction temporary."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import s3r
+from s3r.quant import inspect
+
+B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
+INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized]
+
+
+def _fwd_bwd(recipe):
+  def f(x, w, g, key):
+    y, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=key, recipe=recipe), x, w)
+    return y, vjp(g)
+  args = (jnp.zeros((B, S, K), jnp.bfloat16), jnp.zeros((K, N)), jnp.zeros((B, S, N), jnp.bfloat16),
+          jax.random.key(0))
+  return f, args
+
+
+def _jaxpr(recipe):
+  f, args = _fwd_bwd(recipe)
+  return jax.make_jaxpr(f)(*args)
+
+
+@pytest.mark.parametrize("recipe", INT8)
+def test_fwd_and_bwd_have_exactly_three_int8_dots(recipe):
+  dots = inspect.int8_dots(_jaxpr(recipe))
+  assert len(dots) == 3
+  assert all(d.outvars[0].aval.dtype == jnp.int32 for d in dots)
+
+
+def test_bf16_recipe_has_no_int8_dot():
+  assert inspect.int8_dots(_jaxpr("bf16")) == []
+
+
+@pytest.mark.parametrize("recipe, words", [
+    ("int8_rtne", 0),
+    ("int8_sr", 2 * B * S * N),
+    ("s3r", math.ceil(B * S / 4)),
+    ("s3r_ec_dx", math.ceil(B * S / 4)),
+    ("s3r_bcast", math.ceil(B / 4)),
+    ("s3r_split_dx2d_dwbcast", math.ceil(B * S / 4) + math.ceil(B / 4)),
+])
+def test_random_words_drawn_per_recipe(recipe, words):
+  assert inspect.random_words(_jaxpr(recipe)) == words
+
+
+def _gradient_quantizations(jaxpr):
+  """Conversions of a full-size [B, S, N] array to int8: one per quantization of G'."""
+  return [e for e in inspect.iter_eqns(jaxpr) if e.primitive.name == "convert_element_type"
+          and e.params["new_dtype"] == jnp.int8 and math.prod(e.invars[0].aval.shape) == B * S * N]
+
+
+@pytest.mark.parametrize("recipe", INT8)
+def test_upstream_gradient_is_quantized_once_except_for_split_recipes(recipe):
+  jaxpr = _jaxpr(recipe)
+  expected = 2 if s3r.recipe(recipe).split else 1
+  assert len(_gradient_quantizations(jaxpr)) == expected
+  # ...and, when shared, the very same int8 tensor feeds both backward GEMMs
+  q_vars = {e.outvars[0] for e in _gradient_quantizations(jaxpr)}
+  reshaped = {e.outvars[0] for e in inspect.iter_eqns(jaxpr)
+              if e.primitive.name == "reshape" and e.invars[0] in q_vars}
+  consumers = [d for d in inspect.int8_dots(jaxpr) if set(d.invars) & (q_vars | reshaped)]
+  assert len(consumers) == 2
+
+
+def _compiled_buffers(recipe):
+  f, args = _fwd_bwd(recipe)
+  return inspect.full_size_buffers(inspect.compiled_text(f, *args), B * S * N)
+
+
+@pytest.mark.parametrize("recipe", ["s3r", "s3r_bcast", "s3r_ec_dx"])
+def test_full_size_threshold_tensor_is_never_materialized(recipe):
+  # The thresholds are broadcast inside the quantizer fusion: no full-size random bits or
+  # uniforms reach memory, and plain S3R keeps exactly RTNE's full-size buffers.
+  buffers = _compiled_buffers(recipe)
+  assert not [b for b in buffers if b[1] in ("u32", "u8", "u16")], buffers
+  if not s3r.recipe(recipe).correct_dx:
+    assert sorted(b[1] for b in buffers) == sorted(b[1] for b in _compiled_buffers("int8_rtne"))
+
+
+def test_independent_sr_materializes_full_size_random_bits():
+  # The contrast that shows the check above can fail.
+  assert [b for b in _compiled_buffers("int8_sr") if b[1] == "u32"]
+
+
+def test_dw_correction_adds_no_weight_sized_temporary_beyond_dw():
+  # Weight-sized buffers of RTNE: Ŵ (int8), the int32 dW accumulator and dW itself (f32).
+  # The two-way correction must not add one (e.g. an f32 copy of the accumulator).
+  def weight_sized(recipe):
+    f, args = _fwd_bwd(recipe)
+    return sorted(b[1] for b in inspect.full_size_buffers(inspect.compiled_text(f, *args), K * N))
+  assert weight_sized("s3r_ec") == weight_sized("int8_rtne") == ["f32", "s32", "s8"]
