@@ -8,6 +8,10 @@ from s3r.model import PRESETS, ModelConfig, preset as model_preset
 from s3r.quant import RECIPES
 from s3r.train.optimizer import OptimizerConfig
 
+class ConfigError(ValueError):
+  """A problem with what the user asked for (flags, mesh, run directory): reported in one line."""
+
+
 # Fields that may differ between a run and its `--resume`: they do not change the numbers.
 RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir")
 
@@ -38,21 +42,21 @@ class TrainConfig:
 
   def __post_init__(self):
     if self.preset not in PRESETS:
-      raise ValueError(f"TrainConfig.preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
+      raise ConfigError(f"TrainConfig.preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
     if self.recipe not in RECIPES:
-      raise ValueError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+      raise ConfigError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
     for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every"):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"TrainConfig.{field} must be an int >= 1, got {value!r}")
+        raise ConfigError(f"TrainConfig.{field} must be an int >= 1, got {value!r}")
     if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
-      raise ValueError(f"TrainConfig.warmup must be an int in [0, steps={self.steps}], got {self.warmup!r}")
+      raise ConfigError(f"TrainConfig.warmup must be an int in [0, steps={self.steps}], got {self.warmup!r}")
     if not self.lr > 0:
-      raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+      raise ConfigError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
     if self.max_train_docs is not None and self.max_train_docs < 1:
-      raise ValueError(f"TrainConfig.max_train_docs must be >= 1 or None, got {self.max_train_docs!r}")
+      raise ConfigError(f"TrainConfig.max_train_docs must be >= 1 or None, got {self.max_train_docs!r}")
     if not self.out:
-      raise ValueError("TrainConfig.out must be a non-empty path")
+      raise ConfigError("TrainConfig.out must be a non-empty path")
 
   def model_config(self, vocab_size: int) -> ModelConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""

@@ -94,6 +94,17 @@ def activation_constraint(mesh: Mesh):
   return lambda x, axes: jax.lax.with_sharding_constraint(x, sharding(mesh, P(*axes), x.shape))
 
 
+def with_activation_sharding(fn, mesh: Mesh):
+  """`fn` traced with the model's activations constrained by RULES on `mesh`."""
+  constraint = activation_constraint(mesh)
+
+  def wrapped(*args):
+    with s3r_model.activation_sharding(constraint):
+      return fn(*args)
+
+  return wrapped
+
+
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
   """Batches [B, S+1]: batch over (data, fsdp)."""
   per_batch = mesh.shape["data"] * mesh.shape["fsdp"]

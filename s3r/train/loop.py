@@ -1,0 +1,241 @@
+"""The training I/O loop: data, compiled steps, validation, checkpoints, metrics, plot.
+
+`train(cfg)` runs (or resumes) one run and writes into `cfg.out`:
+  config.json      the run config, the model config and the corpus summary
+  metrics.jsonl    one line per step: step, loss, lr, grad_norm, tokens_per_s, step_time_s,
+                   plus val_loss (and val_loss_c4, ...) on validation steps
+  loss.png         train and validation loss curves (at the end)
+  checkpoints/     Orbax checkpoints every `ckpt_every` steps and at the end
+`evaluate_checkpoint(path)` computes the validation losses of a saved run.
+
+PRNG keys: key(seed) is split into init (parameters), train (quantizer randomness, folded
+with the step number) and eval (forward-only passes need a key for stochastic recipes but
+draw nothing from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import time
+
+import jax
+import numpy as np
+import tokenizers
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
+
+from s3r import data as s3r_data
+from s3r import model as s3r_model
+from s3r.train import checkpoint, report, sharding
+from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.optimizer import make_optimizer, schedule
+from s3r.train.step import TrainState, init_state, make_eval_step, make_train_step
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss or the gradient norm became non-finite."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """The compiled pieces of a run, built from its config and vocabulary."""
+
+  model_cfg: s3r_model.ModelConfig
+  mesh: jax.sharding.Mesh
+  state_shardings: TrainState
+  batch_sharding: NamedSharding
+  abstract_state: TrainState  # ShapeDtypeStructs with shardings
+  init_state: callable  # init_key -> TrainState
+  train_step: callable  # (state, batch, train_key) -> (state, metrics); donates state
+  eval_step: callable  # (params, batch, eval_key) -> loss
+  keys: dict  # "init", "train", "eval"
+
+
+def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
+  """The mesh of `cfg.mesh`, checked against the devices and the batch size (ConfigError if not)."""
+  try:
+    mesh = sharding.make_mesh(sharding.parse_mesh(cfg.mesh, jax.device_count()))
+    sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  return mesh
+
+
+def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh) -> Setup:
+  """Model, shardings and the jitted init/train/eval functions of `cfg` on `mesh`."""
+  model_cfg = cfg.model_config(vocab_size)
+  batch_sh = sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+  tx = make_optimizer(cfg.optimizer_config())
+  graphdef = s3r_model.graphdef(model_cfg)
+  fresh = lambda key: init_state(s3r_model.init_params(model_cfg, key), tx)
+  shapes = jax.eval_shape(fresh, jax.random.key(0))
+  state_sh = sharding.state_shardings(mesh, model_cfg, shapes, tx)
+  replicated = NamedSharding(mesh, P())
+  constrained = lambda fn: sharding.with_activation_sharding(fn, mesh)
+  train_step = jax.jit(constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()))),
+                       in_shardings=(state_sh, batch_sh, replicated), out_shardings=(state_sh, replicated),
+                       donate_argnums=0)
+  eval_step = jax.jit(constrained(make_eval_step(graphdef)), in_shardings=(state_sh.params, batch_sh, replicated),
+                      out_shardings=replicated)
+  init_key, train_key, eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
+  return Setup(model_cfg=model_cfg, mesh=mesh, state_shardings=state_sh, batch_sharding=batch_sh,
+               abstract_state=checkpoint.abstract_like(shapes, state_sh),
+               init_state=jax.jit(fresh, out_shardings=state_sh), train_step=train_step, eval_step=eval_step,
+               keys={"init": init_key, "train": train_key, "eval": eval_key})
+
+
+def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
+  return s3r_data.prepare(cfg.data, vocab_size=cfg.vocab, cache_dir=cfg.cache_dir,
+                          max_train_docs=cfg.max_train_docs, log=log)
+
+
+def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[str, list[np.ndarray]]:
+  """Up to `eval_batches` fixed batches per validation set; sets too small for one batch are skipped."""
+  out = {}
+  for name, tokens in corpus_val.items():
+    try:
+      out[name] = list(s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq,
+                                             max_batches=cfg.eval_batches))
+    except s3r_data.DataError as e:
+      if name == "val":
+        raise
+      log(f"validation set {name!r} skipped: {e}")
+  return out
+
+
+def evaluate(setup: Setup, params, val_sets: dict[str, list[np.ndarray]]) -> dict[str, float]:
+  """Mean token loss on each validation set."""
+  losses = {}
+  for name, batches in val_sets.items():
+    per_batch = [setup.eval_step(params, jax.device_put(b, setup.batch_sharding), setup.keys["eval"])
+                 for b in batches]
+    losses[name] = float(np.mean(jax.device_get(per_batch)))
+  return losses
+
+
+def _start(cfg: TrainConfig, setup: Setup, ckpt: checkpoint.Checkpointer, loader: s3r_data.BatchLoader, log):
+  """The initial TrainState: fresh, or restored from the latest checkpoint when resuming."""
+  latest = ckpt.latest_step()
+  if latest is not None and not cfg.resume:
+    raise ConfigError(f"{ckpt.directory} already has checkpoints (latest: step {latest}); "
+                      f"pass --resume to continue that run or choose another --out")
+  if latest is None:
+    if cfg.resume:
+      log(f"resume: no checkpoint in {ckpt.directory}; starting from step 0")
+    return setup.init_state(setup.keys["init"])
+  saved = TrainConfig.from_dict(ckpt.read_meta(latest)["train_config"])
+  if mismatches := cfg.resume_mismatches(saved):
+    raise ConfigError("--resume with a different configuration than the checkpoint: " + "; ".join(mismatches))
+  state, meta = ckpt.restore(setup.abstract_state, latest)
+  loader.restore(meta["loader"])
+  log(f"resume: restored step {latest} from {ckpt.directory / str(latest)}")
+  return state
+
+
+def train(cfg: TrainConfig, *, log=print) -> dict:
+  """Runs (or resumes) the training run `cfg`; returns a summary (final losses, paths, time)."""
+  t_start = time.time()
+  out = pathlib.Path(cfg.out)
+  mesh = make_mesh(cfg)
+  out.mkdir(parents=True, exist_ok=True)
+  corpus = prepare_data(cfg, log)
+  setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
+  loader = s3r_data.BatchLoader(corpus.train_tokens, batch_size=cfg.batch, seq_len=cfg.seq, seed=cfg.seed)
+  val_sets = validation_batches(corpus.val_tokens, cfg, log)
+  ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
+  state = _start(cfg, setup, ckpt, loader, log)
+  start = int(state.step)
+  meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
+                  "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str()}
+  (out / "config.json").write_text(json.dumps(
+      {"train": cfg.to_dict(), "model": setup.model_cfg.to_dict(),
+       "param_count": s3r_model.param_count(setup.model_cfg), "mesh": dict(setup.mesh.shape),
+       "data": {k: corpus.info[k] for k in ("name", "split", "n_docs", "n_tokens", "vocab_size")}}, indent=2))
+  writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
+  log(f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
+      f"mesh {dict(setup.mesh.shape)}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}")
+
+  t0 = time.time()
+  batch = jax.device_put(loader.next(), setup.batch_sharding) if start < cfg.steps else None
+  train_step = setup.train_step.lower(state, batch, setup.keys["train"]).compile() if batch is not None else None
+  log(f"compiled the train step in {time.time() - t0:.1f}s")
+  val_losses, last_ckpt = {}, None
+  bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+  for step in range(start + 1, cfg.steps + 1):
+    t0 = time.time()
+    if batch is None:
+      batch = jax.device_put(loader.next(), setup.batch_sharding)
+    state, metrics = train_step(state, batch, setup.keys["train"])
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    step_time = time.time() - t0
+    batch = None
+    if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
+      bar.close()
+      where = f"{last_ckpt} is the last good checkpoint" if last_ckpt else (
+          f"no checkpoint was written this session (latest: {ckpt.latest_step()})")
+      raise TrainingDiverged(f"non-finite loss {metrics['loss']} (grad_norm {metrics['grad_norm']}) at step "
+                             f"{step}; stopping: {where}")
+    record = {"step": step, **metrics, "tokens_per_s": cfg.batch * cfg.seq / step_time, "step_time_s": step_time}
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+      val_losses = evaluate(setup, state.params, val_sets)
+      record.update({report.val_key(k): v for k, v in val_losses.items()})
+      bar.write(f"step {step}: loss {metrics['loss']:.4f}, " +
+                ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items()))
+    writer.write(record)
+    if step % cfg.ckpt_every == 0 or step == cfg.steps:
+      last_ckpt = ckpt.save(step, state, meta())
+    bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+    bar.update(1)
+  bar.close()
+  ckpt.close()
+  return _finish(cfg, out, val_losses, last_ckpt, time.time() - t_start, log)
+
+
+def _finish(cfg: TrainConfig, out: pathlib.Path, val_losses: dict, last_ckpt, seconds: float, log) -> dict:
+  records = report.read_metrics(out / report.METRICS_FILE)
+  plot = report.plot_losses(records, out / report.PLOT_FILE, title=f"{cfg.preset} / {cfg.recipe}")
+  if not val_losses:  # nothing left to train: report the last validation losses on file
+    val_losses = {k.removeprefix("val_loss_") if k != "val_loss" else "val": v
+                  for r in records for k, v in r.items() if k.startswith("val_loss")}
+  final = ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
+  log(f"final validation loss: {final or 'n/a'}")
+  log(f"loss curve: {plot}")
+  return {"val_losses": val_losses, "plot": str(plot), "metrics": str(out / report.METRICS_FILE),
+          "checkpoint": str(last_ckpt) if last_ckpt else None, "seconds": seconds,
+          "final_loss": records[-1]["loss"] if records else None}
+
+
+def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int | None = None,
+                        log=print) -> dict[str, float]:
+  """Validation losses of the latest checkpoint under `path` (a run or its checkpoints/ folder).
+
+  Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
+  otherwise every document of `data`, encoded with the run's tokenizer.
+  """
+  directory = checkpoint.find_checkpoint_dir(path)
+  if not directory.is_dir():
+    raise ConfigError(f"no checkpoint directory at {path}")
+  ckpt = checkpoint.Checkpointer(directory, create=False)
+  if ckpt.latest_step() is None:
+    raise ConfigError(f"no checkpoint in {directory}")
+  meta = ckpt.read_meta()
+  cfg = TrainConfig.from_dict(meta["train_config"])
+  if max_batches is not None:
+    cfg = dataclasses.replace(cfg, eval_batches=max_batches)
+  tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
+  if data is None or data == cfg.data:
+    corpus = prepare_data(cfg, log)
+    if corpus.tokenizer.hf.to_str() != meta["tokenizer"]:
+      raise ConfigError(f"the tokenizer prepared for {cfg.data or 'the default corpus'} differs from the run's")
+    val = corpus.val_tokens
+  else:
+    docs = list(s3r_data.read_documents(data))
+    val = {"val": np.concatenate([np.asarray(ids + [tok.eot_id], np.int32) for ids in tok.encode_batch(docs)])}
+  setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
+  state, _ = ckpt.restore(setup.abstract_state)
+  ckpt.close()
+  log(f"eval: step {int(state.step)} of {directory}")
+  return evaluate(setup, state.params, validation_batches(val, cfg, log))

@@ -1,0 +1,73 @@
+"""Run outputs: metrics as JSON Lines and the loss-curve plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+
+
+def val_key(name: str) -> str:
+  """Metrics key of validation set `name`: "val_loss" for "val", else "val_loss_<name>"."""
+  return "val_loss" if name == "val" else f"val_loss_{name}"
+
+
+def read_metrics(path: str | pathlib.Path) -> list[dict]:
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsWriter:
+  """Appends one JSON object per line; on resume, first drops the records after `keep_until_step`."""
+
+  def __init__(self, path: str | pathlib.Path, *, keep_until_step: int = 0):
+    self.path = pathlib.Path(path)
+    kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_until_step]
+    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+  def write(self, record: dict) -> None:
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+
+
+def plot_losses(records: list[dict], path: str | pathlib.Path, *, title: str = "") -> pathlib.Path:
+  """Train loss (raw and smoothed) and every validation loss against the step, saved as PNG."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  train = [(r["step"], r["loss"]) for r in records if math.isfinite(r.get("loss", math.nan))]
+  fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+  if train:
+    steps, losses = zip(*train)
+    ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="train")
+    decay = min(0.98, 1 - 20 / max(len(losses), 20))  # about 1/20 of the run
+    ax.plot(steps, _ema(losses, decay), color="tab:blue", lw=1.5, label="train (smoothed)")
+  val_keys = sorted({k for r in records for k in r if k.startswith("val_loss")})
+  for key, color in zip(val_keys, ("tab:orange", "tab:green", "tab:red", "tab:purple")):
+    points = [(r["step"], r[key]) for r in records if key in r]
+    ax.plot(*zip(*points), "o-", color=color, ms=4, label=key.replace("val_loss", "val").replace("_", " "))
+  ax.set_xlabel("step")
+  ax.set_ylabel("cross-entropy (nats/token)")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  fig.savefig(path)
+  plt.close(fig)
+  return path
+
+
+def _ema(values, decay: float) -> list[float]:
+  out, avg = [], None
+  for v in values:
+    avg = v if avg is None else decay * avg + (1 - decay) * v
+    out.append(avg)
+  return out
