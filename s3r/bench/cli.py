@@ -1,7 +1,8 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
 Sub-commands: ffn, quantizer, static, peers, step. Each module defines `add_arguments(parser)`
-and `run(args)`; they are imported lazily so that `s3r --help` does not import JAX.
+and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
+`python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
 
 from __future__ import annotations
@@ -9,53 +10,57 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_COMMANDS = {
+COMMANDS = {
     "ffn": ("s3r.bench.ffn", "time one SwiGLU FFN block fwd+bwd per recipe at the paper's shapes (Table III)"),
     "quantizer": ("s3r.bench.quantizer", "time the backward gradient quantizer alone against a memory-bound floor"),
-    "static": ("s3r.bench.static", "static costs from the compiled HLO and jaxpr: ops/element, random words, bytes, temp memory"),
+    "static": ("s3r.bench.static",
+               "static costs from the compiled HLO and jaxpr: ops/element, random words, bytes, temp memory"),
     "peers": ("s3r.bench.peers", "compare with AQT and Qwix (optional extra s3r[peers]): time and gradient error"),
-    "step": ("s3r.bench.step", "time full training steps of the cpu-small model per recipe"),
+    "step": ("s3r.bench.step", "time full training steps of a model preset (default cpu-small) per recipe"),
 }
 
 
-def _module(name: str):
-  return importlib.import_module(_COMMANDS[name][0])
+def _run(args: argparse.Namespace) -> int:
+  importlib.import_module(COMMANDS[args.bench_command][0]).run(args)
+  return 0
 
 
-def _run(args: argparse.Namespace):
-  return _module(args.bench_command).run(args)
-
-
-def register(subparsers) -> argparse.ArgumentParser:
-  """Adds `bench` (with ffn, quantizer, static, peers, step) to an argparse subparsers object."""
-  bench = subparsers.add_parser("bench", help="benchmarks (results go to results/bench_*)",
-                                description="Benchmarks of the quantized layer, its quantizer and training steps. "
-                                            "Results: results/bench_<name>_<platform>.{json,md,png}.")
-  sub = bench.add_subparsers(dest="bench_command", metavar="{" + ",".join(_COMMANDS) + "}")
-  sub.required = True
-  for name, (modname, help_) in _COMMANDS.items():
+def add_commands(sub) -> None:
+  """Adds the five benchmark sub-commands to an argparse subparsers object."""
+  for name, (modname, help_) in COMMANDS.items():
     mod = importlib.import_module(modname)
     p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     mod.add_arguments(p)
     p.set_defaults(func=_run, bench_command=name)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+  """Adds `bench` (with ffn, quantizer, static, peers, step) to the main CLI's subparsers."""
+  bench = subparsers.add_parser("bench", help="benchmarks (results go to results/bench_*)",
+                                description="Benchmarks of the quantized layer, its quantizer and training steps. "
+                                            "Results: results/bench_<name>_<platform>.{json,md,png}.")
+  sub = bench.add_subparsers(dest="bench_command", metavar="{" + ",".join(COMMANDS) + "}")
+  sub.required = True
+  add_commands(sub)
   return bench
 
 
 def build_parser() -> argparse.ArgumentParser:
-  """A stand-alone parser whose only command is `bench` (used by `python -m s3r.bench`)."""
-  parser = argparse.ArgumentParser(prog="python -m s3r.bench", description="s3r benchmarks")
-  sub = parser.add_subparsers(dest="command")
+  """The stand-alone parser of `python -m s3r.bench`."""
+  parser = argparse.ArgumentParser(prog="python -m s3r.bench",
+                                   description="s3r benchmarks (same as `s3r bench ...`). Results: "
+                                               "results/bench_<name>_<platform>.{json,md,png}.")
+  sub = parser.add_subparsers(dest="bench_command", metavar="{" + ",".join(COMMANDS) + "}")
   sub.required = True
-  register(sub)
+  add_commands(sub)
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
   import sys
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] != "bench":
-    argv = ["bench", *argv]
+  if argv[:1] == ["bench"]:  # `python -m s3r.bench bench ffn` works too
+    argv = argv[1:]
   args = build_parser().parse_args(argv)
-  args.func(args)
-  return 0
+  return args.func(args) or 0

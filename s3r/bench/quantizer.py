@@ -44,11 +44,11 @@ def quantize_gradient(recipe, g_BxSxN, sx_BxS, sw_N, key):
 
   r = lookup(recipe)
   gp = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta = jnp.max(jnp.abs(gp)) / numerics.QMAX
+  delta = jnp.max(jnp.abs(gp)) * getattr(numerics, "INV_QMAX", 1.0 / numerics.QMAX)
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
   v = gp / delta
   q_dx, q_dw = qm._round(r, v, key)
-  factors = ec.error_factors(q_dx - v) if (r.correct_dx or r.correct_dw) else None
+  factors = ec.error_factors(q_dx.astype(jnp.float32) - v) if (r.correct_dx or r.correct_dw) else None
   return (q_dx.astype(jnp.int8), q_dw.astype(jnp.int8) if r.split else None, delta, factors)
 
 
