@@ -78,6 +78,8 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
   xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
+  if r.rounding == "exact":
+    return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
   delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
@@ -99,6 +101,16 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
 
 
 _qmatmul.defvjp(_fwd, _bwd)
+
+
+def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
+  """G Ŵ_deqᵀ and X̂_deqᵀ G in f32: the exact gradient of the executed INT8 forward graph."""
+  xqT_KxT, wq_KxN, sx_BxS, sw_N, _ = res
+  g_TxN = g_BxSxN.astype(jnp.float32).reshape(-1, wq_KxN.shape[1])
+  hi = jax.lax.Precision.HIGHEST
+  dx_TxK = jnp.matmul(g_TxN, (wq_KxN.astype(jnp.float32) * sw_N).T, precision=hi)
+  dw_KxN = jnp.matmul(xqT_KxT.astype(jnp.float32) * sx_BxS.reshape(1, -1), g_TxN, precision=hi)
+  return dx_TxK.reshape(g_BxSxN.shape[:2] + (-1,)).astype(x_dtype), dw_KxN.astype(w_dtype), None
 
 
 def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:

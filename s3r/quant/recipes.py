@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-Rounding = Literal["none", "rtne", "sr", "shared"]
+Rounding = Literal["none", "rtne", "sr", "shared", "exact"]
 Topology = Literal["token", "example"]
 
-_ROUNDINGS = ("none", "rtne", "sr", "shared")
+_ROUNDINGS = ("none", "rtne", "sr", "shared", "exact")
 _TOPOLOGIES = ("token", "example")
 
 
@@ -23,7 +23,7 @@ class Recipe:
   """How one quantized linear layer computes its forward and backward pass."""
 
   name: str  # registry name, e.g. "s3r_ec_dx"
-  rounding: Rounding  # "none" = bf16 (no quantization); "rtne"; "sr" = independent; "shared" = S3R
+  rounding: Rounding  # "none" = bf16; "rtne"; "sr" = independent; "shared" = S3R; "exact" = f32 backward (diagnostic)
   dx_topology: Topology | None = None  # shared thresholds of the dX product: one per token or per example
   dw_topology: Topology | None = None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
@@ -49,6 +49,11 @@ class Recipe:
   def quantized(self) -> bool:
     """True for every INT8 recipe (all but `bf16`)."""
     return self.rounding != "none"
+
+  @property
+  def int8_backward(self) -> bool:
+    """True when the backward pass runs two int8 GEMMs (every INT8 recipe but the exact reference)."""
+    return self.quantized and self.rounding != "exact"
 
   @property
   def stochastic(self) -> bool:
@@ -85,10 +90,13 @@ _RECIPES = (
             description="diagnostic: G' quantized twice, dX per-token / dW per-example thresholds"),
     _shared("s3r_split_dxbcast_dw2d", "example", dw_topo="token",
             description="diagnostic: G' quantized twice, dX per-example / dW per-token thresholds"),
+    Recipe(name="int8_exact_bwd", rounding="exact",
+           description="reference: INT8 forward, exact f32 backward of that forward graph (for gradient errors)"),
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
-DIAGNOSTIC_RECIPES = ("s3r_ec_dw", "s3r_ec_dw_bcast", "s3r_split_dx2d_dwbcast", "s3r_split_dxbcast_dw2d")
+DIAGNOSTIC_RECIPES = ("s3r_ec_dw", "s3r_ec_dw_bcast", "s3r_split_dx2d_dwbcast", "s3r_split_dxbcast_dw2d",
+                      "int8_exact_bwd")
 
 
 def recipe(name_or_recipe: str | Recipe) -> Recipe:

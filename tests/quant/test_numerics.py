@@ -62,3 +62,13 @@ def test_int8_rtne_backward_matches_float_fake_quant_reference(rng):
   dx, dw = grads("int8_rtne", jnp.asarray(x), jnp.asarray(w), g, None)
   np.testing.assert_allclose(np.asarray(dx), dx_ref, rtol=1e-5, atol=1e-6 * np.abs(dx_ref).max())
   np.testing.assert_allclose(np.asarray(dw), dw_ref, rtol=1e-5, atol=1e-6 * np.abs(dw_ref).max())
+
+
+def test_exact_backward_reference_recipe_matches_float64_gradient_of_the_int8_forward(rng):
+  x = rng.standard_normal((2, 6, 16)).astype(np.float32)
+  w = rng.standard_normal((16, 8)).astype(np.float32)
+  g = rng.standard_normal((2, 6, 8)).astype(np.float32)
+  ref = Reference(x, w, g)
+  dx, dw = grads("int8_exact_bwd", jnp.asarray(x), jnp.asarray(w), g, None)
+  np.testing.assert_allclose(np.asarray(dx), ref.dx, rtol=1e-5, atol=1e-6 * np.abs(ref.dx).max())
+  np.testing.assert_allclose(np.asarray(dw), ref.dw, rtol=1e-5, atol=1e-6 * np.abs(ref.dw).max())

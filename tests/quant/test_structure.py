@@ -11,7 +11,7 @@ import s3r
 from s3r.quant import inspect
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
-INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized]
+INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
 
 
 def _fwd_bwd(recipe):
