@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import platform as _platform
+import re
 import subprocess
 import sys
 import time
@@ -326,8 +327,25 @@ PAPER_TABLE_III: dict[str, dict[str, float]] = {
 BENCH_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
 
 
+def parse_shapes(value: str | None) -> dict[str, tuple[int, int]]:
+  """Shape label -> (H, D_ffn) from 'W1,W3', 'all', or custom 'HxD' entries such as '256x1024'."""
+  if value is None or value == "all":
+    return dict(SHAPES)
+  out = {}
+  for item in (v.strip() for v in value.split(",") if v.strip()):
+    if item in SHAPES:
+      out[item] = SHAPES[item]
+      continue
+    m = re.fullmatch(r"(\d+)x(\d+)", item)
+    if not m:
+      raise SystemExit(f"unknown shape {item!r}: use W1..W9, 'all' or HxD (e.g. 256x1024)")
+    out[item] = (int(m.group(1)), int(m.group(2)))
+  return out
+
+
 def tokens_for(shape: str, tokens: int | None) -> int:
-  return int(tokens) if tokens else DEFAULT_TOKENS[shape]
+  """--tokens if given, else the per-shape default (2048 for custom HxD shapes)."""
+  return int(tokens) if tokens else DEFAULT_TOKENS.get(shape, 2048)
 
 
 def paired_ratio(num: Timing, den: Timing) -> float:

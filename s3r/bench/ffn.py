@@ -72,7 +72,7 @@ def make_inputs(tokens: int, hidden: int, ffn_dim: int, seed: int = 0, examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                 help=f"comma-separated paper shapes W1..W9 or 'all' (default {DEFAULT_SHAPES}; "
+                 help=f"comma-separated paper shapes W1..W9, 'all', or custom HxD such as 256x1024 (default {DEFAULT_SHAPES}; "
                       "(H, D_ffn): " + ", ".join(f"{k}={v}" for k, v in common.SHAPES.items()) + ")")
   p.add_argument("--tokens", type=int, default=None,
                  help="tokens T per call for every shape (default per shape: "
@@ -91,13 +91,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
-  shapes = common.parse_list(args.shapes, list(common.SHAPES), "shapes")
+  shapes = common.parse_shapes(args.shapes)
   recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
   run_ = common.Run("ffn", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, examples=args.examples,
                     recipes=",".join(recipes), repeats=args.repeats, warmup=args.warmup, seed=args.seed)
   results = []
   for shape in shapes:
-    hidden, ffn_dim = common.SHAPES[shape]
+    hidden, ffn_dim = shapes[shape]
     tokens = common.tokens_for(shape, args.tokens)
     if tokens % args.examples:
       raise SystemExit(f"--examples {args.examples} must divide the token count {tokens}")

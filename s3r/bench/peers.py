@@ -179,7 +179,7 @@ def gradient_errors(fn, inputs, exact, keys: int, seed: int = 1) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--shapes", default=DEFAULT_SHAPES, help="paper shapes W1..W9 or 'all' (default %(default)s)")
+  p.add_argument("--shapes", default=DEFAULT_SHAPES, help="paper shapes W1..W9, 'all' or custom HxD (e.g. 256x1024) (default %(default)s)")
   p.add_argument("--tokens", type=int, default=None,
                  help="tokens T per call (default: the ffn bench's per-shape default)")
   p.add_argument("--ours", default=DEFAULT_OURS,
@@ -200,7 +200,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
   from s3r.bench import ffn
-  shapes = common.parse_list(args.shapes, list(common.SHAPES), "shapes")
+  shapes = common.parse_shapes(args.shapes)
   ours = common.parse_list(args.ours, list(RECIPES), "recipes")
   timed_ours = common.parse_list(args.timed_ours, list(RECIPES), "recipes")
   if REFERENCE not in timed_ours:
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
                     warmup=args.warmup, keys=args.keys, seed=args.seed, timing=not args.no_timing)
   results = []
   for shape in shapes:
-    hidden, ffn_dim = common.SHAPES[shape]
+    hidden, ffn_dim = shapes[shape]
     tokens = common.tokens_for(shape, args.tokens)
     common.log(f"[peers] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {common.loadavg()}")
     inputs = ffn.make_inputs(tokens, hidden, ffn_dim, args.seed)

@@ -80,7 +80,7 @@ def make_inputs(tokens: int, n: int, seed: int = 0):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                 help=f"paper shapes W1..W9 or 'all'; the gradient is G [T, D_ffn] (default {DEFAULT_SHAPES})")
+                 help=f"paper shapes W1..W9, 'all' or custom HxD (e.g. 256x1024); the gradient is G [T, D_ffn] (default {DEFAULT_SHAPES})")
   p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens T (default %(default)s)")
   p.add_argument("--recipes", default=DEFAULT_RECIPES,
                  help="comma-separated INT8 recipes (default %(default)s); the floors are always timed")
@@ -95,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
-  shapes = common.parse_list(args.shapes, list(common.SHAPES), "shapes")
+  shapes = common.parse_shapes(args.shapes)
   quantized = [n for n, r in RECIPES.items() if r.quantized]
   recipes = common.parse_list(args.recipes, quantized, "INT8 recipes")
   names = [*FLOORS, *recipes]
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
                     repeats=args.repeats, number=args.number, warmup=args.warmup, seed=args.seed)
   results = []
   for shape in shapes:
-    _, n = common.SHAPES[shape]
+    _, n = shapes[shape]
     common.log(f"[quantizer] {shape}: G [{args.tokens}, {n}], load {common.loadavg()}")
     inputs = make_inputs(args.tokens, n, args.seed)
     configs = {name: (make_quantizer(name), inputs) for name in names}

@@ -315,7 +315,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--k", type=int, default=1536, help="K (input features) of the one-layer analysis (default %(default)s)")
   p.add_argument("--n", type=int, default=2048, help="N (output features) of the one-layer analysis (default %(default)s)")
   p.add_argument("--memory-shapes", default=DEFAULT_MEMORY_SHAPES,
-                 help="paper shapes for the FFN memory_analysis, or 'none' (default %(default)s)")
+                 help="shapes (W1..W9, 'all', HxD) for the FFN memory_analysis, or 'none' (default %(default)s)")
   p.add_argument("--memory-tokens", type=int, default=None,
                  help="tokens for the FFN memory analysis (default: the ffn bench's per-shape default)")
   p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
@@ -325,7 +325,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
   recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
-  mshapes = [] if args.memory_shapes == "none" else common.parse_list(args.memory_shapes, list(common.SHAPES), "shapes")
+  mshapes = {} if args.memory_shapes == "none" else common.parse_shapes(args.memory_shapes)
   run_ = common.Run("static", args.out_dir, recipes=",".join(recipes), tokens=args.tokens, k=args.k, n=args.n,
                     memory_shapes=",".join(mshapes), memory_tokens=args.memory_tokens)
   layer = {}
@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> dict:
                                                  if base and RECIPES[r].quantized else None)
   memory = []
   for shape in mshapes:
-    hidden, ffn_dim = common.SHAPES[shape]
+    hidden, ffn_dim = mshapes[shape]
     tokens = common.tokens_for(shape, args.memory_tokens)
     row = {"shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "recipes": {}}
     for r in recipes:

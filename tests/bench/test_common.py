@@ -1,0 +1,58 @@
+"""The benchmark harness: metadata of results files, tables, charts, interleaved timing (no timing asserts)."""
+from __future__ import annotations
+
+import json
+import re
+
+from s3r.bench import common
+
+
+def test_results_files_record_required_metadata(tmp_path, monkeypatch):
+  monkeypatch.setattr("sys.argv", ["s3r", "bench", "ffn", "--shapes", "W1"])
+  run = common.Run("unit", tmp_path, alpha=1, beta="x")
+  paths = run.write({"rows": [1, 2]}, common.markdown_table(["a", "b"], [[1, 2]]),
+                    chart=lambda p: common.bar_chart(p, ["g1", "g2"], {"s": [1.0, None]}, ylabel="y", title="t"))
+  assert set(paths) == {"json", "md", "png"}
+  assert paths["json"].name == f"bench_unit_{run.meta['platform']}.json"
+  doc = json.loads(paths["json"].read_text())
+  meta = doc["meta"]
+  assert meta["command"] == "s3r bench ffn --shapes W1"
+  assert re.fullmatch(r"[0-9a-f]{40}", meta["git"]["revision"])
+  assert isinstance(meta["git"]["dirty"], bool)
+  for key in ("jax_version", "jaxlib_version", "platform", "device_kind", "cpu_model", "cpu_count", "date_utc"):
+    assert meta[key], key
+  assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["date_utc"])
+  assert len(meta["loadavg_before"]) == 3 and len(meta["loadavg_after"]) == 3
+  assert doc["settings"] == {"alpha": 1, "beta": "x"}
+  assert doc["results"] == {"rows": [1, 2]}
+  md = paths["md"].read_text()
+  for needle in ("s3r bench ffn --shapes W1", meta["git"]["revision"], "load average", meta["jax_version"], "| a | b |"):
+    assert needle in md
+  assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_table_escapes_and_aligns():
+  table = common.markdown_table(["name", "value"], [["a|b", 1.5], ["c", None]])
+  assert table.splitlines() == ["| name | value |", "| --- | --: |", "| a\\|b | 1.5 |", "| c |  |"]
+
+
+def test_time_interleaved_rotates_and_counts_calls():
+  order = []
+  fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in ("a", "b", "c")}
+  out = common.time_interleaved(fns, repeats=3, warmup=1, number=2)
+  assert set(out) == {"a", "b", "c"}
+  assert all(len(t.samples) == 3 for t in out.values())
+  # compile call + warm-up per config, then 3 rounds x 2 calls, rotated: a b c / b c a / c a b
+  timed = order[6:]
+  assert timed == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+  t = out["a"]
+  assert t.q25 <= t.median <= t.q75 and t.iqr >= 0
+  assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
+
+
+def test_parse_shapes_accepts_paper_and_custom_shapes():
+  assert common.parse_shapes("W1,W9") == {"W1": (512, 2048), "W9": (8192, 28672)}
+  assert common.parse_shapes("64x128") == {"64x128": (64, 128)}
+  assert len(common.parse_shapes("all")) == 9
+  assert common.tokens_for("W1", None) == common.DEFAULT_TOKENS["W1"]
+  assert common.tokens_for("64x128", 32) == 32
