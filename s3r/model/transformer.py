@@ -166,7 +166,7 @@ def graphdef(cfg: ModelConfig) -> nnx.GraphDef:
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
   """Freshly initialized parameters: a nested dict of f32 arrays (jit-able)."""
-  return nnx.state(Transformer(cfg, key=key)).to_pure_dict()
+  return nnx.to_pure_dict(nnx.state(Transformer(cfg, key=key)))
 
 
 def apply(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None) -> jax.Array:
@@ -180,4 +180,4 @@ def logical_axes(cfg: ModelConfig) -> dict:
   is_var = lambda x: isinstance(x, nnx.Variable)
   specs = jax.tree.map(lambda v: jax.sharding.PartitionSpec(*v.get_metadata()["logical_axes"]), state,
                        is_leaf=is_var)
-  return specs.to_pure_dict()
+  return nnx.to_pure_dict(specs)

@@ -176,8 +176,9 @@ def train(cfg: TrainConfig, *, log=print) -> dict:
       bar.close()
       where = f"{last_ckpt} is the last good checkpoint" if last_ckpt else (
           f"no checkpoint was written this session (latest: {ckpt.latest_step()})")
-      raise TrainingDiverged(f"non-finite loss {metrics['loss']} (grad_norm {metrics['grad_norm']}) at step "
-                             f"{step}; stopping: {where}")
+      what = "loss" if not math.isfinite(metrics["loss"]) else "gradient norm"
+      raise TrainingDiverged(f"non-finite {what} at step {step} (loss {metrics['loss']}, grad_norm "
+                             f"{metrics['grad_norm']}); stopping: {where}")
     record = {"step": step, **metrics, "tokens_per_s": cfg.batch * cfg.seq / step_time, "step_time_s": step_time}
     if step % cfg.eval_every == 0 or step == cfg.steps:
       val_losses = evaluate(setup, state.params, val_sets)

@@ -1,0 +1,105 @@
+"""The decoder: shapes, dtypes, causality, parameter counts, per-projection keys, config checks."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from s3r import model as M
+from s3r.model import config as model_config
+from s3r.model import transformer
+
+
+_apply = jax.jit(M.apply, static_argnums=0)  # eager op-by-op execution is slow on CPU
+
+
+def _tiny(**overrides):
+  return M.preset("tiny", **overrides)
+
+
+def _tokens(cfg, b=2, s=16, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab_size, (b, s)), jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+  cfg = _tiny(recipe="s3r_ec_dx")
+  return cfg, M.graphdef(cfg), M.init_params(cfg, jax.random.key(0))
+
+
+def test_logits_have_batch_seq_vocab_shape_and_are_finite(tiny_model):
+  cfg, graphdef, params = tiny_model
+  logits = _apply(graphdef, params, _tokens(cfg), key=jax.random.key(1))
+  assert logits.shape == (2, 16, cfg.vocab_size)
+  assert logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_parameters_are_f32_master_weights(tiny_model):
+  _, _, params = tiny_model
+  assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+
+
+def test_changing_a_future_token_leaves_earlier_logits_unchanged(tiny_model):
+  cfg, graphdef, params = tiny_model
+  tokens = _tokens(cfg)
+  changed = tokens.at[:, 10].set((tokens[:, 10] + 1) % cfg.vocab_size)
+  key = jax.random.key(1)
+  before = _apply(graphdef, params, tokens, key=key)
+  after = _apply(graphdef, params, changed, key=key)
+  np.testing.assert_array_equal(before[:, :10], after[:, :10])
+  assert not np.array_equal(before[:, 10:], after[:, 10:])
+
+
+@pytest.mark.parametrize("name", list(M.PRESETS))
+def test_param_count_equals_initialized_parameters_and_preset_table(name):
+  cfg = M.PRESETS[name]
+  shapes = jax.eval_shape(lambda k: M.init_params(cfg, k), jax.random.key(0))
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == M.param_count(cfg)
+  row = re.search(rf"\| `{re.escape(name)}`.*\| ([\d,]+) *\|", model_config.__doc__)
+  assert row, f"preset {name} missing from the table in s3r/model/config.py"
+  assert int(row.group(1).replace(",", "")) == M.param_count(cfg)
+
+
+def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
+  cfg = _tiny(recipe="s3r")
+  graphdef, params = M.graphdef(cfg), M.init_params(cfg, jax.random.key(0))
+  seen = []
+  real = transformer.qmatmul
+
+  def recording_qmatmul(x, w, *, key, recipe):
+    seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
+    assert recipe == "s3r"
+    return real(x, w, key=key, recipe=recipe)
+
+  monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
+  M.apply(graphdef, params, _tokens(cfg), key=jax.random.key(7))
+  first = list(seen)
+  M.apply(graphdef, params, _tokens(cfg), key=jax.random.key(8))
+  assert len(first) == 7 * cfg.n_layers == len(set(first))
+  assert not set(first) & set(seen[len(first):])  # another step key: other keys
+
+
+def test_stochastic_recipe_without_key_is_rejected(tiny_model):
+  cfg, graphdef, params = tiny_model
+  with pytest.raises(ValueError, match="step key"):
+    M.apply(graphdef, params, _tokens(cfg), key=None)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"d_model": 0}, "d_model"),
+    ({"n_heads": 3}, "n_heads"),
+    ({"n_kv_heads": 3}, "n_kv_heads"),
+    ({"recipe": "fp4"}, "recipe"),
+    ({"rope_theta": 0.0}, "rope_theta"),
+])
+def test_invalid_config_is_rejected_naming_the_field(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    _tiny(**overrides)
+
+
+def test_unknown_preset_lists_the_valid_ones():
+  with pytest.raises(ValueError, match="cpu-small"):
+    M.preset("huge")

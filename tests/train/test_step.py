@@ -1,0 +1,134 @@
+"""The train step: INT8 structure of its jaxpr, learning, optimizer schedule."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from s3r import model as M
+from s3r.quant import RECIPES
+from s3r.quant.inspect import is_int8_dot, iter_eqns
+from s3r.train import optimizer as O
+from s3r.train import step as St
+
+INT8_RECIPES = ["int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_ec_bcast"]
+
+
+def _step_and_state(cfg, ocfg=O.OptimizerConfig(total_steps=50, warmup_steps=5)):
+  tx = O.make_optimizer(ocfg)
+  step = St.make_train_step(M.graphdef(cfg), tx, O.schedule(ocfg))
+  return step, (lambda key: St.init_state(M.init_params(cfg, key), tx))
+
+
+def _train_step_jaxpr(cfg, batch=2, seq=16):
+  step, init = _step_and_state(cfg)
+  state = jax.eval_shape(init, jax.random.key(0))
+  tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
+  return jax.make_jaxpr(jax.jit(step))(state, tokens, jax.random.key(1))
+
+
+def _dots(jaxpr):
+  return [e for e in iter_eqns(jaxpr) if e.primitive.name == "dot_general"]
+
+
+@pytest.mark.parametrize("recipe", INT8_RECIPES + ["bf16"])
+def test_train_step_has_three_int8_dots_per_projection(recipe):
+  cfg = M.preset("tiny", recipe=recipe)
+  dots = _dots(_train_step_jaxpr(cfg))
+  int8 = [e for e in dots if is_int8_dot(e)]
+  per_block = 3 * len(M.PROJECTIONS) if RECIPES[recipe].quantized else 0  # forward, dX, dW
+  assert len(int8) == per_block * cfg.n_layers
+  others = [e for e in dots if not is_int8_dot(e)]
+  assert others, "embedding/logits/attention gradients are floating-point dots"
+  for e in others:
+    assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in e.invars), e
+
+
+def test_embedding_logits_and_attention_stay_bf16_in_the_forward_pass():
+  cfg = M.preset("tiny", recipe="s3r_ec_dx")
+  params = jax.eval_shape(lambda k: M.init_params(cfg, k), jax.random.key(0))
+  tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+  jaxpr = jax.make_jaxpr(lambda p, t: M.apply(M.graphdef(cfg), p, t, key=jax.random.key(1)))(params, tokens)
+  dots = _dots(jaxpr)
+  assert sum(map(is_int8_dot, dots)) == len(M.PROJECTIONS) * cfg.n_layers
+  float_dots = [e for e in dots if not is_int8_dot(e)]
+  # logits (1) + attention scores and probability-value products (2 per layer), all bf16 operands
+  assert len(float_dots) == 1 + 2 * cfg.n_layers
+  for e in float_dots:
+    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16], e
+  assert float_dots[-1].outvars[0].aval.shape[-1] == cfg.vocab_size  # the logits projection
+  embedding_lookups = [e for e in iter_eqns(jaxpr) if e.primitive.name == "gather"]
+  assert embedding_lookups and embedding_lookups[0].invars[0].aval.dtype == jnp.bfloat16
+
+
+def test_remat_recomputes_the_int8_forward_in_the_backward():
+  cfg = M.preset("tiny", recipe="s3r", remat=True)
+  int8 = [e for e in _dots(_train_step_jaxpr(cfg)) if is_int8_dot(e)]
+  per_block = len(int8) / cfg.n_layers  # 21 plus the recomputed forward dots whose outputs the backward needs
+  assert 3 * len(M.PROJECTIONS) < per_block <= 4 * len(M.PROJECTIONS)
+
+
+def _chain_batches(vocab, batch, seq, n, seed=0):
+  """Sequences that follow a fixed random successor table: next = succ[current]."""
+  rng = np.random.default_rng(seed)
+  succ = rng.permutation(vocab)
+  for _ in range(n):
+    rows = [rng.integers(0, vocab, batch)]
+    for _ in range(seq):
+      rows.append(succ[rows[-1]])
+    yield jnp.asarray(np.stack(rows, axis=1), jnp.int32)
+
+
+def test_loss_falls_on_a_short_tiny_run():
+  cfg = M.preset("tiny", recipe="s3r_ec_dx", vocab_size=64)
+  step, init = _step_and_state(cfg, O.OptimizerConfig(lr=3e-3, total_steps=40, warmup_steps=4))
+  step = jax.jit(step, donate_argnums=0)
+  state, train_key = init(jax.random.key(0)), jax.random.key(1)
+  losses, grad_norms = [], []
+  for batch in _chain_batches(cfg.vocab_size, 8, 32, 40):
+    state, metrics = step(state, batch, train_key)
+    losses.append(float(metrics["loss"]))
+    grad_norms.append(float(metrics["grad_norm"]))
+  assert int(state.step) == 40
+  assert np.all(np.isfinite(losses)) and np.all(np.isfinite(grad_norms))
+  assert abs(losses[0] - np.log(cfg.vocab_size)) < 0.3  # starts near uniform
+  assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+
+
+def test_cross_entropy_is_the_token_mean_in_f32():
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 5)), jnp.bfloat16)
+  targets = jnp.asarray([[0, 1, 2], [3, 4, 0]])
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  expected = -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+  loss = St.cross_entropy(logits, targets)
+  assert loss.dtype == jnp.float32
+  np.testing.assert_allclose(loss, expected, rtol=1e-6)
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+  cfg = O.OptimizerConfig(lr=1e-3, total_steps=100, warmup_steps=10, final_lr_ratio=0.1)
+  lr = O.schedule(cfg)
+  np.testing.assert_allclose([lr(0), lr(5), lr(10)], [0.0, 5e-4, 1e-3], rtol=1e-6)
+  np.testing.assert_allclose(lr(55), 1e-4 + 0.5 * 9e-4, rtol=1e-5)  # half-way through the cosine
+  np.testing.assert_allclose(lr(100), 1e-4, rtol=1e-5)
+  assert all(lr(s) >= lr(s + 1) for s in range(10, 100))
+
+
+def test_optimizer_clips_the_global_norm_and_decays_only_matrices():
+  cfg = O.OptimizerConfig(lr=1.0, total_steps=10, warmup_steps=0, weight_decay=0.5, b1=0.0, b2=0.0)
+  assert (cfg.b1, cfg.b2, cfg.clip_norm) == (0.0, 0.0, 1.0)
+  assert dataclasses.replace(O.OptimizerConfig(), total_steps=10, warmup_steps=1).b2 == 0.95
+  tx = O.make_optimizer(cfg)
+  params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  np.testing.assert_allclose(updates["w"], -0.5 * params["w"])  # decoupled decay, lr 1
+  np.testing.assert_allclose(updates["scale"], 0.0)  # norm scales are not decayed
+
+
+@pytest.mark.parametrize("field, value", [("lr", 0.0), ("warmup_steps", 500), ("b2", 1.0), ("clip_norm", 0.0)])
+def test_invalid_optimizer_config_is_rejected_naming_the_field(field, value):
+  with pytest.raises(ValueError, match=field):
+    O.OptimizerConfig(total_steps=100, **{"warmup_steps": 10, field: value})
