@@ -31,40 +31,53 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows "(default: X)" except where the default is None or False (the help text says it)."""
+
+  def _get_help_string(self, action):
+    return action.help if action.default is None or action.default is False else super()._get_help_string(action)
+
+
 def _fail(message: str, code: int = 2) -> int:
   print(f"s3r: error: {message}", file=sys.stderr)
   return code
 
 
 def register_train(subparsers) -> None:
+  import dataclasses
+
   from s3r.model import PRESETS
   from s3r.quant import RECIPES
+  from s3r.train.config import TrainConfig
 
+  d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # the one source of defaults
   p = subparsers.add_parser("train", help="train a language model with a quantization recipe",
                             description="Train a Llama-style model; writes metrics.jsonl, loss.png, config.json "
                                         "and checkpoints/ into --out.",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--recipe", default="s3r_ec_dx", choices=list(RECIPES), metavar="NAME",
+                            formatter_class=_Help)
+  p.add_argument("--recipe", default=d["recipe"], choices=list(RECIPES), metavar="NAME",
                  help="quantization recipe of the block projections (see `s3r recipes`)")
-  p.add_argument("--preset", default="cpu-small", choices=list(PRESETS), help="model size")
-  p.add_argument("--steps", type=int, default=600, help="optimizer steps")
-  p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
-  p.add_argument("--warmup", type=int, default=60, help="linear warm-up steps")
-  p.add_argument("--batch", type=int, default=8, help="sequences per step")
-  p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
-  p.add_argument("--data", default=None,
+  p.add_argument("--preset", default=d["preset"], choices=list(PRESETS), help="model size")
+  p.add_argument("--steps", type=int, default=d["steps"], help="optimizer steps")
+  p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate (AdamW, cosine decay)")
+  p.add_argument("--warmup", type=int, default=d["warmup"], help="linear warm-up steps")
+  p.add_argument("--batch", type=int, default=d["batch"], help="sequences per step")
+  p.add_argument("--seq", type=int, default=d["seq"], help="tokens per sequence")
+  p.add_argument("--data", default=d["data"],
                  help="corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or 'enwiki', 'shakespeare', "
                       "'python-stdlib' (default: enwiki from the shared data root)")
-  p.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary size")
-  p.add_argument("--max-train-docs", type=int, default=None, help="use only the first N training documents")
+  p.add_argument("--vocab", type=int, default=d["vocab"], help="tokenizer vocabulary size")
+  p.add_argument("--max-train-docs", type=int, default=d["max_train_docs"],
+                 help="use only the first N training documents")
   p.add_argument("--out", default=None, help="run directory (default: runs/<preset>-<recipe>)")
-  p.add_argument("--seed", type=int, default=0, help="seed of parameters, quantizer noise and batch order")
-  p.add_argument("--eval-every", type=int, default=100, help="validation loss every N steps (and at the end)")
-  p.add_argument("--eval-batches", type=int, default=16, help="batches per validation set")
-  p.add_argument("--ckpt-every", type=int, default=200, help="checkpoint every N steps (and at the end)")
+  p.add_argument("--seed", type=int, default=d["seed"], help="seed of parameters, quantizer noise and batch order")
+  p.add_argument("--eval-every", type=int, default=d["eval_every"],
+                 help="validation loss every N steps (and at the end)")
+  p.add_argument("--eval-batches", type=int, default=d["eval_batches"], help="batches per validation set")
+  p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"], help="checkpoint every N steps (and at the end)")
   p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-  p.add_argument("--mesh", default=None, help="device mesh, e.g. data=2,fsdp=2,tensor=2 (default: one device)")
-  p.add_argument("--cache-dir", default=".cache/s3r", help="tokenizer and token cache")
+  p.add_argument("--mesh", default=d["mesh"], help="device mesh, e.g. data=2,fsdp=2,tensor=2 (default: one device)")
+  p.add_argument("--cache-dir", default=d["cache_dir"], help="tokenizer and token cache")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=run_train)
 
@@ -92,7 +105,7 @@ def run_train(args) -> int:
 def register_eval(subparsers) -> None:
   p = subparsers.add_parser("eval", help="validation loss and perplexity of a checkpoint",
                             description="Validation loss and perplexity of the latest checkpoint of a run.",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=_Help)
   p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run directory or its checkpoints/ folder")
   p.add_argument("--data", default=None,
                  help="corpus to evaluate on (default: the run's validation sets); other corpora are read whole "
