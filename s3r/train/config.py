@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig, preset as model_preset
 from s3r.quant import RECIPES
 from s3r.train.optimizer import OptimizerConfig
@@ -49,6 +50,8 @@ class TrainConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"TrainConfig.{field} must be an int >= 1, got {value!r}")
+    if self.vocab < MIN_VOCAB_SIZE:
+      raise ConfigError(f"TrainConfig.vocab must be >= {MIN_VOCAB_SIZE} (256 bytes + end-of-text), got {self.vocab}")
     if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
       raise ConfigError(f"TrainConfig.warmup must be an int in [0, steps={self.steps}], got {self.warmup!r}")
     if not self.lr > 0:

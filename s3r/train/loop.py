@@ -20,6 +20,7 @@ import json
 import math
 import pathlib
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -48,9 +49,9 @@ class Setup:
   state_shardings: TrainState
   batch_sharding: NamedSharding
   abstract_state: TrainState  # ShapeDtypeStructs with shardings
-  init_state: callable  # init_key -> TrainState
-  train_step: callable  # (state, batch, train_key) -> (state, metrics); donates state
-  eval_step: callable  # (params, batch, eval_key) -> loss
+  init_state: Callable  # init_key -> TrainState
+  train_step: Callable  # (state, batch, train_key) -> (state, metrics); donates state
+  eval_step: Callable  # (params, batch, eval_key) -> loss
   keys: dict  # "init", "train", "eval"
 
 
@@ -150,35 +151,21 @@ def train(cfg: TrainConfig, *, log=print) -> dict:
   start = int(state.step)
   meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
                   "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str()}
-  (out / "config.json").write_text(json.dumps(
-      {"train": cfg.to_dict(), "model": setup.model_cfg.to_dict(),
-       "param_count": s3r_model.param_count(setup.model_cfg), "mesh": dict(setup.mesh.shape),
-       "data": {k: corpus.info[k] for k in ("name", "split", "n_docs", "n_tokens", "vocab_size")}}, indent=2))
+  _write_config(out, cfg, setup, corpus)
   writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
   log(f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
       f"mesh {dict(setup.mesh.shape)}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}")
-
-  t0 = time.time()
-  batch = jax.device_put(loader.next(), setup.batch_sharding) if start < cfg.steps else None
-  train_step = setup.train_step.lower(state, batch, setup.keys["train"]).compile() if batch is not None else None
-  log(f"compiled the train step in {time.time() - t0:.1f}s")
+  train_step = _compile(setup, state, cfg, log) if start < cfg.steps else None
   val_losses, last_ckpt = {}, None
   bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, unit="step", dynamic_ncols=True)
   for step in range(start + 1, cfg.steps + 1):
     t0 = time.time()
-    if batch is None:
-      batch = jax.device_put(loader.next(), setup.batch_sharding)
-    state, metrics = train_step(state, batch, setup.keys["train"])
+    state, metrics = train_step(state, jax.device_put(loader.next(), setup.batch_sharding), setup.keys["train"])
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     step_time = time.time() - t0
-    batch = None
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       bar.close()
-      where = f"{last_ckpt} is the last good checkpoint" if last_ckpt else (
-          f"no checkpoint was written this session (latest: {ckpt.latest_step()})")
-      what = "loss" if not math.isfinite(metrics["loss"]) else "gradient norm"
-      raise TrainingDiverged(f"non-finite {what} at step {step} (loss {metrics['loss']}, grad_norm "
-                             f"{metrics['grad_norm']}); stopping: {where}")
+      raise TrainingDiverged(_divergence_message(step, metrics, last_ckpt, ckpt))
     record = {"step": step, **metrics, "tokens_per_s": cfg.batch * cfg.seq / step_time, "step_time_s": step_time}
     if step % cfg.eval_every == 0 or step == cfg.steps:
       val_losses = evaluate(setup, state.params, val_sets)
@@ -193,6 +180,29 @@ def train(cfg: TrainConfig, *, log=print) -> dict:
   bar.close()
   ckpt.close()
   return _finish(cfg, out, val_losses, last_ckpt, time.time() - t_start, log)
+
+
+def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r_data.Corpus) -> None:
+  data = {k: corpus.info[k] for k in ("name", "split", "n_docs", "n_tokens", "vocab_size")}
+  (out / "config.json").write_text(json.dumps(
+      {"train": cfg.to_dict(), "model": setup.model_cfg.to_dict(), "param_count": s3r_model.param_count(setup.model_cfg),
+       "mesh": dict(setup.mesh.shape), "data": data}, indent=2))
+
+
+def _compile(setup: Setup, state: TrainState, cfg: TrainConfig, log):
+  """The train step compiled ahead of time (so that step times exclude compilation)."""
+  t0 = time.time()
+  batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32, sharding=setup.batch_sharding)
+  compiled = setup.train_step.lower(state, batch, setup.keys["train"]).compile()
+  log(f"compiled the train step in {time.time() - t0:.1f}s")
+  return compiled
+
+
+def _divergence_message(step: int, metrics: dict, last_ckpt, ckpt: checkpoint.Checkpointer) -> str:
+  what = "loss" if not math.isfinite(metrics["loss"]) else "gradient norm"
+  where = (f"{last_ckpt} is the last good checkpoint" if last_ckpt
+           else f"no checkpoint was written in this session (latest: step {ckpt.latest_step()})")
+  return f"non-finite {what} at step {step} (loss {metrics['loss']}, grad_norm {metrics['grad_norm']}); stopping: {where}"
 
 
 def _finish(cfg: TrainConfig, out: pathlib.Path, val_losses: dict, last_ckpt, seconds: float, log) -> dict:
