@@ -143,6 +143,18 @@ def platform_name() -> str:
   return jax.default_backend()
 
 
+def command_line() -> str:
+  """How this process was started: `s3r bench ...`, `python -m s3r.bench ...` or `script.py ...`."""
+  if not sys.argv:
+    return ""
+  prog = pathlib.Path(sys.argv[0]).name
+  if prog == "__main__.py":
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name.removesuffix(".__main__") if spec is not None else "?"
+    prog = f"python -m {name}"
+  return " ".join([prog, *sys.argv[1:]])
+
+
 def run_metadata() -> dict[str, Any]:
   """Everything needed to interpret (and re-run) a results file, except the after-run load."""
   import jax
@@ -153,7 +165,7 @@ def run_metadata() -> dict[str, Any]:
   except (AttributeError, OSError):
     affinity = None
   return {
-      "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "",
+      "command": command_line(),
       "argv": list(sys.argv),
       "git": git_info(),
       "jax_version": jax.__version__,
