@@ -36,6 +36,7 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-p
 
 _constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint",
                                                                               default=None)
+_projection: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_projection", default=None)
 
 
 @contextlib.contextmanager
@@ -46,6 +47,18 @@ def activation_sharding(fn: Callable[[jax.Array, tuple], jax.Array]):
     yield
   finally:
     _constraint.reset(token)
+
+
+@contextlib.contextmanager
+def intercept_projections(fn: Callable):
+  """While tracing inside this context, every block projection calls
+  `fn(name, x, w, key=..., recipe=...)` instead of `qmatmul` (diagnostics: record inputs,
+  add probes to outputs). Calls come in layer order, then q, k, v, o, gate, up, down."""
+  token = _projection.set(fn)
+  try:
+    yield
+  finally:
+    _projection.reset(token)
 
 
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
@@ -100,6 +113,9 @@ class Block(nnx.Module):
 
   def _proj(self, name: str, x, layer_key):
     key = None if layer_key is None else jax.random.fold_in(layer_key, PROJECTIONS.index(name))
+    override = _projection.get()
+    if override is not None:
+      return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
     return qmatmul(x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
 
   def __call__(self, x_BxSxD, layer_key):
@@ -135,8 +151,13 @@ class Transformer(nnx.Module):
     self.out = _param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
     self.cfg = cfg
 
-  def __call__(self, tokens_BxS: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
-    """Returns f32 logits [B, S, V]. `key` (one per step) is required by stochastic recipes."""
+  def __call__(self, tokens_BxS: jax.Array, *, key: jax.Array | None = None,
+               probes: list | None = None) -> jax.Array:
+    """Returns f32 logits [B, S, V]. `key` (one per step) is required by stochastic recipes.
+
+    `probes` (diagnostics): one [B, S, D] array per block, added to the block's input; the
+    gradient with respect to a zero probe is the activation gradient entering that block.
+    """
     cfg = self.cfg
     if tokens_BxS.shape[1] > cfg.max_seq_len:
       raise ValueError(f"sequence length {tokens_BxS.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
@@ -146,6 +167,8 @@ class Transformer(nnx.Module):
     x_BxSxD = constrain(x_BxSxD, ("batch", "seq", "act_embed"))
     for layer, block in enumerate(self.blocks):
       layer_key = None if key is None else jax.random.fold_in(key, layer)
+      if probes is not None:
+        x_BxSxD = x_BxSxD + probes[layer].astype(x_BxSxD.dtype)
       if cfg.remat:
         x_BxSxD = nnx.remat(lambda blk, x, k: blk(x, k))(block, x_BxSxD, layer_key)
       else:
@@ -169,9 +192,10 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
   return nnx.to_pure_dict(nnx.state(Transformer(cfg, key=key)))
 
 
-def apply(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None) -> jax.Array:
-  """f32 logits [B, S, V] of the model `graphdef` with parameters `params`."""
-  return nnx.merge(graphdef, params)(tokens_BxS, key=key)
+def apply(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None,
+          probes: list | None = None) -> jax.Array:
+  """f32 logits [B, S, V] of the model `graphdef` with parameters `params` (see Transformer)."""
+  return nnx.merge(graphdef, params)(tokens_BxS, key=key, probes=probes)
 
 
 def logical_axes(cfg: ModelConfig) -> dict:
