@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "eval": "s3r.cli:register_eval",
     "recipes": "s3r.cli:register_recipes",
     "bench": "s3r.bench.cli:register",
+    "diagnose": "s3r.experiments.diagnose:register",
 }
 
 
