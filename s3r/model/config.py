@@ -8,8 +8,9 @@ Presets (parameter counts computed by `param_count`, checked in tests/model/test
 | `cpu-small` | 4      | 192   | 6 / 2        | 512  | 8192  | 256     | 4,720,320   |
 | `paper-12l` | 12     | 768   | 12 / 12      | 2048 | 32000 | 2048    | 134,105,856 |
 
-`cpu-small` is sized for CPU experiments: a training step at batch 8 x seq 256 takes about
-0.5 s on two cores (the vocabulary-sized embedding and logits hold two thirds of it).
+`cpu-small` is sized for CPU experiments: a `s3r_ec_dx` training step at batch 8 x seq 256
+took 0.4-0.75 s on the two cores of the development machine at load ~2.5 and a median of 1.0 s
+at load ~5 (the vocabulary-sized embedding and logits hold two thirds of its parameters).
 The vocabulary of a training run is the tokenizer's (`s3r train --vocab`), so the CLI
 replaces `vocab_size`; the counts above are at the preset's own vocabulary. `paper-12l`
 is the paper's 12-layer Llama-style decoder; the paper does not state its vocabulary or

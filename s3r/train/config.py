@@ -24,9 +24,9 @@ class TrainConfig:
   out: str  # run directory: metrics.jsonl, loss.png, config.json, checkpoints/
   preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
   recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
-  steps: int = 400  # optimizer steps in the whole run
-  lr: float = 1e-3  # peak learning rate
-  warmup: int = 40  # linear warm-up steps
+  steps: int = 300  # optimizer steps in the whole run
+  lr: float = 2e-3  # peak learning rate
+  warmup: int = 30  # linear warm-up steps
   batch: int = 8  # sequences per step (global batch)
   seq: int = 256  # tokens per sequence
   data: str | None = None  # corpus (None: enwiki under the shared data root, see s3r.data.prepare)
@@ -36,7 +36,7 @@ class TrainConfig:
   seed: int = 0  # seeds parameters, quantizer randomness and batch order
   eval_every: int = 100  # validation loss every N steps (and at the end)
   eval_batches: int = 16  # batches per validation set
-  ckpt_every: int = 200  # checkpoint every N steps (and at the end)
+  ckpt_every: int = 100  # checkpoint every N steps (and at the end)
   resume: bool = False  # continue from the latest checkpoint in `out`
   mesh: str | None = None  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (None: one device)
   progress: bool = True  # show a tqdm progress bar

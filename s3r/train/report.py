@@ -47,8 +47,8 @@ def plot_losses(records: list[dict], path: str | pathlib.Path, *, title: str = "
   if train:
     steps, losses = zip(*train)
     ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="train")
-    decay = min(0.98, 1 - 20 / max(len(losses), 20))  # about 1/20 of the run
-    ax.plot(steps, _ema(losses, decay), color="tab:blue", lw=1.5, label="train (smoothed)")
+    window = max(1, len(losses) // 40)
+    ax.plot(steps, _trailing_mean(losses, window), color="tab:blue", lw=1.5, label=f"train (mean of {window})")
   val_keys = sorted({k for r in records for k in r if k.startswith("val_loss")})
   for key, color in zip(val_keys, ("tab:orange", "tab:green", "tab:red", "tab:purple")):
     points = [(r["step"], r[key]) for r in records if key in r]
@@ -65,9 +65,9 @@ def plot_losses(records: list[dict], path: str | pathlib.Path, *, title: str = "
   return path
 
 
-def _ema(values, decay: float) -> list[float]:
-  out, avg = [], None
+def _trailing_mean(values, window: int) -> list[float]:
+  """Mean of each value and the window - 1 before it (fewer at the start)."""
+  sums = [0.0]
   for v in values:
-    avg = v if avg is None else decay * avg + (1 - decay) * v
-    out.append(avg)
-  return out
+    sums.append(sums[-1] + v)
+  return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(window, i + 1) for i in range(len(values))]
