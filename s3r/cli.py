@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "recipes": "s3r.cli:register_recipes",
     "bench": "s3r.bench.cli:register",
     "diagnose": "s3r.experiments.diagnose:register",
+    "sweep": "s3r.experiments.sweep:register",
 }
 
 

@@ -87,7 +87,8 @@ def run(args) -> int:
 
 
 def _table2_markdown(meta, settings, errors, moments) -> str:
-  head = common.metadata_markdown("diagnose (Table II)", meta, {k: v for k, v in settings.items() if k != "model"})
+  head = common.metadata_markdown("diagnose", meta, {k: v for k, v in settings.items() if k != "model"})
+  head = head.replace("# s3r bench diagnose", "# s3r diagnose (Table II)", 1)
   rows = []
   for recipe, e in errors.items():
     paper = PAPER_TABLE2.get(recipe)

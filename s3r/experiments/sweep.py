@@ -1,0 +1,231 @@
+"""`s3r sweep`: a resumable grid of `s3r train` runs (recipes x learning rates x seeds) and
+the paper's Table I / Figure 3 built from it.
+
+Protocol (as in the paper): every recipe runs seed 0 at each learning rate of the grid; a
+recipe whose best rate is the lowest of its grid gets lower rates (halving) until it is not;
+the best rate on seed 0 is then run with the other seeds. Choosing the rate on seed 0 and
+keeping seed 0 in the mean biases the mean slightly in the recipe's favour, for every recipe
+alike.
+
+State lives in files, so the sweep can be stopped at any time and started again (also in a
+later session): each finished run leaves a small summary, `<results>/runs/<run>.json`
+(committed), and its run directory `<runs>/<run>/` (checkpoints; not committed) lets an
+interrupted run resume. `table1.json`, `table1.md` and `table1.png` are rewritten after
+every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from s3r.bench import common
+from s3r.experiments import table1
+
+DEFAULT_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_bcast", "s3r_ec_dx_bcast",
+                   "s3r_ec_bcast")
+MAX_EXTENSIONS = 5  # at most this many halvings below a recipe's grid
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+  """The grid and the settings shared by all its runs."""
+
+  name: str = "table1"  # sweep name: results go to <results>/<name>/, runs to <runs>/<name>/
+  recipes: tuple[str, ...] = DEFAULT_RECIPES  # recipes to compare
+  lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)  # learning-rate grid for seed 0
+  seeds: int = 3  # seeds 0..seeds-1 at each recipe's best rate
+  preset: str = "cpu-small"  # model preset
+  steps: int = 400  # steps per run
+  warmup: int = 40  # warm-up steps per run
+  batch: int = 8  # sequences per step
+  seq: int = 256  # tokens per sequence
+  data: str | None = None  # corpus (None: enwiki shards 0-8, validation shard 9 and C4)
+  eval_every: int = 100  # validation every N steps
+  eval_batches: int = 16  # batches per validation set
+  runs_dir: str = "runs/sweeps"  # run directories (checkpoints)
+  results_dir: str = "results"  # summaries and tables
+
+  def __post_init__(self):
+    from s3r.quant import RECIPES
+    bad = [r for r in self.recipes if r not in RECIPES]
+    if bad:
+      raise ValueError(f"SweepConfig.recipes: unknown {bad}; valid: {', '.join(RECIPES)}")
+    if not self.lrs or any(not lr > 0 for lr in self.lrs):
+      raise ValueError(f"SweepConfig.lrs must be positive learning rates, got {self.lrs}")
+    if self.seeds < 1:
+      raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
+
+  @property
+  def summary_dir(self) -> pathlib.Path:
+    return pathlib.Path(self.results_dir) / self.name / "runs"
+
+  def run_name(self, recipe: str, lr: float, seed: int) -> str:
+    return f"{recipe}-lr{lr:.3g}-s{seed}"
+
+
+def load_summaries(cfg: SweepConfig) -> dict[str, dict]:
+  """Finished runs of this sweep, by run name."""
+  out = {}
+  if cfg.summary_dir.is_dir():
+    for path in sorted(cfg.summary_dir.glob("*.json")):
+      out[path.stem] = json.loads(path.read_text())
+  return out
+
+
+def _final_val(summary: dict | None) -> float:
+  if summary is None or summary["status"] != "done":
+    return math.inf
+  return summary["val_losses"].get("val", math.inf)
+
+
+def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | None, list[float]]:
+  """(best rate so far or None if some seed-0 run is missing, the rates to run next)."""
+  lrs = sorted(set(cfg.lrs))
+  for _ in range(MAX_EXTENSIONS + 1):
+    missing = [lr for lr in lrs if cfg.run_name(recipe, lr, 0) not in summaries]
+    if missing:
+      return None, missing
+    losses = {lr: _final_val(summaries[cfg.run_name(recipe, lr, 0)]) for lr in lrs}
+    best = min(lrs, key=lambda lr: losses[lr])
+    if len(lrs) == 1 or best != lrs[0] or not math.isfinite(losses[best]):  # one rate: nothing to select
+      return best, []
+    lrs = [lrs[0] / 2] + lrs  # best is the lowest rate tried: extend downward
+  return lrs[0], []
+
+
+def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]:
+  """The runs that can start now, in grid order (seed-0 rates first, then seeds)."""
+  todo = []
+  for recipe in cfg.recipes:
+    best, pending = best_lr(cfg, recipe, summaries)
+    todo += [(recipe, lr, 0) for lr in pending]
+    if best is not None:
+      todo += [(recipe, best, s) for s in range(1, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
+  seed0 = [t for t in todo if t[2] == 0]
+  return seed0 + [t for t in todo if t[2] != 0]
+
+
+def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pathlib.Path) -> list[str]:
+  cmd = [sys.executable, "-m", "s3r.cli", "train", "--recipe", recipe, "--preset", cfg.preset,
+         "--steps", str(cfg.steps), "--warmup", str(cfg.warmup), "--lr", repr(lr), "--batch", str(cfg.batch),
+         "--seq", str(cfg.seq), "--seed", str(seed), "--eval-every", str(cfg.eval_every),
+         "--eval-batches", str(cfg.eval_batches), "--ckpt-every", str(cfg.eval_every), "--out", str(out),
+         "--no-progress"]
+  if cfg.data:
+    cmd += ["--data", cfg.data]
+  if (out / "checkpoints").is_dir():
+    cmd.append("--resume")
+  return cmd
+
+
+def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> dict:
+  """Runs (or resumes) one training run in a subprocess and writes its summary."""
+  name = cfg.run_name(recipe, lr, seed)
+  out = pathlib.Path(cfg.runs_dir) / cfg.name / name
+  out.mkdir(parents=True, exist_ok=True)
+  cmd = _train_command(cfg, recipe, lr, seed, out)
+  t0 = time.time()
+  with open(out / "sweep.log", "a") as logfile:
+    logfile.write(f"$ {' '.join(cmd)}\n")
+    logfile.flush()
+    rc = subprocess.run(cmd, stdout=logfile, stderr=subprocess.STDOUT).returncode
+  if rc not in (0, 1):  # 1 = diverged (a result); anything else is a failure to report
+    raise RuntimeError(f"run {name} failed with exit code {rc}; see {out / 'sweep.log'}")
+  summary = table1.summarize_run(out, recipe=recipe, lr=lr, seed=seed, status="done" if rc == 0 else "diverged",
+                                 wall_s=time.time() - t0)
+  cfg.summary_dir.mkdir(parents=True, exist_ok=True)
+  (cfg.summary_dir / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=common.log) -> dict:
+  """Runs what is missing (up to `max_runs`), rewriting the tables after each run."""
+  done = 0
+  while max_runs is None or done < max_runs:
+    summaries = load_summaries(cfg)
+    todo = next_runs(cfg, summaries)
+    if not todo:
+      break
+    recipe, lr, seed = todo[0]
+    log(f"sweep {cfg.name}: {len(summaries)} runs finished, next {cfg.run_name(recipe, lr, seed)} "
+        f"({len(todo)} runnable now)")
+    s = run_one(cfg, recipe, lr, seed, log=log)
+    log(f"  {s['run']}: {s['status']}, val {s['val_losses'].get('val', float('nan')):.4f} in {s['wall_s']:.0f}s")
+    table1.write_tables(cfg, load_summaries(cfg))
+    done += 1
+  summaries = load_summaries(cfg)
+  remaining = len(next_runs(cfg, summaries))
+  log(f"sweep {cfg.name}: {len(summaries)} runs finished, {remaining} runnable now")
+  return table1.write_tables(cfg, summaries)
+
+
+def register(subparsers) -> None:
+  d = SweepConfig()
+  p = subparsers.add_parser("sweep", help="resumable grid of training runs and the Table I report",
+                            description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--config", default=None, help="JSON file with SweepConfig fields (flags override it)")
+  p.add_argument("--name", default=None, help=f"sweep name (default {d.name})")
+  p.add_argument("--recipes", default=None, help=f"comma-separated (default {','.join(d.recipes)})")
+  p.add_argument("--lrs", default=None, help=f"comma-separated seed-0 learning rates (default {d.lrs})")
+  for field in ("seeds", "steps", "warmup", "batch", "seq", "eval_every", "eval_batches"):
+    p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help=f"default {getattr(d, field)}")
+  for field in ("preset", "data", "runs_dir", "results_dir"):
+    p.add_argument(f"--{field.replace('_', '-')}", default=None, help=f"default {getattr(d, field)}")
+  p.add_argument("--max-runs", type=int, default=None, help="stop after this many runs (default: all)")
+  p.add_argument("--report-only", action="store_true", help="only rewrite the tables from finished runs")
+  p.set_defaults(func=run)
+
+
+def config_from_args(args) -> SweepConfig:
+  values = json.loads(pathlib.Path(args.config).read_text()) if args.config else {}
+  for field in dataclasses.fields(SweepConfig):
+    v = getattr(args, field.name, None)
+    if v is not None:
+      values[field.name] = v
+  if isinstance(values.get("recipes"), str):
+    values["recipes"] = tuple(r.strip() for r in values["recipes"].split(",") if r.strip())
+  if isinstance(values.get("lrs"), str):
+    values["lrs"] = tuple(float(x) for x in values["lrs"].split(","))
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  return SweepConfig(**values)
+
+
+def run(args) -> int:
+  try:
+    cfg = config_from_args(args)
+  except (ValueError, TypeError, OSError) as e:
+    print(f"s3r: error: {e}", file=sys.stderr)
+    return 2
+  lock = pathlib.Path(cfg.runs_dir) / cfg.name / "sweep.lock"
+  if args.report_only:
+    table1.write_tables(cfg, load_summaries(cfg))
+    return 0
+  lock.parent.mkdir(parents=True, exist_ok=True)
+  if lock.exists() and _alive(int(lock.read_text() or 0)):
+    print(f"s3r: error: sweep {cfg.name} is already running (pid {lock.read_text()}, {lock})", file=sys.stderr)
+    return 2
+  lock.write_text(str(os.getpid()))
+  try:
+    sweep(cfg, max_runs=args.max_runs)
+  except RuntimeError as e:
+    print(f"s3r: error: {e}", file=sys.stderr)
+    return 1
+  finally:
+    lock.unlink(missing_ok=True)
+  return 0
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except (OSError, ValueError):
+    return False
+  return pid > 0

@@ -1,0 +1,176 @@
+"""Table I and Figure 3 from a sweep's run summaries: final validation loss per recipe
+(mean ± sample std over seeds at the recipe's best seed-0 learning rate), the gap to bf16,
+and Welch's t against int8_sr and against bf16."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+from scipy import stats
+
+from s3r.bench import common
+from s3r.train import report
+
+# Table I of the paper (12-layer Llama, C4, 2000 steps): final validation loss gap to BF16.
+PAPER_GAP = {"bf16": 0.0, "int8_rtne": 0.214, "int8_sr": 0.037, "s3r": 0.163, "s3r_ec_dx": 0.032, "s3r_ec": 0.027,
+             "s3r_bcast": 1.347, "s3r_ec_dx_bcast": 0.202, "s3r_ec_bcast": 0.109}
+CURVE_EVERY = 5  # keep every 5th step of the training-loss curve in a summary
+
+
+def summarize_run(out: pathlib.Path, *, recipe: str, lr: float, seed: int, status: str, wall_s: float) -> dict:
+  """A small JSON-able record of one finished run (what the tables and the figure need)."""
+  records = report.read_metrics(out / report.METRICS_FILE) if (out / report.METRICS_FILE).exists() else []
+  vals = [r for r in records if "val_loss" in r]
+  last = vals[-1] if vals else {}
+  val_losses = {("val" if k == "val_loss" else k.removeprefix("val_loss_")): v
+                for k, v in last.items() if k.startswith("val_loss")}
+  config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+  step_times = [r["step_time_s"] for r in records[1:]]
+  return {
+      "run": out.name, "recipe": recipe, "lr": lr, "seed": seed, "status": status, "wall_s": wall_s,
+      "steps": records[-1]["step"] if records else 0, "val_losses": val_losses if status == "done" else {},
+      "median_step_s": float(np.median(step_times)) if step_times else None,
+      "param_count": config.get("param_count"), "train_config": config.get("train"),
+      "curve": [[r["step"], r["loss"]] for r in records if r["step"] % CURVE_EVERY == 0 or r["step"] == 1],
+      "val_curve": [[r["step"], r["val_loss"]] for r in vals],
+  }
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+  arr = np.asarray(values, float)
+  return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else float("nan")
+
+
+def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
+  if len(a) < 2 or len(b) < 2:
+    return None
+  t, p = stats.ttest_ind(a, b, equal_var=False)
+  return float(t), float(p)
+
+
+def build_table(cfg, summaries: dict) -> dict:
+  """Rows per recipe with the best rate, the seeds' losses and the statistics."""
+  from s3r.experiments.sweep import best_lr
+
+  rows = {}
+  for recipe in cfg.recipes:
+    best, _ = best_lr(cfg, recipe, summaries)
+    seed0 = {s["lr"]: s["val_losses"].get("val") for s in summaries.values() if s["recipe"] == recipe
+             and s["seed"] == 0}
+    runs = [] if best is None else [summaries[n] for n in (cfg.run_name(recipe, best, s) for s in range(cfg.seeds))
+                                    if n in summaries]
+    done = [s for s in runs if s["status"] == "done"]
+    row = {"best_lr": best, "seed0_by_lr": dict(sorted(seed0.items())), "seeds_done": len(done),
+           "diverged": len(runs) - len(done)}
+    for split in ("val", "c4"):
+      values = [s["val_losses"][split] for s in done if split in s["val_losses"]]
+      row[split] = values
+      row[f"{split}_mean"], row[f"{split}_std"] = _stats(values) if values else (None, None)
+    rows[recipe] = row
+  ref, sr = rows.get("bf16"), rows.get("int8_sr")
+  for recipe, row in rows.items():
+    row["gap_to_bf16"] = (row["val_mean"] - ref["val_mean"]) if ref and ref["val_mean"] is not None \
+        and row["val_mean"] is not None else None
+    row["welch_vs_bf16"] = _welch(row["val"], ref["val"]) if ref and recipe != "bf16" else None
+    row["welch_vs_int8_sr"] = _welch(row["val"], sr["val"]) if sr and recipe != "int8_sr" else None
+    row["paper_gap"] = PAPER_GAP.get(recipe)
+  return rows
+
+
+def _cost(summaries: dict) -> dict:
+  done = [s for s in summaries.values() if s.get("wall_s")]
+  params = next((s["param_count"] for s in done if s.get("param_count")), None)
+  tc = next((s["train_config"] for s in done if s.get("train_config")), None) or {}
+  tokens = tc.get("steps", 0) * tc.get("batch", 0) * tc.get("seq", 0)
+  return {"runs": len(done), "total_wall_h": sum(s["wall_s"] for s in done) / 3600,
+          "mean_wall_min": (np.mean([s["wall_s"] for s in done]) / 60) if done else None,
+          "param_count": params, "tokens_per_run": tokens, "preset": tc.get("preset"), "steps": tc.get("steps"),
+          "batch": tc.get("batch"), "seq": tc.get("seq")}
+
+
+def write_tables(cfg, summaries: dict) -> dict:
+  """Writes <results>/<name>.json, .md and .png; returns the table rows."""
+  import dataclasses
+  rows = build_table(cfg, summaries)
+  out = pathlib.Path(cfg.results_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  stem = out / cfg.name
+  meta = common.run_metadata()
+  doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
+         "note": "best learning rate chosen on seed 0, which is also part of the mean (as in the paper)"}
+  stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
+  stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta))
+  if any(s["status"] == "done" for s in summaries.values()):
+    plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
+  return rows
+
+
+def _fmt(x, digits=3):
+  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _markdown(cfg, rows, cost, meta) -> str:
+  head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
+  lines = [head, f"Scale: preset `{cost['preset']}` ({cost['param_count'] or '?':,} parameters), {cost['steps']} steps "
+           f"x {cost['batch']} x {cost['seq']} tokens = {cost['tokens_per_run']:,} tokens per run; "
+           f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
+           "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds at the "
+           "recipe's best seed-0 learning rate (seed 0 chose the rate and is part of the mean). Welch's t "
+           "(p) against `bf16` and `int8_sr`.\n"]
+  table_rows = []
+  for recipe, r in rows.items():
+    welch = lambda w: "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"
+    table_rows.append([f"`{recipe}`", _fmt(r["best_lr"], 4) if r["best_lr"] else "…", r["seeds_done"],
+                       f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
+                       _fmt(r["gap_to_bf16"]), welch(r["welch_vs_bf16"]), welch(r["welch_vs_int8_sr"]),
+                       _fmt(r["paper_gap"])])
+  lines.append(common.markdown_table(["recipe", "best lr", "seeds", "val loss", "C4 loss", "gap to bf16",
+                                      "t vs bf16 (p)", "t vs int8_sr (p)", "paper gap"], table_rows))
+  lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
+             for recipe, r in rows.items()]
+  lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
+  return "\n".join(lines)
+
+
+def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
+  """Training loss (EMA) per recipe at its best rate: mean over seeds and a min-max band."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for recipe, row in rows.items():
+    runs = [summaries.get(cfg.run_name(recipe, row["best_lr"], s)) for s in range(cfg.seeds)] if row["best_lr"] else []
+    curves = [np.asarray(s["curve"], float) for s in runs if s and s["status"] == "done" and s["curve"]]
+    if not curves:
+      continue
+    n = min(len(c) for c in curves)
+    steps = curves[0][:n, 0]
+    losses = np.stack([_ema(c[:n, 1]) for c in curves])
+    line, = ax.plot(steps, losses.mean(axis=0), label=f"{recipe} (lr {row['best_lr']:g}, {len(curves)} seeds)")
+    if len(curves) > 1:
+      ax.fill_between(steps, losses.min(axis=0), losses.max(axis=0), color=line.get_color(), alpha=0.2)
+  ax.set_xscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss (EMA)")
+  ax.set_title(f"Sweep {cfg.name}: loss per recipe at its best learning rate (band: min-max over seeds)")
+  if ax.lines:
+    ax.legend(fontsize=7)
+  lo = min((np.nanmin(line.get_ydata()) for line in ax.lines), default=None)
+  if lo is not None:
+    ax.set_ylim(lo - 0.1, lo + 3.0)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _ema(values: np.ndarray, decay: float = 0.8) -> np.ndarray:
+  out = np.empty_like(values)
+  acc = values[0]
+  for i, v in enumerate(values):
+    acc = decay * acc + (1 - decay) * v
+    out[i] = acc
+  return out

@@ -1,0 +1,88 @@
+"""The sweep protocol: learning-rate selection on seed 0, downward extension, resumption, tables."""
+
+import json
+import math
+
+import pytest
+
+from s3r.experiments import sweep, table1
+
+
+def _cfg(tmp_path, **kw):
+  base = dict(name="t", recipes=("bf16", "int8_sr", "s3r_bcast"), lrs=(1e-3, 2e-3, 4e-3), seeds=3,
+              runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "results"))
+  return sweep.SweepConfig(**{**base, **kw})
+
+
+def _summary(recipe, lr, seed, val, status="done"):
+  return {"run": f"{recipe}-lr{lr:.3g}-s{seed}", "recipe": recipe, "lr": lr, "seed": seed, "status": status,
+          "wall_s": 60.0, "steps": 10, "val_losses": {"val": val, "c4": val + 1} if status == "done" else {},
+          "median_step_s": 0.1, "param_count": 1000, "curve": [[1, 9.0], [5, 8.0], [10, 7.0]],
+          "val_curve": [[10, val]], "train_config": {"preset": "tiny", "steps": 10, "batch": 2, "seq": 8}}
+
+
+def _add(summaries, *items):
+  for s in items:
+    summaries[s["run"]] = s
+
+
+def test_seed_zero_learning_rates_run_first_then_the_other_seeds_at_the_best_rate(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16",))
+  assert sweep.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0)]
+  s = {}
+  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
+  assert sweep.best_lr(cfg, "bf16", s) == (2e-3, [])
+  assert sweep.next_runs(cfg, s) == [("bf16", 2e-3, 1), ("bf16", 2e-3, 2)]
+  _add(s, _summary("bf16", 2e-3, 1, 4.1), _summary("bf16", 2e-3, 2, 4.2))
+  assert sweep.next_runs(cfg, s) == []
+
+
+def test_best_rate_at_the_bottom_of_the_grid_extends_the_grid_downward(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("s3r_bcast",))
+  s = {}
+  _add(s, _summary("s3r_bcast", 1e-3, 0, 6.0), _summary("s3r_bcast", 2e-3, 0, 6.5),
+       _summary("s3r_bcast", 4e-3, 0, 7.0))
+  assert sweep.next_runs(cfg, s) == [("s3r_bcast", 5e-4, 0)]
+  _add(s, _summary("s3r_bcast", 5e-4, 0, 5.5))
+  assert sweep.next_runs(cfg, s) == [("s3r_bcast", 2.5e-4, 0)]
+  _add(s, _summary("s3r_bcast", 2.5e-4, 0, 5.8))  # worse: 5e-4 is the best and no longer the lowest
+  assert sweep.best_lr(cfg, "s3r_bcast", s) == (5e-4, [])
+
+
+def test_diverged_runs_lose_the_learning_rate_selection(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16",))
+  s = {}
+  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0),
+       _summary("bf16", 4e-3, 0, math.nan, status="diverged"))
+  assert sweep.best_lr(cfg, "bf16", s)[0] == 2e-3
+
+
+def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), lrs=(1e-3,), seeds=3)
+  s = {}
+  _add(s, *[_summary("bf16", 1e-3, i, v) for i, v in enumerate([4.0, 4.1, 4.2])])
+  _add(s, *[_summary("int8_sr", 1e-3, i, v) for i, v in enumerate([4.5, 4.6, 4.7])])
+  rows = table1.write_tables(cfg, s)
+  assert rows["bf16"]["val_mean"] == pytest.approx(4.1) and rows["bf16"]["val_std"] == pytest.approx(0.1)
+  assert rows["int8_sr"]["gap_to_bf16"] == pytest.approx(0.5)
+  t, p = rows["int8_sr"]["welch_vs_bf16"]
+  assert t == pytest.approx(0.5 / (0.1 * (2 / 3) ** 0.5)) and p < 0.01
+  doc = json.loads((tmp_path / "results" / "t.json").read_text())
+  assert doc["cost"]["runs"] == 6 and doc["meta"]["git"] is not None
+  assert (tmp_path / "results" / "t.md").read_text().count("| `int8_sr` |") == 2  # Table I and the lr table
+  assert (tmp_path / "results" / "t.png").stat().st_size > 0
+
+
+def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
+  with pytest.raises(ValueError, match="SweepConfig.recipes"):
+    _cfg(tmp_path, recipes=("int4",))
+
+
+def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corpus):
+  cfg = _cfg(tmp_path, recipes=("s3r_ec_dx",), lrs=(2e-3,), seeds=1, preset="tiny", steps=4, warmup=1,
+             batch=2, seq=32, eval_every=2, eval_batches=1, data=str(tiny_corpus))
+  sweep.sweep(cfg, max_runs=1, log=lambda m: None)
+  summaries = sweep.load_summaries(cfg)
+  (only,) = summaries.values()
+  assert only["status"] == "done" and only["steps"] == 4 and math.isfinite(only["val_losses"]["val"])
+  assert sweep.next_runs(cfg, summaries) == []
