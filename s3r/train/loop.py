@@ -46,7 +46,6 @@ class Setup:
 
   model_cfg: s3r_model.ModelConfig
   mesh: jax.sharding.Mesh
-  state_shardings: TrainState
   batch_sharding: NamedSharding
   abstract_state: TrainState  # ShapeDtypeStructs with shardings
   init_state: Callable  # init_key -> TrainState
@@ -82,7 +81,7 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh) -> Setup:
   eval_step = jax.jit(constrained(make_eval_step(graphdef)), in_shardings=(state_sh.params, batch_sh, replicated),
                       out_shardings=replicated)
   init_key, train_key, eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
-  return Setup(model_cfg=model_cfg, mesh=mesh, state_shardings=state_sh, batch_sharding=batch_sh,
+  return Setup(model_cfg=model_cfg, mesh=mesh, batch_sharding=batch_sh,
                abstract_state=checkpoint.abstract_like(shapes, state_sh),
                init_state=jax.jit(fresh, out_shardings=state_sh), train_step=train_step, eval_step=eval_step,
                keys={"init": init_key, "train": train_key, "eval": eval_key})
