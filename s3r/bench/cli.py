@@ -1,6 +1,6 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
-Sub-commands: ffn, quantizer, static, peers, step. Each module defines `add_arguments(parser)`
+Sub-commands: ffn, quantizer, static, peers, step, profile. Each module defines `add_arguments(parser)`
 and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
 `python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
@@ -17,6 +17,7 @@ COMMANDS = {
                "static costs from the compiled HLO and jaxpr: ops/element, random words, bytes, temp memory"),
     "peers": ("s3r.bench.peers", "compare with AQT and Qwix (optional extra s3r[peers]): time and gradient error"),
     "step": ("s3r.bench.step", "time full training steps of a model preset (default cpu-small) per recipe"),
+    "profile": ("s3r.bench.profile", "per-fusion CPU time of the FFN block fwd+bwd (jax.profiler + compiled HLO)"),
 }
 
 
@@ -26,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-  """Adds the five benchmark sub-commands to an argparse subparsers object."""
+  """Adds the benchmark sub-commands to an argparse subparsers object."""
   for name, (modname, help_) in COMMANDS.items():
     mod = importlib.import_module(modname)
     p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(),
@@ -36,7 +37,7 @@ def add_commands(sub) -> None:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-  """Adds `bench` (with ffn, quantizer, static, peers, step) to the main CLI's subparsers."""
+  """Adds `bench` (with ffn, quantizer, static, peers, step, profile) to the main CLI's subparsers."""
   bench = subparsers.add_parser("bench", help="benchmarks (results go to results/bench_*)",
                                 description="Benchmarks of the quantized layer, its quantizer and training steps. "
                                             "Results: results/bench_<name>_<platform>.{json,md,png}.")

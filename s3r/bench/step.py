@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
   p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default %(default)s)")
   p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
-  p.add_argument("--repeats", type=int, default=5, help="timed steps per recipe, interleaved (default %(default)s)")
+  p.add_argument("--repeats", type=int, default=10, help="timed steps per recipe, interleaved (default %(default)s)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after the compiling step (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
   p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
