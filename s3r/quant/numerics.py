@@ -49,14 +49,18 @@ def int8_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array) -> jax.Array:
 
 
 def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Array:
-  """a.T as a real row-major copy that XLA cannot fold back into the consuming dot.
+  """a.T as a real row-major copy that XLA:CPU cannot fold back into the consuming dot.
 
   XLA's simplifier sinks a plain transpose into the dot_general that consumes it, turning
   X̂ᵀ Q into a dot that contracts X̂'s leading (token) dimension; XLA:CPU then upcasts the
-  int8 operands to int32 and runs a generic GEMM about 15x slower. A conditional on a
-  runtime value (`nonnegative`, any scalar >= 0 or NaN, e.g. a scale) is opaque to that
+  int8 operands to int32 and runs a generic GEMM about 15x slower. On CPU, a conditional on
+  a runtime value (`nonnegative`, any scalar >= 0 or NaN, e.g. a scale) is opaque to that
   rewrite (`optimization_barrier` is not: XLA:CPU expands it early). Both branches have the
-  same shape; the second is never taken.
+  same shape; the second is never taken. Other backends get the plain transpose (their
+  GEMMs take either layout, and a conditional would cost a device-to-host sync on GPU).
   """
-  take = jnp.logical_not(nonnegative < 0)  # true for every scale, NaN included
-  return lax.cond(take, lambda a: a.T, lambda a: jnp.zeros_like(a.T), a_MxN)
+  def cpu(a):
+    take = jnp.logical_not(nonnegative < 0)  # true for every scale, NaN included
+    return lax.cond(take, lambda a: a.T, lambda a: jnp.zeros_like(a.T), a)
+
+  return lax.platform_dependent(a_MxN, cpu=cpu, default=lambda a: a.T)
