@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "bench": "s3r.bench.cli:register",
     "diagnose": "s3r.experiments.diagnose:register",
     "sweep": "s3r.experiments.sweep:register",
+    "comm": "s3r.train.comm:register",
 }
 
 

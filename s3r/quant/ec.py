@@ -15,7 +15,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-_UNROLL_MAX_EXAMPLES = 64  # up to this many examples per device the dW update is unrolled
+_UNROLL_MAX_EXAMPLES = 64  # up to this many examples (B of the traced, global batch) the dW update is unrolled
+_FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
+
+
+def _unsharded_along(x: jax.Array, dim: int) -> jax.Array:
+  """`x` with dimension `dim` whole on every device of the trace's mesh, the other dims free.
+
+  Under data/FSDP sharding (inside `jax.sharding.use_abstract_mesh`, as `s3r train` traces
+  its step) this all-gathers a small factor, or the int8 Ŵ, along that dimension before a
+  product uses it. Without it XLA contracts the batch-sharded factors of the dW update into
+  a weight-sized f32 partial sum that it then all-reduces (when B > _UNROLL_MAX_EXAMPLES),
+  and gathers Ŵ for the dX update only after converting it to f32. A no-op without a mesh.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return x
+  spec = jax.sharding.PartitionSpec(*(None if d == dim else _FREE for d in range(x.ndim)))
+  return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
 def error_factors(e_BxSxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -32,7 +49,9 @@ def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator.
   """
-  w_KxN = wq_KxN.astype(jnp.float32)
+  # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is),
+  # not converted to f32 first and gathered 4x larger.
+  w_KxN = _unsharded_along(wq_KxN, 1).astype(jnp.float32)
   rowsum_K = jnp.sum(w_KxN, axis=1)
   wc_BxK = jnp.einsum("kn,bn->bk", w_KxN, c_BxN)
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
@@ -42,14 +61,15 @@ def dw_correction(r_BxS, c_BxN, m_B, xqT_KxT: jax.Array) -> jax.Array:
   """Σ_b X̂_bᵀ e_str_b, shape [K, N] (f32): a rank-(B+1) update from per-example factors.
 
   Σ_b X̂_bᵀ e_str_b = Σ_b (p_b - S m_b x̄_b) 1ᵀ + S Σ_b x̄_b c_bᵀ with p_b = X̂_bᵀ r_b and
-  x̄_b the token mean of X̂_b. Only p [K, B], x̄ [K, B] and c [B, N] are gathered under data
-  parallelism, never a weight-sized partial.
+  x̄_b the token mean of X̂_b. Only x̄ [K, B] and c [B, N] are gathered under data
+  parallelism (and a [K] column term all-reduced), never a weight-sized partial.
   """
   batch, seq = r_BxS.shape
   xq_KxBxS = xqT_KxT.reshape(xqT_KxT.shape[0], batch, seq).astype(jnp.float32)
   p_KxB = jnp.einsum("kbs,bs->kb", xq_KxBxS, r_BxS)
   xbar_KxB = jnp.mean(xq_KxBxS, axis=2)
   col_K = jnp.sum(p_KxB - seq * m_B * xbar_KxB, axis=1)
+  xbar_KxB, c_BxN = _unsharded_along(xbar_KxB, 1), _unsharded_along(c_BxN, 0)
   if batch <= _UNROLL_MAX_EXAMPLES:
     # A sum of B outer products (not a dot): XLA fuses it into the rescale of the int32 dW
     # accumulator, so no weight-sized f32 temporary exists besides dW itself. As a dot, XLA

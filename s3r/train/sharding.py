@@ -95,11 +95,13 @@ def activation_constraint(mesh: Mesh):
 
 
 def with_activation_sharding(fn, mesh: Mesh):
-  """`fn` traced with the model's activations constrained by RULES on `mesh`."""
+  """`fn` traced with the model's activations constrained by RULES on `mesh`, and with `mesh`
+  as the abstract mesh of the trace (`jax.sharding.get_abstract_mesh()`), which
+  `s3r.quant.ec` uses to gather the S3R-EC factors instead of reducing weight-sized partials."""
   constraint = activation_constraint(mesh)
 
   def wrapped(*args):
-    with s3r_model.activation_sharding(constraint):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), s3r_model.activation_sharding(constraint):
       return fn(*args)
 
   return wrapped
