@@ -5,8 +5,8 @@ the XLA:CPU per-thunk events back from the trace (`--xla_cpu_enable_xprof_tracem
 this command before JAX starts its CPU backend), and attributes their CPU time (summed
 over threads, so it can exceed the wall time) to the fusions of the optimized HLO. Each
 fusion is described by its output shape, the ops inside it and its operand shapes, and put
-in a category: int8 GEMM (a dot), reduction, weight-sized ([H, D_ffn]) elementwise,
-gradient-sized ([T, ·]) elementwise, other. Use it to compare recipes on the same shape
+in a category: int8 GEMM (a dot), reduction, elementwise on [H, D_ffn] (weight-sized),
+[T, D_ffn] or [T, H] arrays (labels joined by '=' when sizes coincide, e.g. T = H), other. Use it to compare recipes on the same shape
 (e.g. `--recipes s3r,s3r_ec_dx`): the rows that only one recipe has are its extra cost.
 
 Relies on jax's private `jax._src.lib._profile_data` reader; on other backends the event
@@ -24,6 +24,7 @@ import tempfile
 from s3r.bench import common, static
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+_SIZE_LABELS = {"weight": "[H,D]", "t_d": "[T,D]", "t_h": "[T,H]"}
 
 
 def enable_traceme() -> bool:
@@ -60,10 +61,8 @@ def describe_fusions(hlo_text: str, sizes: dict[str, int]) -> dict[str, dict]:
         cat = "int8 GEMM" if ins.dtype == "s32" else "GEMM"
       elif "reduce" in ops or "reduce-window" in ops:
         cat = "reduction"
-      elif elems and elems in (sizes.get("weight"),):
-        cat = "weight-sized elementwise"
-      elif elems and elems in (sizes.get("t_d"), sizes.get("t_h")):
-        cat = "token-sized elementwise"
+      elif elems and elems in sizes.values():
+        cat = "elementwise " + "=".join(_SIZE_LABELS[k] for k, v in sizes.items() if v == elems)
       else:
         cat = "other"
       out[ins.name] = {"shape": f"{ins.dtype}{list(ins.dims)}" if ins.dtype else "tuple",

@@ -6,11 +6,14 @@ Per recipe, for one quantized linear layer x [T, K] @ w [K, N] forward + backwar
 - ops/elem: elementwise HLO instructions per upstream-gradient element. Method: parse the
   optimized HLO (`jit(...).lower(...).compile().as_text()`); give every computation its
   execution count (1 for ENTRY, x known_trip_count for while bodies, e.g. Threefry's rolled
-  rounds); count every elementwise instruction (arithmetic, logical, shift, compare, select,
-  clamp, convert, round, iota, ...) whose result has exactly T*N elements, inside fusions
-  or not, times its execution count; add one per reduce whose operand has T*N elements (a
-  max or sum costs one op per element it reads); divide by nothing (it is already "per
-  element"). Data movement (broadcast, bitcast, reshape, copy, transpose, slice), parameters,
+  rounds); count, times its execution count, every elementwise instruction (arithmetic,
+  logical, shift, compare, select, clamp, convert, round, iota, ...) that runs once per
+  gradient element: all of those inside a loop fusion whose output has T*N elements (the
+  fusion evaluates its whole body per output element, so a per-token threshold computed
+  inside it is recomputed per element), and elsewhere those whose result has T*N elements;
+  add one per reduce whose operand has T*N elements (a max or sum costs one op per element
+  it reads). The count of only the instructions whose own result has T*N elements is kept
+  as `shape_only_ops_per_element`. Data movement (broadcast, bitcast, reshape, copy, transpose, slice), parameters,
   constants and GEMMs are not counted. The same count for `int8_rtne` (forward rescale,
   scale folding, Δ, rounding) is subtracted: `extra ops/elem` is what the recipe adds over
   round-to-nearest, the quantity of the paper (120-133 for independent SR, -2..+6 for S3R,
@@ -172,31 +175,58 @@ def execution_counts(comps: dict[str, Computation]) -> tuple[dict[str, int], set
   return dict(counts), fused
 
 
-def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
-  """Elementwise and reduce ops on arrays of `elements` elements, and bytes of such arrays written.
+def _loop_fusions(comps: dict[str, Computation]) -> dict[str, int]:
+  """Fused computation -> output elements of the kLoop fusion instruction that calls it."""
+  out = {}
+  for c in comps.values():
+    for ins in c.instrs:
+      if ins.opcode == "fusion" and "kind=kLoop" in ins.attrs:
+        m = re.search(r"calls=%([\w.\-]+)", ins.attrs)
+        if m:
+          out[m.group(1)] = ins.elements
+  return out
 
-  Returns {'elementwise': n, 'reduce': n, 'ops_per_element': n, 'by_opcode': {...},
-  'written_bytes': {dtype: bytes}, 'writers': [...]} where ops are weighted by execution count
-  and `writers` lists the top-level instructions that write such arrays.
+
+def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
+  """Per-element ops of the work on `elements`-sized arrays, and bytes of such arrays written.
+
+  Counting rule (weighted by execution count): inside a loop fusion whose output has
+  `elements` elements, every elementwise instruction counts, whatever its own shape, because
+  the fusion evaluates it once per output element (a per-token value broadcast inside the
+  fusion, such as a shared threshold, is recomputed for every element); elsewhere (other
+  fusions, unfused instructions) elementwise instructions count when their result has
+  `elements` elements; a reduce counts once per operand of `elements` elements.
+
+  Returns {'elementwise', 'reduce', 'ops_per_element', 'by_opcode', 'shape_only_ops_per_element'
+  (the count of instructions whose own result has `elements` elements), 'written_bytes':
+  {dtype: bytes}, 'writers': [...]} where `writers` lists the top-level instructions that
+  write such arrays.
   """
   comps = parse_hlo(hlo_text)
   counts, fused = execution_counts(comps)
+  loops = _loop_fusions(comps)
   by_op: Counter = Counter()
+  shape_only = 0
   written: Counter = Counter()
   writers: list[dict] = []
   for c in comps.values():
     mult = counts.get(c.name, 0)
     if not mult:
       continue
+    per_element_body = loops.get(c.name) == elements
     shapes = {ins.name: ins for ins in c.instrs}
     for ins in c.instrs:
-      if ins.opcode in ELEMENTWISE and ins.elements == elements:
-        by_op[ins.opcode] += mult
+      if ins.opcode in ELEMENTWISE:
+        if ins.elements == elements:
+          shape_only += mult
+        if ins.elements == elements or per_element_body:
+          by_op[ins.opcode] += mult
       elif ins.opcode in REDUCES:
         n_in = sum(1 for o in ins.operands[: max(1, len(ins.operands) // 2)]
                    if o in shapes and shapes[o].elements == elements)
         if n_in:
           by_op[ins.opcode] += mult * n_in
+          shape_only += mult * n_in
       if c.name not in fused and ins.elements == elements and ins.opcode not in (
           "parameter", "constant", "bitcast", "reshape", "get-tuple-element", "tuple", "broadcast"):
         written[ins.dtype] += mult * elements * DTYPE_BYTES.get(ins.dtype, 4)
@@ -205,7 +235,7 @@ def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
   ew = sum(v for k, v in by_op.items() if k in ELEMENTWISE)
   red = sum(v for k, v in by_op.items() if k in REDUCES)
   return {"elementwise": ew, "reduce": red, "ops_per_element": ew + red, "by_opcode": dict(sorted(by_op.items())),
-          "written_bytes": dict(written), "writers": writers}
+          "shape_only_ops_per_element": shape_only, "written_bytes": dict(written), "writers": writers}
 
 
 # --- jaxpr: random words ---------------------------------------------------------------------
@@ -357,7 +387,7 @@ def markdown(results: dict, recipes: list[str]) -> str:
   t, k, n = any_r["tokens"], any_r["k"], any_r["n"]
   el = t * n
   out = [f"## One quantized layer x [{t}, {k}] @ w [{k}, {n}], forward + backward (compiled HLO, jaxpr)", ""]
-  head = ["recipe", "ops/elem (all [T,N] ops)", "extra ops/elem vs int8_rtne", "random words", "words/elem",
+  head = ["recipe", "ops/elem", "extra ops/elem vs int8_rtne", "[T,N]-shaped ops/elem", "random words", "words/elem",
           "int8 grad bytes/elem", "f32 [T,N] temps written (bytes/elem)", "u32 [T,N] written (bytes/elem)",
           "temp MiB (layer)"]
   rows = []
@@ -365,7 +395,8 @@ def markdown(results: dict, recipes: list[str]) -> str:
     res = layer[r]
     extra = res["extra_ops_per_element_vs_int8_rtne"]
     mem = res["memory"] or {}
-    rows.append([r, res["ops"]["ops_per_element"], "" if extra is None else f"{extra:+d}", res["random"]["words"],
+    rows.append([r, res["ops"]["ops_per_element"], "" if extra is None else f"{extra:+d}",
+                 res["ops"]["shape_only_ops_per_element"], res["random"]["words"],
                  f"{res['random']['words'] / el:.4g}", f"{res['int8_gradient_bytes'] / el:g}",
                  f"{res['f32_gradient_sized_bytes'] / el:g}", f"{res['u32_gradient_sized_bytes'] / el:g}",
                  f"{mem.get('temp_size_in_bytes', float('nan')) / 2**20:.1f}"])

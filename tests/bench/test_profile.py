@@ -1,8 +1,6 @@
 """`s3r bench profile` helpers: fusion descriptions and categories from a compiled FFN block."""
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from s3r.bench import ffn, profile
 
 
@@ -15,7 +13,7 @@ def test_describe_fusions_finds_the_int8_gemms():
   assert len(gemms) >= 9  # 3 projections x (forward, dX, dW)
   assert all(v["shape"].startswith("s32") for v in gemms)
   assert any(v["category"] == "reduction" for v in desc.values())  # the scales and the step Δ
-  assert jnp.int8  # the module imports nothing else at test time
+  assert any(v["category"] == "elementwise [T,D]" for v in desc.values())  # e.g. silu
 
 
 def test_enable_traceme_sets_the_flag(monkeypatch):

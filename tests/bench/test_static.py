@@ -35,7 +35,8 @@ def test_random_words_agree_with_quant_inspect(layer):
 def test_op_counts_and_int8_bytes(layer):
   extra = {r: layer[r]["ops"]["ops_per_element"] - layer["int8_rtne"]["ops"]["ops_per_element"] for r in layer}
   assert extra["int8_sr"] > 50  # Threefry per element
-  assert abs(extra["s3r"]) < 10  # shared thresholds: about the cost of RTNE
+  assert abs(extra["s3r"]) < 20  # shared thresholds: about the cost of RTNE
+  assert extra["int8_sr"] > 5 * max(extra["s3r"], 1)
   assert extra["int8_sr"] > extra["s3r_ec_dx"] > extra["s3r"]
   assert layer["int8_sr"]["int8_gradient_bytes"] == 2 * T * N  # G' quantized twice
   for r in ("int8_rtne", "s3r", "s3r_ec_dx"):
@@ -58,13 +59,26 @@ def test_parse_hlo_trip_counts():
   ROOT %s = f32[4,8]{1,0} add(%m, %a)
 }
 
-ENTRY %main (x: f32[4,8]) -> f32[4,8] {
+%bcast (v: f32[4], a: f32[4,8]) -> f32[4,8] {
+  %v = f32[4]{0} parameter(0)
+  %e = f32[4]{0} exponential(%v)
+  %b = f32[4,8]{1,0} broadcast(%e), dimensions={0}
+  %a = f32[4,8]{1,0} parameter(1)
+  ROOT %m = f32[4,8]{1,0} multiply(%a, %b)
+}
+
+ENTRY %main (x: f32[4,8], v: f32[4]) -> f32[4,8] {
   %x = f32[4,8]{1,0} parameter(0)
+  %v = f32[4]{0} parameter(1)
   %w = (s32[], f32[4,8]{1,0}) while(%tup), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
-  ROOT %n = f32[4,8]{1,0} negate(%x)
+  %n = f32[4,8]{1,0} negate(%x)
+  ROOT %g = f32[4,8]{1,0} fusion(%v, %n), kind=kLoop, calls=%bcast
 }
 """
   out = static.gradient_sized_ops(text, 32)
-  assert out["by_opcode"] == {"add": 5, "multiply": 5, "negate": 1}
-  assert out["ops_per_element"] == 11
-  assert out["written_bytes"]["f32"] == 5 * 32 * 4 + 32 * 4  # the fusion output in the loop, the negate
+  # the per-row exponential is evaluated once per output element of its loop fusion
+  assert out["by_opcode"] == {"add": 5, "exponential": 1, "multiply": 6, "negate": 1}
+  assert out["ops_per_element"] == 13
+  assert out["shape_only_ops_per_element"] == 12
+  # the fusion output in the loop (5x), the negate, the broadcast-multiply fusion
+  assert out["written_bytes"]["f32"] == 5 * 32 * 4 + 32 * 4 + 32 * 4
