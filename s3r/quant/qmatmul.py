@@ -80,11 +80,7 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
   n = wq_KxN.shape[1]
   if r.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
-  gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
-  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
-  v_BxSxN = gp_BxSxN / delta
-  q_dx, q_dw = _round(r, v_BxSxN, key)
+  delta, v_BxSxN, q_dx, q_dw = _quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
 
   acc_dx_TxK = numerics.int8_matmul_nt(q_dx.reshape(-1, n), wq_KxN).astype(jnp.float32)
   acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n)).astype(jnp.float32)
@@ -101,6 +97,38 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
 
 
 _qmatmul.defvjp(_fwd, _bwd)
+
+
+def _quantize_gradient(r: Recipe, sx_BxS, sw_N, g_BxSxN, key):
+  """(Δ, G'/Δ, Q for dX, Q for dW): the backward's quantization of the upstream gradient.
+
+  Δ = max|G'|/127 is one per-tensor step: under sharding, the max over all shards (XLA
+  inserts one scalar all-reduce), so it does not depend on the device mesh.
+  """
+  gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
+  delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
+  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  v_BxSxN = gp_BxSxN / delta
+  q_dx, q_dw = _round(r, v_BxSxN, key)
+  return delta, v_BxSxN, q_dx, q_dw
+
+
+def gradient_codes(x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array | None = None,
+                   recipe: str | Recipe = "s3r") -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(Q for dX, Q for dW, Δ): the int8 codes and step that the backward of `qmatmul(x, w)`
+  makes of the upstream gradient `g` ([..., N], the shape of the output). Same code path as
+  the backward pass (for tests and diagnostics); one Q returned twice unless the recipe splits.
+  """
+  r = _check_recipe(recipe)
+  _check_operands(x, w)
+  key = _check_key(key, r)
+  if not r.int8_backward:
+    raise ValueError(f"gradient_codes: recipe {r.name!r} does not quantize the gradient")
+  x_BxSxK, g_BxSxN = (x, g) if x.ndim == 3 else (x[None], g[None])
+  sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
+  sw_N = numerics.absmax_scale(w, axis=0)
+  delta, _, q_dx, q_dw = _quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
+  return (q_dx, q_dw, delta) if x.ndim == 3 else (q_dx[0], q_dw[0], delta)
 
 
 def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):

@@ -1,0 +1,37 @@
+"""Helpers of the distributed tests: run a program of workers.py with simulated host devices."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+WORKERS = pathlib.Path(__file__).with_name("workers.py")
+REPO = WORKERS.parents[2]
+
+
+def device_env(n_devices: int, **extra) -> dict:
+  """The environment of a subprocess with `n_devices` simulated CPU devices."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k == "JAX_ENABLE_X64"}
+  env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu",
+              "PYTHONPATH": str(REPO)}, **extra)
+  return env
+
+
+def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, timeout: float = 240) -> dict:
+  """Runs `workers.py name out args...` with `n_devices` devices; returns its result.json."""
+  out.mkdir(parents=True, exist_ok=True)
+  proc = subprocess.run([sys.executable, str(WORKERS), name, str(out), *args], env=device_env(n_devices),
+                        capture_output=True, text=True, timeout=timeout, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def mesh_train_losses(tmp_path_factory) -> dict:
+  """Losses and gradient norms of 3 `tiny` train steps (s3r_ec) on one device and on 8 devices as
+  pure FSDP, mixed FSDP x TP and pure TP (shared by the mesh and multi-process tests)."""
+  return run_worker("train", tmp_path_factory.mktemp("mesh_train"), "s3r_ec", "3",
+                    "1", "fsdp=8", "fsdp=4,tensor=2", "tensor=8")
