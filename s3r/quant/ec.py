@@ -51,9 +51,13 @@ def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is),
   # not converted to f32 first and gathered 4x larger.
-  w_KxN = _unsharded_along(wq_KxN, 1).astype(jnp.float32)
-  rowsum_K = jnp.sum(w_KxN, axis=1)
-  wc_BxK = jnp.einsum("kn,bn->bk", w_KxN, c_BxN)
+  wq_KxN = _unsharded_along(wq_KxN, 1)
+  # One small dot gives Ŵ c_b and rowsum(Ŵ) = Ŵ 1; dots are computed once. Written as reductions, XLA:CPU fuses
+  # them into the elementwise rescale of the [T, K] dX accumulator and recomputes an
+  # N-long sum for every one of its elements (a GEMM's worth of extra work).
+  c1_Bp1xN = jnp.concatenate([c_BxN, jnp.ones((1, c_BxN.shape[1]), c_BxN.dtype)])  # [c_b; 1]
+  wc1_Bp1xK = jax.lax.dot_general(c1_Bp1xN, wq_KxN.astype(jnp.float32), (((1,), (1,)), ((), ())))
+  wc_BxK, rowsum_K = wc1_Bp1xK[:-1], wc1_Bp1xK[-1]
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
 
 

@@ -91,9 +91,11 @@ def test_independent_sr_materializes_full_size_random_bits():
 
 
 def test_dw_correction_adds_no_weight_sized_temporary_beyond_dw():
-  # Weight-sized buffers of RTNE: Ŵ (int8), the int32 dW accumulator and dW itself (f32).
-  # The two-way correction must not add one (e.g. an f32 copy of the accumulator).
+  # s3r_ec differs from s3r_ec_dx only by the dW correction, which must fuse into the rescale
+  # of the int32 dW accumulator: no weight-sized buffer may be added (for example an f32 copy
+  # of the accumulator or a [K, N] f32 rank-B product).
   def weight_sized(recipe):
     f, args = _fwd_bwd(recipe)
     return sorted(b[1] for b in inspect.full_size_buffers(inspect.compiled_text(f, *args), K * N))
-  assert weight_sized("s3r_ec") == weight_sized("int8_rtne") == ["f32", "s32", "s8"]
+  assert weight_sized("s3r_ec") == weight_sized("s3r_ec_dx")
+  assert weight_sized("s3r") == weight_sized("int8_rtne") == ["f32", "s32", "s8"]
