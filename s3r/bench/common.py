@@ -114,10 +114,15 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict[str, Any]:
-  """HEAD revision and whether the work tree differs from it (None outside a git checkout)."""
+  """HEAD revision, whether tracked files differ from it, and which (None outside a git checkout).
+
+  In a shared checkout the dirty paths tell whether someone's uncommitted change to the code
+  under test (e.g. s3r/quant) may be in a measurement.
+  """
   rev = _git("rev-parse", "HEAD")
   status = _git("status", "--porcelain", "--untracked-files=no")
-  return {"revision": rev, "dirty": (bool(status) if status is not None else None)}
+  paths = [line.split(None, 1)[1] for line in status.splitlines() if line.strip()] if status else []
+  return {"revision": rev, "dirty": (bool(status) if status is not None else None), "dirty_paths": paths}
 
 
 def cpu_model() -> str:
@@ -226,7 +231,7 @@ def _json_default(o):
 def metadata_markdown(bench: str, meta: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
   g = meta.get("git") or {}
   rev = g.get("revision") or "unknown"
-  dirty = " (dirty work tree)" if g.get("dirty") else ""
+  dirty = (f" (uncommitted changes: {', '.join(g.get('dirty_paths') or []) or 'yes'})" if g.get("dirty") else "")
   lines = [
       f"# s3r bench {bench}",
       "",

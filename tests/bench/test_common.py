@@ -19,6 +19,7 @@ def test_results_files_record_required_metadata(tmp_path, monkeypatch):
   assert meta["command"] == "s3r bench ffn --shapes W1"
   assert re.fullmatch(r"[0-9a-f]{40}", meta["git"]["revision"])
   assert isinstance(meta["git"]["dirty"], bool)
+  assert isinstance(meta["git"]["dirty_paths"], list) and meta["git"]["dirty"] == bool(meta["git"]["dirty_paths"])
   for key in ("jax_version", "jaxlib_version", "platform", "device_kind", "cpu_model", "cpu_count", "date_utc"):
     assert meta[key], key
   assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["date_utc"])
