@@ -22,7 +22,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 train: $(STAMP)
-	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart
+	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
