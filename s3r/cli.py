@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, str] = {
@@ -79,10 +80,51 @@ def register_train(subparsers) -> None:
   p.add_argument("--eval-batches", type=int, default=d["eval_batches"], help="batches per validation set")
   p.add_argument("--ckpt-every", type=int, default=d["ckpt_every"], help="checkpoint every N steps (and at the end)")
   p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-  p.add_argument("--mesh", default=d["mesh"], help="device mesh, e.g. data=2,fsdp=2,tensor=2 (default: one device)")
+  p.add_argument("--mesh", default=d["mesh"],
+                 help="device mesh over all devices of all processes, e.g. data=2,fsdp=2,tensor=2 (default: one "
+                      "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
+  g = p.add_argument_group("multi-process training (one process per host or GPU; see docs/scaling.md)")
+  g.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"), metavar="HOST:PORT",
+                 help="address of process 0's coordination service (default: $JAX_COORDINATOR_ADDRESS); "
+                      "starts jax.distributed with --num-processes and --process-id")
+  g.add_argument("--num-processes", type=int, default=_env_int("JAX_NUM_PROCESSES"),
+                 help="number of processes (default: $JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, default=_env_int("JAX_PROCESS_ID"),
+                 help="this process's index, 0 .. N-1 (default: $JAX_PROCESS_ID)")
+  g.add_argument("--distributed", action="store_true",
+                 help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
+                      "without --coordinator")
   p.add_argument("--cache-dir", default=d["cache_dir"], help="tokenizer and token cache")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=run_train)
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name)
+  return int(value) if value and value.strip().isdigit() else None
+
+
+def start_distributed(args) -> bool:
+  """Starts jax.distributed when asked (flags, $JAX_COORDINATOR_ADDRESS or --distributed);
+  returns whether it did. Must run before anything touches a JAX device."""
+  from s3r.train.config import ConfigError
+
+  if not (args.coordinator or args.distributed):
+    if args.num_processes not in (None, 1) or args.process_id not in (None, 0):
+      raise ConfigError("--num-processes/--process-id need --coordinator HOST:PORT (or --distributed)")
+    return False
+  import jax
+
+  if args.coordinator:
+    if args.num_processes is None or args.process_id is None:
+      raise ConfigError("--coordinator needs --num-processes and --process-id (or $JAX_NUM_PROCESSES and "
+                        "$JAX_PROCESS_ID)")
+    if not 0 <= args.process_id < args.num_processes:
+      raise ConfigError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
+    jax.distributed.initialize(args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+  else:
+    jax.distributed.initialize()
+  return True
 
 
 def run_train(args) -> int:
@@ -91,6 +133,7 @@ def run_train(args) -> int:
   from s3r.train.loop import TrainingDiverged, train
 
   try:
+    start_distributed(args)
     cfg = TrainConfig(
         out=args.out or f"runs/{args.preset}-{args.recipe}", preset=args.preset, recipe=args.recipe,
         steps=args.steps, lr=args.lr, warmup=args.warmup, batch=args.batch, seq=args.seq, data=args.data,

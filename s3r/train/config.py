@@ -13,8 +13,9 @@ class ConfigError(ValueError):
   """A problem with what the user asked for (flags, mesh, run directory): reported in one line."""
 
 
-# Fields that may differ between a run and its `--resume`: they do not change the numbers.
-RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir")
+# Fields that may differ between a run and its `--resume`: they do not change the numbers
+# (the mesh changes only the order of some float reductions; see docs/scaling.md).
+RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir", "mesh")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,11 +11,18 @@
 PRNG keys: key(seed) is split into init (parameters), train (quantizer randomness, folded
 with the step number) and eval (forward-only passes need a key for stochastic recipes but
 draw nothing from it).
+
+Several processes (after `jax.distributed.initialize`, see `s3r train --coordinator` and
+docs/scaling.md): every process runs `train(cfg)` with the same config; the mesh spans the
+devices of all processes; each process loads only the rows of every global batch that its
+own devices hold (`Batches`) and all of them take part in checkpointing, while process 0
+alone writes metrics.jsonl, config.json, loss.png and logs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import pathlib
@@ -52,6 +59,46 @@ class Setup:
   train_step: Callable  # (state, batch, train_key) -> (state, metrics); donates state
   eval_step: Callable  # (params, batch, eval_key) -> loss
   keys: dict  # "init", "train", "eval"
+
+
+def is_main_process() -> bool:
+  """True in process 0 (the only one that writes metrics, config, plots and logs)."""
+  return jax.process_index() == 0
+
+
+class Batches:
+  """Global batch arrays [B, S+1] built from the rows this process's devices hold.
+
+  The batch is sharded over (data, fsdp); the devices of this process hold a contiguous
+  range of rows [start, stop) (the mesh is laid out process by process), so the process
+  loads just those rows: the BatchLoader's process slice `start // (stop - start)` of
+  `B // (stop - start)`, and `jax.make_array_from_process_local_data` assembles the global
+  array. One process: the whole batch.
+  """
+
+  def __init__(self, sharding: NamedSharding, shape: tuple[int, int]):
+    self.sharding, self.shape = sharding, tuple(shape)
+    rows = sorted({(i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
+                   for i in sharding.addressable_devices_indices_map(self.shape).values()})
+    self.start, self.stop = rows[0][0], rows[-1][1]
+    if any(a > b_prev for (_, b_prev), (a, _) in zip(rows, rows[1:])) or shape[0] % (self.stop - self.start):
+      raise ConfigError(f"the devices of process {jax.process_index()} hold rows {rows} of the batch, not one "
+                        f"contiguous block of an even split; use a mesh whose data x fsdp axes follow the processes")
+    self.rows = self.stop - self.start
+    self.slice_index, self.slice_count = self.start // self.rows, shape[0] // self.rows
+
+  def loader(self, tokens, *, seed: int) -> s3r_data.BatchLoader:
+    """A BatchLoader that returns this process's rows of every global batch."""
+    return s3r_data.BatchLoader(tokens, batch_size=self.shape[0], seq_len=self.shape[1] - 1, seed=seed,
+                                process_index=self.slice_index, process_count=self.slice_count)
+
+  def from_local(self, rows: np.ndarray) -> jax.Array:
+    """The global array from this process's rows (as the loader returns them)."""
+    return jax.make_array_from_process_local_data(self.sharding, np.asarray(rows), self.shape)
+
+  def from_global(self, batch: np.ndarray) -> jax.Array:
+    """The global array from a whole batch that every process has (validation batches)."""
+    return self.from_local(np.asarray(batch)[self.start:self.stop])
 
 
 def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
@@ -109,11 +156,11 @@ def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[st
 
 
 def evaluate(setup: Setup, params, val_sets: dict[str, list[np.ndarray]]) -> dict[str, float]:
-  """Mean token loss on each validation set."""
+  """Mean token loss on each validation set (whole batches, present in every process)."""
   losses = {}
   for name, batches in val_sets.items():
-    per_batch = [setup.eval_step(params, jax.device_put(b, setup.batch_sharding), setup.keys["eval"])
-                 for b in batches]
+    place = Batches(setup.batch_sharding, batches[0].shape)
+    per_batch = [setup.eval_step(params, place.from_global(b), setup.keys["eval"]) for b in batches]
     losses[name] = float(np.mean(jax.device_get(per_batch)))
   return losses
 
@@ -138,30 +185,40 @@ def _start(cfg: TrainConfig, setup: Setup, ckpt: checkpoint.Checkpointer, loader
 
 
 def train(cfg: TrainConfig, *, log=print) -> dict:
-  """Runs (or resumes) the training run `cfg`; returns a summary (final losses, paths, time)."""
+  """Runs (or resumes) the training run `cfg`; returns a summary (final losses, paths, time).
+
+  With several processes, every process calls this with the same `cfg` (see the module docstring).
+  """
   t_start = time.time()
+  main = is_main_process()
+  log = log if main else _quiet
   out = pathlib.Path(cfg.out)
   mesh = make_mesh(cfg)
   out.mkdir(parents=True, exist_ok=True)
-  corpus = prepare_data(cfg, log)
+  corpus = _prepare_data_once(cfg, log)
   setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
-  loader = s3r_data.BatchLoader(corpus.train_tokens, batch_size=cfg.batch, seq_len=cfg.seq, seed=cfg.seed)
+  batches = Batches(setup.batch_sharding, (cfg.batch, cfg.seq + 1))
+  loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
   val_sets = validation_batches(corpus.val_tokens, cfg, log)
   ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
   state = _start(cfg, setup, ckpt, loader, log)
   start = int(state.step)
   meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
-                  "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str()}
-  _write_config(out, cfg, setup, corpus)
-  writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
+                  "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str(), "mesh": dict(setup.mesh.shape),
+                  "process_count": jax.process_count()}
+  writer = None
+  if main:
+    _write_config(out, cfg, setup, corpus)
+    writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
+  processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
   log(f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
-      f"mesh {dict(setup.mesh.shape)}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}")
+      f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}")
   train_step = _compile(setup, state, cfg, log) if start < cfg.steps else None
   val_losses, last_ckpt = {}, None
-  bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+  bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and main), unit="step", dynamic_ncols=True)
   for step in range(start + 1, cfg.steps + 1):
     t0 = time.time()
-    state, metrics = train_step(state, jax.device_put(loader.next(), setup.batch_sharding), setup.keys["train"])
+    state, metrics = train_step(state, batches.from_local(loader.next()), setup.keys["train"])
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     step_time = time.time() - t0
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
@@ -171,16 +228,46 @@ def train(cfg: TrainConfig, *, log=print) -> dict:
     if step % cfg.eval_every == 0 or step == cfg.steps:
       val_losses = evaluate(setup, state.params, val_sets)
       record.update({report.val_key(k): v for k, v in val_losses.items()})
-      bar.write(f"step {step}: loss {metrics['loss']:.4f}, " +
-                ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items()))
-    writer.write(record)
+      if main:
+        bar.write(f"step {step}: loss {metrics['loss']:.4f}, " +
+                  ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items()))
+    if writer is not None:
+      writer.write(record)
     if step % cfg.ckpt_every == 0 or step == cfg.steps:
       last_ckpt = ckpt.save(step, state, meta())
     bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
     bar.update(1)
   bar.close()
   ckpt.close()
+  if not main:
+    return {"val_losses": val_losses, "checkpoint": str(last_ckpt) if last_ckpt else None,
+            "seconds": time.time() - t_start, "process_index": jax.process_index()}
   return _finish(cfg, out, val_losses, last_ckpt, time.time() - t_start, log)
+
+
+def _quiet(*_):
+  pass
+
+
+def _prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:
+  """The corpus; with several processes, process 0 prepares (and caches) it first, and every
+  process checks that it has the same tokenizer and token counts as process 0."""
+  if jax.process_count() == 1:
+    return prepare_data(cfg, log)
+  from jax.experimental import multihost_utils
+
+  corpus = prepare_data(cfg, log) if is_main_process() else None
+  multihost_utils.sync_global_devices("s3r: corpus prepared")
+  if corpus is None:
+    corpus = prepare_data(cfg, log)
+  digest = hashlib.sha256(corpus.tokenizer.hf.to_str().encode())
+  digest.update(np.asarray([len(corpus.train_tokens)] + [len(v) for v in corpus.val_tokens.values()]).tobytes())
+  mine = np.frombuffer(digest.digest()[:8], np.int64)
+  every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
+  if not np.all(every == every[0]):
+    raise ConfigError("the processes prepared different corpora or tokenizers; give every process the same "
+                      "--data and a shared --cache-dir")
+  return corpus
 
 
 def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r_data.Corpus) -> None:

@@ -49,7 +49,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: opt
     loss, grads = jax.value_and_grad(loss_fn)(state.params, graphdef, batch_BxS1, step_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr_schedule(state.step)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state.step)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step

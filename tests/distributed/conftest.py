@@ -31,7 +31,20 @@ def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, tim
 
 @pytest.fixture(scope="session")
 def mesh_train_losses(tmp_path_factory) -> dict:
-  """Losses and gradient norms of 3 `tiny` train steps (s3r_ec) on one device and on 8 devices as
-  pure FSDP, mixed FSDP x TP and pure TP (shared by the mesh and multi-process tests)."""
+  """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure FSDP, mixed FSDP x TP,
+  pure TP and data x fsdp x tensor: losses, gradient norms, a weight's sharding, the collectives."""
   return run_worker("train", tmp_path_factory.mktemp("mesh_train"), "s3r_ec", "3",
-                    "1", "fsdp=8", "fsdp=4,tensor=2", "tensor=8")
+                    "1", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2")
+
+
+@pytest.fixture(scope="session")
+def sharded_cli_run(tmp_path_factory) -> dict:
+  """`s3r train` of `tiny` on a 4x2 mesh of 8 devices, resumed on 2x4 and on one device (see
+  test_checkpoint_reshard.py); its corpus and cache serve the multi-process test."""
+  from tests.train.conftest import write_corpus
+
+  corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
+  cache = tmp_path_factory.mktemp("cache")
+  out = tmp_path_factory.mktemp("checkpoint_reshard")
+  result = run_worker("checkpoint", out, str(corpus), str(cache))
+  return {"result": result, "out": out, "corpus": corpus, "cache": cache}

@@ -86,7 +86,8 @@ def test_drawing_the_thresholds_adds_no_collective(qmatmul_runs):
 
 
 def test_train_losses_agree_across_meshes_within_float_reordering(mesh_train_losses):
-  """Three `tiny` steps (s3r_ec) on 1 device and on 8 devices (8x1, 4x2, 1x8 fsdp x tensor).
+  """Three `tiny` steps (s3r_ec) on 1 device and on 8 devices (8x1 and 1x8 fsdp x tensor, 2x2x2
+  data x fsdp x tensor; 4x2 and 2x4 run in test_checkpoint_reshard.py).
 
   Not bitwise: the quantizers are (tests above), but some float reductions span shards and XLA
   sums them in another order: the cross-entropy's log-sum-exp over the vocabulary (tensor

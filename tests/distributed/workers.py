@@ -75,8 +75,11 @@ def qmatmul_worker(out: pathlib.Path) -> None:
 
 
 def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> None:
-  """Losses and gradient norms of `steps` train steps of `tiny` on each mesh ('1' = one device)."""
+  """Losses and gradient norms of `steps` train steps of `tiny` on each mesh ('1' = one device),
+  the sharding of one weight, and the collectives of the compiled step."""
   from s3r.train import loop
+  from s3r.train.hlo_collectives import collectives
+
   from s3r.train.config import TrainConfig
 
   rng = np.random.default_rng(0)
@@ -87,16 +90,70 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
                       vocab=512, mesh=None if spec == "1" else spec)
     setup = loop.build(cfg, 512, loop.make_mesh(cfg))
     state = setup.init_state(setup.keys["init"])
+    tokens = jax.ShapeDtypeStruct((8, 33), np.int32, sharding=setup.batch_sharding)
+    step = setup.train_step.lower(state, tokens, setup.keys["train"]).compile()
     losses, norms = [], []
     for b in batches:
-      state, m = setup.train_step(state, jax.device_put(b, setup.batch_sharding), setup.keys["train"])
+      state, m = step(state, jax.device_put(b, setup.batch_sharding), setup.keys["train"])
       losses.append(float(m["loss"]))
       norms.append(float(m["grad_norm"]))
-    result[spec] = {"losses": losses, "grad_norms": norms}
+    q = state.params["blocks"][0]["q"]
+    result[spec] = {"losses": losses, "grad_norms": norms, "devices": len(q.sharding.device_set),
+                    "q_spec": str(q.sharding.spec), "tokens": 8 * 32,
+                    "collectives": [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size,
+                                     "op_name": c.op_name} for c in collectives(step.as_text())]}
   (out / "result.json").write_text(json.dumps(result))
 
 
-WORKERS = {"qmatmul": qmatmul_worker, "train": train_worker}
+def cli_flags(corpus: str, cache: str, out: str, *extra: str) -> list[str]:
+  """`s3r train` flags of the sharded CLI runs: 4 `tiny` steps, checkpoints at 2 and 4."""
+  return ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "4", "--warmup", "1", "--batch", "8",
+          "--seq", "32", "--vocab", "300", "--data", corpus, "--cache-dir", cache, "--eval-every", "4",
+          "--eval-batches", "1", "--ckpt-every", "2", "--no-progress", "--out", out, *extra]
+
+
+def _metrics(run: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
+  """`s3r train` on a 4x2 (fsdp x tensor) mesh of 8 devices, checkpoints at steps 2 and 4; its
+  step-2 checkpoint resumed on 2x4 and on one device; and that checkpoint restored onto each
+  mesh (the restored state saved to npz for a bitwise comparison)."""
+  import shutil
+
+  from s3r import cli
+  from s3r.train import checkpoint, loop
+  from s3r.train.config import TrainConfig
+
+  meshes = {"4x2": "fsdp=4,tensor=2", "2x4": "fsdp=2,tensor=4", "1": None}
+  run = out / "run_4x2"
+  assert cli.main(cli_flags(corpus, cache, str(run), "--mesh", meshes["4x2"])) == 0
+  result = {"4x2": _metrics(run)}
+  for name in ("2x4", "1"):
+    copy = out / f"resumed_{name}"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / "4")
+    mesh = ["--mesh", meshes[name]] if meshes[name] else []
+    assert cli.main(cli_flags(corpus, cache, str(copy), "--resume", *mesh)) == 0
+    result[f"resumed_{name}"] = _metrics(copy)
+  ckpt = checkpoint.Checkpointer(run / "checkpoints", create=False)
+  saved = TrainConfig.from_dict(ckpt.read_meta(2)["train_config"])
+  result["restored"] = {}
+  for name, spec in meshes.items():
+    cfg = TrainConfig(**{**saved.to_dict(), "mesh": spec})
+    setup = loop.build(cfg, 300, loop.make_mesh(cfg))
+    state, _ = ckpt.restore(setup.abstract_state, 2)
+    leaves = jax.tree.leaves(state)
+    np.savez(out / f"restored_{name}.npz", *[np.asarray(x) for x in leaves])
+    q = state.params["blocks"][0]["q"]
+    result["restored"][name] = {"devices": len(q.sharding.device_set), "q_spec": str(q.sharding.spec),
+                                "step": int(state.step), "leaves": len(leaves)}
+  ckpt.close()
+  (out / "result.json").write_text(json.dumps(result))
+
+
+WORKERS = {"qmatmul": qmatmul_worker, "train": train_worker, "checkpoint": checkpoint_worker}
 
 if __name__ == "__main__":
   WORKERS[sys.argv[1]](pathlib.Path(sys.argv[2]), *sys.argv[3:])
