@@ -29,7 +29,7 @@ import pathlib
 import sys
 import time
 
-DEFAULT_RECIPES = ("bf16", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
+DEFAULT_RECIPES = ("bf16", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_ec+ungathered")
 DEFAULT_MESHES = ("data=2,fsdp=4", "data=2,fsdp=2,tensor=2")
 DEFAULTS = dict(preset="cpu-small", layers=2, batch=128, seq=128)
 KIND_ORDER = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
@@ -44,8 +44,26 @@ def ensure_host_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
+UNGATHERED = "+ungathered"  # suffix of the ablation rows (see `measure`)
+
+
 def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, batch: int, seq: int) -> dict:
-  """The collectives of one compiled train step of `preset` (with `layers` blocks) on `mesh_spec`."""
+  """The collectives of one compiled train step of `preset` (with `layers` blocks) on `mesh_spec`.
+
+  `recipe + UNGATHERED` (e.g. "s3r_ec+ungathered") is an ablation: the S3R-EC factors and Ŵ
+  are not pinned to be gathered (`s3r.quant.ec._unsharded_along` is a no-op while tracing), so
+  XLA chooses the placement itself, as before the factor formulation was enforced.
+  """
+  if recipe.endswith(UNGATHERED):
+    from s3r.quant import ec
+
+    pinned = ec._unsharded_along
+    ec._unsharded_along = lambda x, dim: x
+    try:
+      result = measure(recipe.removesuffix(UNGATHERED), mesh_spec, preset=preset, layers=layers, batch=batch, seq=seq)
+    finally:
+      ec._unsharded_along = pinned
+    return {**result, "recipe": recipe}
   import jax
   import numpy as np
 
@@ -116,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
   from s3r.bench.common import run_metadata
   from s3r.quant import RECIPES
 
-  bad = [r for r in recipes if r not in RECIPES]
+  bad = [r for r in recipes if r.removesuffix(UNGATHERED) not in RECIPES]
   if bad:
     raise SystemExit(f"unknown recipe(s): {', '.join(bad)}")
   meta = run_metadata()
@@ -169,7 +187,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--batch", type=int, default=DEFAULTS["batch"], help="global batch (sequences)")
   p.add_argument("--seq", type=int, default=DEFAULTS["seq"], help="tokens per sequence")
   p.add_argument("--meshes", default=";".join(DEFAULT_MESHES), help="';'-separated meshes, e.g. 'data=2,fsdp=4;fsdp=8'")
-  p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), help="comma-separated recipes")
+  p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
+                 help=f"comma-separated recipes; NAME{UNGATHERED} (S3R-EC recipes) is the ablation in which XLA "
+                      "places the S3R-EC factors freely instead of gathering them")
   p.add_argument("--out", default="results/comm", help="output stem: writes STEM.json and STEM.md")
   p.add_argument("--list-min-kib", type=float, default=64.0,
                  help="keep the individual collectives of at least this many KiB in the JSON")

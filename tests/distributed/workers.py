@@ -153,7 +153,17 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
   (out / "result.json").write_text(json.dumps(result))
 
 
-WORKERS = {"qmatmul": qmatmul_worker, "train": train_worker, "checkpoint": checkpoint_worker}
+def comm_worker(out: pathlib.Path) -> None:
+  """`python -m s3r.train.comm` on `tiny` (2 layers, batch 128 > the unrolled-update limit of 64)
+  on a data x fsdp mesh, for s3r and s3r_ec, every collective listed."""
+  from s3r.train import comm
+
+  comm.main(["--preset", "tiny", "--layers", "2", "--batch", "128", "--seq", "16", "--meshes", "data=2,fsdp=4",
+             "--recipes", "s3r,s3r_ec", "--out", str(out / "comm"), "--list-min-kib", "0"])
+  (out / "result.json").write_text((out / "comm.json").read_text())
+
+
+WORKERS = {"comm": comm_worker, "qmatmul": qmatmul_worker, "train": train_worker, "checkpoint": checkpoint_worker}
 
 if __name__ == "__main__":
   WORKERS[sys.argv[1]](pathlib.Path(sys.argv[2]), *sys.argv[3:])
