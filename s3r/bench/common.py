@@ -290,7 +290,7 @@ def bar_chart(path: str | os.PathLike, groups: Sequence[str], series: Mapping[st
   ax.set_xticklabels(groups)
   ax.set_ylabel(ylabel)
   ax.set_title(title)
-  ax.legend(fontsize=8, ncol=min(n, 3))
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
