@@ -113,14 +113,24 @@ def tables_markdown(results: list[dict]) -> str:
   for mesh_spec in dict.fromkeys(r["mesh_spec"] for r in results):
     rows = [r for r in results if r["mesh_spec"] == mesh_spec]
     cols = _columns(rows)
-    headers = ["recipe"] + [f"{k} {d}" for k, d in cols] + ["total"]
+    headers = ["recipe"] + [f"{k} {d}" for k, d in cols] + ["total", "sent (ring)"]
     body = []
     for r in rows:
       cells = [r["bytes"].get(k, {}).get(d, 0) for k, d in cols]
-      body.append([f"`{r['recipe']}`"] + [_mib(c) for c in cells] + [_mib(sum(cells))])
+      sent = sum(b for per in r["wire_bytes"].values() for b in per.values())
+      body.append([f"`{r['recipe']}`"] + [_mib(c) for c in cells] + [_mib(sum(cells)), _mib(sent)])
     shape = "x".join(str(v) for v in rows[0]["mesh"].values())
     out.append(f"### mesh {mesh_spec} ({shape} data x fsdp x tensor), MiB per device per step\n\n"
                + markdown_table(headers, body))
+    base = next((r for r in rows if r["recipe"] == "s3r"), None)
+    deltas = [r for r in rows if r["recipe"].startswith("s3r_ec")]
+    if base is not None and deltas:
+      cell = lambda r, k, d: r["bytes"].get(k, {}).get(d, 0) - base["bytes"].get(k, {}).get(d, 0)
+      used = [(k, d) for k, d in cols if any(abs(cell(r, k, d)) > 0 for r in deltas)]
+      body = [[f"`{r['recipe']}` - `s3r`"] + [f"{cell(r, k, d) / MIB:+.3f}" for k, d in used] for r in deltas]
+      out.append(f"What S3R-EC adds to `s3r` on this mesh (MiB; `+ungathered`: the factors left to XLA's "
+                 f"placement, which reduces weight-sized f32 partials):\n\n"
+                 + markdown_table(["recipe"] + [f"{k} {d}" for k, d in used], body))
   return "\n".join(out)
 
 
@@ -175,7 +185,10 @@ def report_markdown(doc: dict) -> str:
       "",
       "Bytes per device of the compiled (SPMD-partitioned) train step: the full buffer of each "
       "collective (the all-reduced array, the gathered result, the reduce-scatter operand), summed by "
-      "kind and element type. Nothing is run; see `s3r/train/hlo_collectives.py` and docs/scaling.md.",
+      "kind and element type; \"sent (ring)\" is what one device sends with ring algorithms (2(n-1)/n of an "
+      "all-reduced buffer, (n-1)/n of a gathered or scattered one). Nothing is run; see "
+      "`s3r/train/hlo_collectives.py` and docs/scaling.md.",
+      "",
       "",
   ]
   return "\n".join(head) + tables_markdown(doc["results"])
