@@ -1,6 +1,6 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
-Sub-commands: ffn, quantizer, static, peers, step, profile. Each module defines `add_arguments(parser)`
+Sub-commands: matmul, ffn, quantizer, static, peers, step, profile. Each module defines `add_arguments(parser)`
 and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
 `python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
@@ -11,6 +11,7 @@ import argparse
 import importlib
 
 COMMANDS = {
+    "matmul": ("s3r.bench.matmul", "time one quantized linear layer fwd+bwd per recipe (x[T,K] @ w[K,N])"),
     "ffn": ("s3r.bench.ffn", "time one SwiGLU FFN block fwd+bwd per recipe at the paper's shapes (Table III)"),
     "quantizer": ("s3r.bench.quantizer", "time the backward gradient quantizer alone against a memory-bound floor"),
     "static": ("s3r.bench.static",
