@@ -22,7 +22,9 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 train: $(STAMP)
-	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume)
+	@start=$$(date +%s); \
+	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume) && \
+	$(PY) -m s3r.experiments.snapshot runs/quickstart results/quickstart.json $$(( $$(date +%s) - start ))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
