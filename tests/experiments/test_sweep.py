@@ -86,3 +86,8 @@ def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corp
   (only,) = summaries.values()
   assert only["status"] == "done" and only["steps"] == 4 and math.isfinite(only["val_losses"]["val"])
   assert sweep.next_runs(cfg, summaries) == []
+  # the Quickstart recorder reads the same run directory
+  from s3r.experiments import snapshot
+  doc = snapshot.snapshot(str(tmp_path / "runs" / "t" / only["run"]), str(tmp_path / "quick.json"), wall_s=1.0)
+  assert doc["steps"] == 4 and doc["final_val_losses"]["val_loss"] == only["val_losses"]["val"]
+  assert (tmp_path / "quick.png").exists() and doc["meta"]["jax_version"]
