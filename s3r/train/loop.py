@@ -81,7 +81,8 @@ class Batches:
     rows = sorted({(i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
                    for i in sharding.addressable_devices_indices_map(self.shape).values()})
     self.start, self.stop = rows[0][0], rows[-1][1]
-    if any(a > b_prev for (_, b_prev), (a, _) in zip(rows, rows[1:])) or shape[0] % (self.stop - self.start):
+    n = self.stop - self.start
+    if any(a > b_prev for (_, b_prev), (a, _) in zip(rows, rows[1:])) or shape[0] % n or self.start % n:
       raise ConfigError(f"the devices of process {jax.process_index()} hold rows {rows} of the batch, not one "
                         f"contiguous block of an even split; use a mesh whose data x fsdp axes follow the processes")
     self.rows = self.stop - self.start
