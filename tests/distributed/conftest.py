@@ -32,9 +32,11 @@ def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, tim
 @pytest.fixture(scope="session")
 def mesh_train_losses(tmp_path_factory) -> dict:
   """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure FSDP, mixed FSDP x TP,
-  pure TP and data x fsdp x tensor: losses, gradient norms, a weight's sharding, the collectives."""
-  return run_worker("train", tmp_path_factory.mktemp("mesh_train"), "s3r_ec", "3",
-                    "1", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2")
+  pure TP and data x fsdp x tensor: losses, gradient norms, a weight's sharding, the collectives,
+  and (1 device, 2x2x2) the step Δ of every projection in the first step."""
+  out = tmp_path_factory.mktemp("mesh_train")
+  result = run_worker("train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2+delta")
+  return {**result, "_out": str(out)}
 
 
 @pytest.fixture(scope="session")

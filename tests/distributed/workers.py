@@ -74,9 +74,50 @@ def qmatmul_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text(json.dumps(result))
 
 
+def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dict]:
+  """The step Δ of every projection's backward in the first train step (layer-major, q..down):
+  the upstream gradient G of each projection (the gradient of a zero offset on its output),
+  quantized by `gradient_codes` under the run's shardings; and the operands x, w, G (gathered)."""
+  from s3r import model as s3r_model
+  from s3r.quant import qmatmul
+  from s3r.quant.qmatmul import gradient_codes
+  from s3r.train import sharding
+  from s3r.train.step import cross_entropy
+
+  cfg = setup.model_cfg
+  graphdef = s3r_model.graphdef(cfg)
+  widths = {"q": cfg.n_heads * cfg.head_dim, "k": cfg.n_kv_heads * cfg.head_dim, "v": cfg.n_kv_heads * cfg.head_dim,
+            "o": cfg.d_model, "gate": cfg.d_ff, "up": cfg.d_ff, "down": cfg.d_model}
+  b, s = batch.shape[0], batch.shape[1] - 1
+  step_key = jax.random.fold_in(train_key, 0)
+
+  def deltas(params, batch):
+    def loss(offsets):
+      recorded = []
+
+      def projection(name, x, w, *, key, recipe):
+        recorded.append((x, w, key))
+        return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(recorded) - 1].astype(x.dtype)
+
+      with s3r_model.intercept_projections(projection):
+        logits = s3r_model.apply(graphdef, params, batch[:, :-1], key=step_key)
+      return cross_entropy(logits, batch[:, 1:]), recorded
+
+    offsets = [jnp.zeros((b, s, widths[n]), jnp.float32) for _ in range(cfg.n_layers) for n in s3r_model.PROJECTIONS]
+    g, recorded = jax.grad(loss, has_aux=True)(offsets)
+    ds = jnp.stack([gradient_codes(x, w, gi, key=k, recipe=cfg.recipe)[2] for gi, (x, w, k) in zip(g, recorded)])
+    return ds, [(x.astype(jnp.float32), w, gi) for gi, (x, w, _) in zip(g, recorded)]
+
+  fn = jax.jit(sharding.with_activation_sharding(deltas, setup.mesh))
+  ds, operands = fn(params, jax.device_put(batch, setup.batch_sharding))
+  arrays = {f"{name}_{i}": np.asarray(a) for i, ops in enumerate(operands) for name, a in zip("xwg", ops)}
+  return [float(d) for d in ds], arrays
+
+
 def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> None:
   """Losses and gradient norms of `steps` train steps of `tiny` on each mesh ('1' = one device),
-  the sharding of one weight, and the collectives of the compiled step."""
+  the sharding of one weight, the collectives of the compiled step, and (meshes marked with a
+  trailing '+delta') the step Δ of every projection in the first step."""
   from s3r.train import loop
   from s3r.train.hlo_collectives import collectives
 
@@ -86,10 +127,15 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   batches = [rng.integers(0, 512, (8, 33)).astype(np.int32) for _ in range(int(steps))]
   result = {}
   for spec in meshes:
+    spec, want_deltas = spec.removesuffix("+delta"), spec.endswith("+delta")
     cfg = TrainConfig(out="unused", preset="tiny", recipe=recipe, steps=int(steps), warmup=1, batch=8, seq=32,
                       vocab=512, mesh=None if spec == "1" else spec)
     setup = loop.build(cfg, 512, loop.make_mesh(cfg))
     state = setup.init_state(setup.keys["init"])
+    deltas = None
+    if want_deltas:
+      deltas, operands = projection_deltas(setup, state.params, batches[0], setup.keys["train"])
+      np.savez(out / f"operands_{spec}.npz", **operands)
     tokens = jax.ShapeDtypeStruct((8, 33), np.int32, sharding=setup.batch_sharding)
     step = setup.train_step.lower(state, tokens, setup.keys["train"]).compile()
     losses, norms = [], []
@@ -99,7 +145,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
       norms.append(float(m["grad_norm"]))
     q = state.params["blocks"][0]["q"]
     result[spec] = {"losses": losses, "grad_norms": norms, "devices": len(q.sharding.device_set),
-                    "q_spec": str(q.sharding.spec), "tokens": 8 * 32,
+                    "q_spec": str(q.sharding.spec), "tokens": 8 * 32, "deltas": deltas,
                     "collectives": [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size,
                                      "op_name": c.op_name} for c in collectives(step.as_text())]}
   (out / "result.json").write_text(json.dumps(result))
