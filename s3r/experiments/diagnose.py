@@ -13,7 +13,6 @@ import json
 import pathlib
 
 import jax
-import numpy as np
 
 from s3r.bench import common
 from s3r.experiments import gradients

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 
 from s3r import data as s3r_data
-from s3r import model as s3r_model
-from s3r.train import checkpoint
-from s3r.train.config import ConfigError, TrainConfig
-from s3r.train.loop import build, make_mesh, prepare_data
+from s3r.train.loop import build, make_mesh, open_run, prepare_data
 
 
 def _adam_nu(opt_state):
@@ -34,14 +30,7 @@ def _adam_nu(opt_state):
 def load_run(path: str, *, log=print) -> dict:
   """The latest checkpoint of a run: model config, params, Adam's ν, the init params of the
   same seed, the step and the first validation batches (host numpy)."""
-  directory = checkpoint.find_checkpoint_dir(path)
-  if not directory.is_dir():
-    raise ConfigError(f"no checkpoint directory at {path}")
-  ckpt = checkpoint.Checkpointer(directory, create=False)
-  if ckpt.latest_step() is None:
-    raise ConfigError(f"no checkpoint in {directory}")
-  meta = ckpt.read_meta()
-  cfg = TrainConfig.from_dict(meta["train_config"])
+  ckpt, cfg, _ = open_run(path)
   corpus = prepare_data(cfg, log)
   setup = build(cfg, corpus.tokenizer.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
   state, _ = ckpt.restore(setup.abstract_state)

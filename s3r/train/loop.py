@@ -308,13 +308,9 @@ def _finish(cfg: TrainConfig, out: pathlib.Path, val_losses: dict, last_ckpt, se
           "final_loss": records[-1]["loss"] if records else None}
 
 
-def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int | None = None,
-                        log=print) -> dict[str, float]:
-  """Validation losses of the latest checkpoint under `path` (a run or its checkpoints/ folder).
-
-  Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
-  otherwise every document of `data`, encoded with the run's tokenizer.
-  """
+def open_run(path: str) -> tuple[checkpoint.Checkpointer, TrainConfig, dict]:
+  """(checkpointer, run config, checkpoint meta) of the latest checkpoint under `path`
+  (a run directory or its checkpoints/ folder); ConfigError if there is none."""
   directory = checkpoint.find_checkpoint_dir(path)
   if not directory.is_dir():
     raise ConfigError(f"no checkpoint directory at {path}")
@@ -322,7 +318,18 @@ def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int 
   if ckpt.latest_step() is None:
     raise ConfigError(f"no checkpoint in {directory}")
   meta = ckpt.read_meta()
-  cfg = TrainConfig.from_dict(meta["train_config"])
+  return ckpt, TrainConfig.from_dict(meta["train_config"]), meta
+
+
+def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int | None = None,
+                        log=print) -> dict[str, float]:
+  """Validation losses of the latest checkpoint under `path` (a run or its checkpoints/ folder).
+
+  Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
+  otherwise every document of `data`, encoded with the run's tokenizer.
+  """
+  ckpt, cfg, meta = open_run(path)
+  directory = ckpt.directory
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
   tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))

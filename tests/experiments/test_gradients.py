@@ -5,7 +5,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from s3r import model as s3r_model
 from s3r.experiments import gradients

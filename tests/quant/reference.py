@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 
 def np_scale(a: np.ndarray, axis: int) -> np.ndarray:
