@@ -2,7 +2,8 @@
 the paper's Table I / Figure 3 built from it.
 
 Protocol (as in the paper): every recipe runs seed 0 at each learning rate of the grid; a
-recipe whose best rate is the lowest of its grid gets lower rates (halving) until it is not;
+recipe whose best rate is the lowest of its grid gets lower rates (halving) until it is not,
+and likewise higher rates (doubling) when its best is the highest, so the best is interior;
 the best rate on seed 0 is then run with the other seeds. Choosing the rate on seed 0 and
 keeping seed 0 in the mean biases the mean slightly in the recipe's favour, for every recipe
 alike.
@@ -31,7 +32,7 @@ from s3r.experiments import table1
 
 DEFAULT_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_bcast", "s3r_ec_dx_bcast",
                    "s3r_ec_bcast")
-MAX_EXTENSIONS = 5  # at most this many halvings below a recipe's grid
+MAX_EXTENSIONS = 5  # at most this many halvings or doublings beyond a recipe's grid
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,10 +96,11 @@ def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | Non
       return None, missing
     losses = {lr: _final_val(summaries[cfg.run_name(recipe, lr, 0)]) for lr in lrs}
     best = min(lrs, key=lambda lr: losses[lr])
-    if len(lrs) == 1 or best != lrs[0] or not math.isfinite(losses[best]):  # one rate: nothing to select
-      return best, []
-    lrs = [lrs[0] / 2] + lrs  # best is the lowest rate tried: extend downward
-  return lrs[0], []
+    if len(lrs) == 1 or best not in (lrs[0], lrs[-1]) or not math.isfinite(losses[best]):
+      return best, []  # an interior best (or a single rate: nothing to select)
+    # the best is at an edge of the rates tried: extend the grid past it
+    lrs = [lrs[0] / 2] + lrs if best == lrs[0] else lrs + [lrs[-1] * 2]
+  return best, []
 
 
 def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]:

@@ -49,12 +49,21 @@ def test_best_rate_at_the_bottom_of_the_grid_extends_the_grid_downward(tmp_path)
   assert sweep.best_lr(cfg, "s3r_bcast", s) == (5e-4, [])
 
 
+def test_best_rate_at_the_top_of_the_grid_extends_the_grid_upward(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16",))
+  s = {}
+  _add(s, _summary("bf16", 1e-3, 0, 6.0), _summary("bf16", 2e-3, 0, 5.9), _summary("bf16", 4e-3, 0, 5.8))
+  assert sweep.next_runs(cfg, s) == [("bf16", 8e-3, 0)]
+  _add(s, _summary("bf16", 8e-3, 0, 6.1))
+  assert sweep.best_lr(cfg, "bf16", s) == (4e-3, [])
+
+
 def test_diverged_runs_lose_the_learning_rate_selection(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16",))
   s = {}
   _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0),
        _summary("bf16", 4e-3, 0, math.nan, status="diverged"))
-  assert sweep.best_lr(cfg, "bf16", s)[0] == 2e-3
+  assert sweep.best_lr(cfg, "bf16", s) == (2e-3, [])
 
 
 def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
