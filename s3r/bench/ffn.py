@@ -43,17 +43,21 @@ def make_ffn(recipe: str):
   return ffn
 
 
-def make_fwd_bwd(recipe: str):
-  """Jitted (x, wg, wu, wd, dy, key) -> (dx, dwg, dwu, dwd): the block's forward and VJP."""
+def fwd_bwd_of(block):
+  """Jitted (x, wg, wu, wd, dy, key) -> (dx, dwg, dwu, dwd) for block(x, wg, wu, wd, key)."""
   import jax
-  ffn = make_ffn(recipe)
 
   @jax.jit
   def fwd_bwd(x, wg, wu, wd, dy, key):
-    _, vjp = jax.vjp(lambda *a: ffn(*a, key), x, wg, wu, wd)
+    _, vjp = jax.vjp(lambda *a: block(*a, key), x, wg, wu, wd)
     return vjp(dy)
 
   return fwd_bwd
+
+
+def make_fwd_bwd(recipe: str):
+  """The forward and VJP of the recipe's FFN block (see `fwd_bwd_of`)."""
+  return fwd_bwd_of(make_ffn(recipe))
 
 
 def make_inputs(tokens: int, hidden: int, ffn_dim: int, seed: int = 0, examples: int = 1):

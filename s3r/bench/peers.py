@@ -127,15 +127,8 @@ def make_block(name: str):
 
 
 def make_fwd_bwd(name: str):
-  import jax
-  block = make_block(name)
-
-  @jax.jit
-  def fwd_bwd(x, wg, wu, wd, dy, key):
-    _, vjp = jax.vjp(lambda *a: block(*a, key), x, wg, wu, wd)
-    return vjp(dy)
-
-  return fwd_bwd
+  from s3r.bench import ffn
+  return ffn.fwd_bwd_of(make_block(name))
 
 
 def exact_grads(x, wg, wu, wd, dy):
