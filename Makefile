@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow train bench clean
+.PHONY: install test test-slow train bench sweep clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; run 'make PYTHON=python3 ...'"; exit 1; }
@@ -25,6 +25,13 @@ train: $(STAMP)
 	@start=$$(date +%s); \
 	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume) && \
 	$(PY) -m s3r.experiments.snapshot runs/quickstart results/quickstart.json $$(( $$(date +%s) - start ))
+
+bench: $(STAMP)
+	$(VENV)/bin/s3r bench matmul
+	$(VENV)/bin/s3r bench ffn
+
+sweep: $(STAMP)
+	$(VENV)/bin/s3r sweep --config configs/table1.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
