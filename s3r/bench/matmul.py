@@ -69,17 +69,17 @@ def run(args: argparse.Namespace) -> dict:
   g = jax.random.normal(jax.random.key(2), (t, n), jnp.bfloat16)
   key = jax.random.key(3)
 
-  def fwd_bwd(recipe):
+  def fwd_bwd(layer):  # layer(x, w, key) -> y; returns jit((x, w, g, key) -> (y, (dx, dw)))
     def f(x, w, g, key):
-      y, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=key, recipe=recipe), x, w)
+      y, vjp = jax.vjp(lambda a, b: layer(a, b, key), x, w)
       return y, vjp(g)
     return jax.jit(f)
 
-  configs = {r: (fwd_bwd(r), (x, w, g, key)) for r in recipes}
+  layers = {r: (lambda a, b, key, r=r: s3r.qmatmul(a, b, key=key, recipe=r)) for r in recipes}
   if not args.no_fast_bf16:
     mm = fast_layout_bf16()
-    configs[FAST_BF16] = (jax.jit(lambda x, w, g, key: (lambda yv: (yv[0], yv[1](g)))(jax.vjp(mm, x, w))),
-                          (x, w, g, key))
+    layers[FAST_BF16] = lambda a, b, key: mm(a, b)
+  configs = {name: (fwd_bwd(layer), (x, w, g, key)) for name, layer in layers.items()}
   common.log(f"bench matmul: x[{t},{k}] @ w[{k},{n}], {len(recipes)} recipes, {args.repeats} rounds")
   timings = common.time_interleaved(configs, repeats=args.repeats, log=common.log)
   base = {name: timings[name] for name in ("bf16", FAST_BF16, "int8_sr") if name in timings}
