@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from s3r.quant import numerics
+
 _UNROLL_MAX_EXAMPLES = 64  # up to this many examples (B of the traced, global batch) the dW update is unrolled
 _FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
 
@@ -43,21 +45,72 @@ def error_factors(e_BxSxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   return r_BxS, c_BxN, m_B
 
 
+# The dX correction needs Ŵ c_b, where Ŵ is int8 and c_b [N] a channel mean of the rounding
+# error in units of Δ. As an f32 product, XLA first converts all of Ŵ to f32: a weight-sized
+# copy (4x the int8 bytes) written and read on every backward pass, which was most of the dX
+# correction's time and of S3R-EC's extra temporary memory on XLA:CPU. Instead c_b is written
+# as int8 digits and multiplied in the int8 GEMM path, which reads Ŵ as it is:
+#   x = round(c · 2^20) = d0 + 128 d1 + 128² d2,   balanced base-128 digits, |d_j| ≤ 64.
+# Precision: c is represented on a 2^-20 grid, so each channel mean is off by at most 2^-21
+# (in units of Δ; a deterministic rounding far below the Δ/256 bias of the 7-bit thresholds),
+# and |Ŵc - Ŵx/2^20| ≤ 2^-21 Σ_n |Ŵ_kn| ≤ 2^-21 · 127 N.
+# Range: |e| ≤ 1 for every recipe (floor(v + u) - v with u in (0, 1), or a code clipped to
+# ±127 where |v| exceeds 127 by float rounding only), so |c| ≤ 1, |x| ≤ 2^20 and every digit
+# is in [-64, 64] (a 2^-21 grid would need a top digit of 128 at |c| = 1). Clipping c to
+# [-1, 1] only guards that bound against a caller's out-of-range c.
+# Overflow: the int32 sums are exact while N · 64 · 127 < 2^31, i.e. for N ≤ 2^18 (the dX GEMM
+# itself, N · 127 · 127, overflows first, above N ≈ 133k). The three partial products are
+# recombined in f32, rounding like the f32 dot they replace (2^-24 relative per operation).
+_DIGIT_BITS = 7  # base 128
+_DIGITS = 3
+_FRACTION_BITS = 20  # c on a 2^-20 grid: |x| ≤ 2^20 = 128^2 · 64, so the top digit stays ≤ 64
+
+
+def int8_digits(c_BxN: jax.Array) -> jax.Array:
+  """Balanced base-128 int8 digits d [B, 3, N] of round(c · 2^20), for |c| ≤ 1 (c is clipped).
+
+  Σ_j 128^j d[:, j] = round(c · 2^20) exactly; every digit is in [-64, 64]. A NaN c gives
+  meaningless digits, but only with a non-finite step Δ, which makes qmatmul's dX non-finite.
+  """
+  base = float(1 << _DIGIT_BITS)
+  x = jnp.round(jnp.clip(c_BxN.astype(jnp.float32), -1.0, 1.0) * float(1 << _FRACTION_BITS))  # exact integer
+  digits = []
+  for _ in range(_DIGITS - 1):
+    high = jnp.round(x / base)  # exact: a power-of-two division, then round half to even
+    digits.append(x - base * high)  # in [-64, 64]
+    x = high
+  digits.append(x)  # |x| ≤ round(round(2^20 / 128) / 128) = 64
+  return jnp.stack(digits, axis=-2).astype(jnp.int8)
+
+
+def from_int8_digits(acc_Bx3xK: jax.Array) -> jax.Array:
+  """Σ_j 128^j acc[:, j] / 2^20 in f32 [B, K]: the value of a product of `int8_digits` (int32)."""
+  acc = acc_Bx3xK.astype(jnp.float32)
+  base = float(1 << _DIGIT_BITS)
+  total = acc[:, _DIGITS - 1]
+  for j in range(_DIGITS - 2, -1, -1):  # Horner: (acc2 · 128 + acc1) · 128 + acc0
+    total = total * base + acc[:, j]
+  return total * (1.0 / (1 << _FRACTION_BITS))
+
+
 def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
   """e_str Ŵᵀ per example: (r - m) rowsum(Ŵ)ᵀ + 1 (Ŵ c)ᵀ, shape [B, S, K] (f32).
 
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator.
   """
-  # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is),
-  # not converted to f32 first and gathered 4x larger.
+  # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
-  # One small dot gives Ŵ c_b and rowsum(Ŵ) = Ŵ 1; dots are computed once. Written as reductions, XLA:CPU fuses
-  # them into the elementwise rescale of the [T, K] dX accumulator and recomputes an
-  # N-long sum for every one of its elements (a GEMM's worth of extra work).
-  c1_Bp1xN = jnp.concatenate([c_BxN, jnp.ones((1, c_BxN.shape[1]), c_BxN.dtype)])  # [c_b; 1]
-  wc1_Bp1xK = jax.lax.dot_general(c1_Bp1xN, wq_KxN.astype(jnp.float32), (((1,), (1,)), ((), ())))
-  wc_BxK, rowsum_K = wc1_Bp1xK[:-1], wc1_Bp1xK[-1]
+  batch, n = c_BxN.shape
+  # One small int8 dot gives Ŵ c_b (from c's int8 digits, see above) and rowsum(Ŵ) = Ŵ 1;
+  # as reductions, XLA:CPU fuses them into the elementwise rescale of the [T, K] dX
+  # accumulator and recomputes an N-long sum for every one of its elements (a GEMM's worth
+  # of extra work). Rows: digit j of example b at 3b + j (example-major, as c is sharded),
+  # then one row of ones.
+  lhs_RxN = jnp.concatenate([int8_digits(c_BxN).reshape(_DIGITS * batch, n), jnp.ones((1, n), jnp.int8)])
+  acc_RxK = numerics.int8_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
+  wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
+  rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
 
 

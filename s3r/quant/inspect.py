@@ -1,9 +1,12 @@
 """Look inside traced and compiled programs: is a model really running INT8 GEMMs?
 
 `int8_dots(jaxpr)` lists every int8 x int8 -> int32 dot_general of a program, however deeply
-nested (jit, custom_vjp, scan, remat, cond); `random_words(jaxpr)` counts the 32-bit random
-words it draws; `full_size_buffers(hlo_text, n)` lists the top-level buffers of a compiled
-program that hold n elements (what XLA materializes in memory, outside fusions).
+nested (jit, custom_vjp, scan, remat, cond): per quantized layer, the three GEMMs (forward, dX,
+dW) and, for recipes that correct dX (S3R-EC), one small [3B + 1, N] x [K, N] product of the
+rounding error's channel-mean digits with Ŵ (`ec.dx_correction`); `random_words(jaxpr)`
+counts the 32-bit random words it draws; `full_size_buffers(hlo_text, n)` lists the top-level
+buffers of a compiled program that hold n elements (what XLA materializes in memory, outside
+fusions).
 """
 
 from __future__ import annotations

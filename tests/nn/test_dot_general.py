@@ -64,7 +64,10 @@ def test_nnx_linear_draws_a_fresh_key_per_call_reproducibly():
   assert not np.array_equal(np.asarray(a1), np.asarray(a2))  # the stream advanced between steps
   np.testing.assert_array_equal(np.asarray(a1), np.asarray(b1))  # same seed, same first step
   jaxpr = jax.make_jaxpr(lambda: grad_step(make()))()
-  assert len(inspect.int8_dots(jaxpr)) == 3
+  dots = inspect.int8_dots(jaxpr)
+  # forward, dX and dW GEMMs, plus S3R-EC's [3B + 1, N] x [K, N] factor product of the dX correction
+  assert len(dots) == 4
+  assert [d.invars[0].aval.shape for d in dots if d.invars[0].aval.shape[0] == 3 * X.shape[0] + 1] == [(7, 12)]
 
 
 def test_pure_adapter_equals_qmatmul_with_the_same_key():

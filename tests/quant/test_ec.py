@@ -33,6 +33,60 @@ def test_ec_factors_leave_an_error_whose_rows_and_columns_sum_to_zero():
   np.testing.assert_allclose(resid, e - _structured(e), atol=1e-6)
 
 
+def _wc(c, wq):
+  """Ŵ c_b for every example b, as ec.dx_correction computes it (token means r = m = 0), [B, K]."""
+  batch = c.shape[0]
+  corr = jax.jit(ec.dx_correction)(jnp.zeros((batch, 1)), jnp.asarray(c, jnp.float32), jnp.zeros(batch),
+                                   jnp.asarray(wq, jnp.int8))
+  return np.asarray(corr, np.float64)[:, 0, :]
+
+
+def test_channel_mean_digits_are_int8_and_sum_to_c_on_a_2_to_the_minus_20_grid():
+  extremes = [1.0, -1.0, 127.5 / 128, -127.5 / 128, 0.0, 2.0**-21, 3 * 2.0**-21, 64 * 2.0**-20, 192 * 2.0**-20,
+              (2**14 - 0.5) * 2.0**-20, 0.5 + 2.0**-21]
+  c = np.concatenate([extremes, np.random.default_rng(5).uniform(-1, 1, 500)]).astype(np.float32)[None]
+  d = np.asarray(ec.int8_digits(jnp.asarray(c)))
+  assert d.dtype == np.int8 and d.shape == (1, 3, c.shape[1]) and np.abs(d).max() <= 64
+  x = (d.astype(np.int64) * 128 ** np.arange(3)[None, :, None]).sum(axis=1)
+  np.testing.assert_array_equal(x, np.round(c.astype(np.float64) * 2**20))  # exact, half to even
+  assert np.abs(x / 2**20 - c).max() <= 2.0**-21
+
+
+@pytest.mark.parametrize("n", [10, 4096])
+def test_int8_digit_product_equals_the_float_product_within_the_digit_rounding_bound(n):
+  """Ŵ c from int8 digits vs the exact (float64) Ŵ c: c is rounded to a 2^-20 grid, so the
+  error is at most 2^-21 Σ_n |Ŵ_kn| (≤ 2^-21 · 127 N), plus the f32 recombination of the three
+  exact int32 partial products: five f32 roundings (three conversions, two additions), each
+  at most 2^-24 of Σ_j 128^j |Σ_n Ŵ_kn d_jn| / 2^20 ≤ Σ_n |Ŵ_kn| · 64 (1 + 128 + 128²) / 2^20."""
+  rng = np.random.default_rng(6)
+  batch, k = 3, 24
+  wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+  wq[0] = 127  # a row of extreme codes
+  c = rng.uniform(-1, 1, (batch, n)).astype(np.float32)
+  c[0, : n // 2] = 1.0  # extreme channel means
+  c[1] = rng.uniform(-1e-3, 1e-3, n)  # typical magnitudes (mean of many tokens' errors)
+  got = _wc(c, wq)
+  exact = c.astype(np.float64) @ wq.T.astype(np.float64)
+  abs_rowsum = np.abs(wq.astype(np.float64)).sum(axis=1)
+  digit_bound = 2.0**-21 * abs_rowsum
+  f32_bound = 5 * 2.0**-24 * abs_rowsum * 64 * (1 + 128 + 128**2) / 2**20
+  assert (abs_rowsum <= 127 * n).all()
+  err = np.abs(got - exact)
+  assert (err <= digit_bound + f32_bound).all(), (err / (digit_bound + f32_bound)).max()
+  # the bound is not vacuous: the digit rounding error shows up at about its expected size
+  assert err.max() > 2.0**-21 * np.sqrt(n)
+
+
+def test_int8_digit_product_does_not_overflow_int32_at_n_2_to_the_18():
+  # The largest |d_j · Ŵ_kn| is 64 · 127, so the int32 sums stay exact while 64 · 127 N < 2^31.
+  n = 2**18
+  assert 64 * 127 * n < 2**31
+  wq = np.full((2, n), 127, np.int8)
+  wq[1] = -127
+  c = np.stack([np.ones(n), -np.ones(n)]).astype(np.float32)  # top digit ±64 everywhere
+  np.testing.assert_array_equal(_wc(c, wq), [[127 * n, -127 * n], [-127 * n, 127 * n]])
+
+
 @pytest.mark.parametrize("recipe", ["s3r_ec", "s3r_ec_dx", "s3r_ec_dw", "s3r_ec_bcast", "s3r_ec_dx_bcast"])
 def test_ec_gradients_equal_exact_plus_residual_error_with_zero_row_and_column_sums(recipe):
   """dX = (Δ/s_x)(v + e_res)Ŵᵀ and dW = (Δ/s_w) Σ_b X̂_bᵀ(v + e_res) for corrected products,

@@ -1,5 +1,6 @@
-"""Program structure: three int8 GEMMs, one quantized gradient, few random words, no full-size
-threshold tensor in memory, and no weight-sized correction temporary."""
+"""Program structure: three int8 GEMMs (plus S3R-EC's one small int8 factor product), one
+quantized gradient, few random words, no full-size threshold tensor in memory, and no
+weight-sized correction temporary."""
 
 import math
 
@@ -28,11 +29,23 @@ def _jaxpr(recipe):
   return jax.make_jaxpr(f)(*args)
 
 
+def _has_token_dim(dot):
+  """An operand spans the B*S tokens: the forward GEMM, or the dX or dW GEMM of the backward."""
+  return any(B * S in v.aval.shape for v in dot.invars)
+
+
 @pytest.mark.parametrize("recipe", INT8)
-def test_fwd_and_bwd_have_exactly_three_int8_dots(recipe):
+def test_fwd_and_bwd_have_three_int8_gemms_plus_one_ec_factor_product_when_correcting_dx(recipe):
+  # The three GEMMs of ALGORITHM.md §1 (forward, dX, dW) each have a token dimension. A recipe
+  # that corrects dX adds one small int8 dot of the error's channel-mean digits (3 rows per
+  # example) and a row of ones with Ŵ: [3B + 1, N] x [K, N] -> [3B + 1, K] (ec.dx_correction).
   dots = inspect.int8_dots(_jaxpr(recipe))
-  assert len(dots) == 3
   assert all(d.outvars[0].aval.dtype == jnp.int32 for d in dots)
+  gemms = [d for d in dots if _has_token_dim(d)]
+  assert len(gemms) == 3
+  ec_products = [d for d in dots if not _has_token_dim(d)]
+  expected = [((3 * B + 1, N), (K, N))] if s3r.recipe(recipe).correct_dx else []
+  assert [tuple(v.aval.shape for v in d.invars) for d in ec_products] == expected
 
 
 def test_bf16_recipe_has_no_int8_dot():
@@ -90,12 +103,20 @@ def test_independent_sr_materializes_full_size_random_bits():
   assert [b for b in _compiled_buffers("int8_sr") if b[1] == "u32"]
 
 
+def _weight_sized(recipe):
+  f, args = _fwd_bwd(recipe)
+  return sorted(b[1] for b in inspect.full_size_buffers(inspect.compiled_text(f, *args), K * N))
+
+
 def test_dw_correction_adds_no_weight_sized_temporary_beyond_dw():
   # s3r_ec differs from s3r_ec_dx only by the dW correction, which must fuse into the rescale
   # of the int32 dW accumulator: no weight-sized buffer may be added (for example an f32 copy
   # of the accumulator or a [K, N] f32 rank-B product).
-  def weight_sized(recipe):
-    f, args = _fwd_bwd(recipe)
-    return sorted(b[1] for b in inspect.full_size_buffers(inspect.compiled_text(f, *args), K * N))
-  assert weight_sized("s3r_ec") == weight_sized("s3r_ec_dx")
-  assert weight_sized("s3r") == weight_sized("int8_rtne") == ["f32", "s32", "s8"]
+  assert _weight_sized("s3r_ec") == _weight_sized("s3r_ec_dx")
+  assert _weight_sized("s3r") == _weight_sized("int8_rtne") == ["f32", "s32", "s8"]
+
+
+def test_dx_correction_reads_the_int8_weight_codes_without_an_f32_copy():
+  # Ŵc comes from an int8 dot of c's digits with Ŵ: no weight-sized f32 (or other) buffer
+  # beyond plain S3R's. Computed as an f32 product, XLA writes Ŵ out as f32 [K, N] first.
+  assert _weight_sized("s3r_ec_dx") == _weight_sized("s3r")

@@ -32,12 +32,17 @@ def _dots(jaxpr):
 
 
 @pytest.mark.parametrize("recipe", INT8_RECIPES + ["bf16"])
-def test_train_step_has_three_int8_dots_per_projection(recipe):
+def test_train_step_has_three_int8_gemms_per_projection_plus_the_ec_factor_product(recipe):
   cfg = M.preset("tiny", recipe=recipe)
-  dots = _dots(_train_step_jaxpr(cfg))
+  batch = 2
+  dots = _dots(_train_step_jaxpr(cfg, batch=batch))
   int8 = [e for e in dots if is_int8_dot(e)]
-  per_block = 3 * len(M.PROJECTIONS) if RECIPES[recipe].quantized else 0  # forward, dX, dW
-  assert len(int8) == per_block * cfg.n_layers
+  # S3R-EC's dX correction: one small int8 dot [3B + 1, N] x [K, N] (digits of the error's
+  # channel means, and a row of ones) per projection; no GEMM of `tiny` has 3B + 1 = 7 rows.
+  ec_products = [e for e in int8 if e.invars[0].aval.shape[0] == 3 * batch + 1]
+  projections = len(M.PROJECTIONS) * cfg.n_layers if RECIPES[recipe].quantized else 0
+  assert len(int8) - len(ec_products) == 3 * projections  # forward, dX, dW
+  assert len(ec_products) == (projections if RECIPES[recipe].correct_dx else 0)
   others = [e for e in dots if not is_int8_dot(e)]
   assert others, "embedding/logits/attention gradients are floating-point dots"
   for e in others:
