@@ -51,6 +51,7 @@ def register_train(subparsers) -> None:
   import dataclasses
 
   from s3r.model import PRESETS
+  from s3r.model.config import TP_PARTIAL_SUMS
   from s3r.quant import RECIPES
   from s3r.train.config import TrainConfig
 
@@ -83,6 +84,10 @@ def register_train(subparsers) -> None:
   p.add_argument("--mesh", default=d["mesh"],
                  help="device mesh over all devices of all processes, e.g. data=2,fsdp=2,tensor=2 (default: one "
                       "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
+  p.add_argument("--tp-partial-sums", default=d["tp_partial_sums"], choices=TP_PARTIAL_SUMS,
+                 help="under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "
+                      "shard's output to bf16 before the cross-shard sum (bf16, as the paper), or sums exact int32 "
+                      "accumulators (int32: bitwise independent of the tensor-parallel degree)")
   g = p.add_argument_group("multi-process training (one process per host or GPU; see docs/scaling.md)")
   g.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"), metavar="HOST:PORT",
                  help="address of process 0's coordination service (default: $JAX_COORDINATOR_ADDRESS); "
@@ -139,7 +144,7 @@ def run_train(args) -> int:
         steps=args.steps, lr=args.lr, warmup=args.warmup, batch=args.batch, seq=args.seq, data=args.data,
         vocab=args.vocab, max_train_docs=args.max_train_docs, cache_dir=args.cache_dir, seed=args.seed,
         eval_every=args.eval_every, eval_batches=args.eval_batches, ckpt_every=args.ckpt_every,
-        resume=args.resume, mesh=args.mesh, progress=not args.no_progress)
+        resume=args.resume, mesh=args.mesh, tp_partial_sums=args.tp_partial_sums, progress=not args.no_progress)
     train(cfg)
   except (DataError, ConfigError) as e:
     return _fail(str(e))

@@ -23,6 +23,8 @@ import dataclasses
 
 from s3r.quant import RECIPES
 
+TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -40,6 +42,7 @@ class ModelConfig:
   init_std: float = 0.02  # std of the normal init of all matrices (o/down: / sqrt(2 * n_layers))
   recipe: str = "s3r_ec_dx"  # quantization recipe of the seven block projections (s3r.quant.RECIPES)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
+  tp_partial_sums: str = "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
 
   def __post_init__(self):
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
@@ -57,6 +60,9 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{field} must be > 0, got {getattr(self, field)!r}")
     if self.recipe not in RECIPES:
       raise ValueError(f"ModelConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+    if self.tp_partial_sums not in TP_PARTIAL_SUMS:
+      raise ValueError(f"ModelConfig.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
+                       f"got {self.tp_partial_sums!r}")
 
   @property
   def head_dim(self) -> int:

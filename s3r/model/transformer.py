@@ -15,6 +15,9 @@ is `fold_in(fold_in(step_key, l), j)`, so every projection of every step gets it
 
 Sharding: every parameter carries `logical_axes` metadata, and activations are tagged with
 logical names through `constrain`; `s3r.train.sharding` maps both onto the device mesh.
+Under a mesh with a "tensor" axis, `tp_partial_sums="bf16"` (the default) makes the GEMM that
+contracts a projection's tensor-split dimension round each shard's output to bf16 before the
+cross-shard sum, as the paper's TPU runs do; "int32" keeps XLA's exact int32 partial sums.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from s3r.quant import qmatmul, recipe as get_recipe
 
 ACT_DTYPE = jnp.bfloat16
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-projection key
+# Megatron-style split of each projection's weight over the "tensor" mesh axis (s3r.train.sharding
+# RULES): column-parallel W [D, F] split along its outputs, row-parallel along its inputs.
+_TP_SPLIT = {"q": "column", "k": "column", "v": "column", "o": "row", "gate": "column", "up": "column", "down": "row"}
 
 _constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint",
                                                                               default=None)
@@ -116,7 +122,8 @@ class Block(nnx.Module):
     override = _projection.get()
     if override is not None:
       return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
-    return qmatmul(x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
+    tp = _TP_SPLIT[name] if self.cfg.tp_partial_sums == "bf16" else None
+    return qmatmul(x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe, tp=tp)
 
   def __call__(self, x_BxSxD, layer_key):
     cfg = self.cfg

@@ -29,9 +29,21 @@ def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
 
 
 def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
-  """int8 codes RTNE(x / scale), clipped to [-127, 127]; `scale` broadcasts against x."""
-  v = x.astype(jnp.float32) / scale
+  """int8 codes RTNE(x * (1/scale)), clipped to [-127, 127]; `scale` broadcasts against x.
+
+  Multiplies by the f32 reciprocal of the scale, never divides: XLA rewrites a division by a
+  broadcast scale into that multiplication in some fusions and not in others, and the two
+  differ by an ulp. bf16 inputs hit exact ties often (x = max/2 gives 63.5 with the
+  reciprocal but 63.499996 with the division), so a division let the forward GEMM and the
+  saved X̂ᵀ of the same program, or two device meshes, round a tie differently.
+  """
+  v = x.astype(jnp.float32) * reciprocal(scale)
   return jnp.clip(jnp.round(v), -QMAX, QMAX).astype(jnp.int8)
+
+
+def reciprocal(a: jax.Array) -> jax.Array:
+  """1/a in f32, computed once per scale (see quantize_rtne)."""
+  return jnp.float32(1) / a.astype(jnp.float32)
 
 
 def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array) -> jax.Array:

@@ -6,6 +6,9 @@ gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into in
 dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more int8 GEMMs. The recipe decides how
 Q is rounded (see recipes.py) and whether S3R-EC corrects the products (see ec.py).
 
+Under tensor parallelism (`tp=`), the GEMM that contracts the split dimension rounds each
+shard's partial product to the output dtype before the cross-shard sum (see tensor_parallel.py).
+
 Dimension letters: B examples, S tokens per example, T = B*S, K input features, N outputs.
 """
 
@@ -17,14 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import ec, numerics, thresholds
+from s3r.quant import ec, numerics, tensor_parallel, thresholds
 from s3r.quant.recipes import Recipe, recipe as lookup_recipe
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 
 
 def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
-            recipe: str | Recipe = "s3r_ec_dx") -> jax.Array:
+            recipe: str | Recipe = "s3r_ec_dx", tp: str | None = None, tp_axis: str = "tensor") -> jax.Array:
   """x @ w with the recipe's INT8 forward and backward; returns [..., N] in x's dtype.
 
   Args:
@@ -34,6 +37,12 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
       by stochastic recipes, ignored by `bf16` and `int8_rtne`. Use a fresh key per layer and
       step: the same key gives the same thresholds.
     recipe: a `Recipe` or a registered name (see `s3r.RECIPES`).
+    tp: how `w` is split over the mesh axis `tp_axis` under tensor parallelism: "row" (along K,
+      so the forward GEMM has partial sums) or "column" (along N: the dX GEMM has them), or
+      None. When the trace runs under a mesh (`jax.sharding.use_abstract_mesh`) whose `tp_axis`
+      has t > 1 shards dividing the split dimension, that GEMM rounds each shard's partial
+      product to the output dtype and sums the t partials in it, as the paper's TPU runs do;
+      otherwise (and always with None) the partial sums stay exact int32 accumulators.
 
   A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
@@ -41,11 +50,12 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
   r = _check_recipe(recipe)
   _check_operands(x, w)
   key = _check_key(key, r)
+  tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if not r.quantized:
     y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
   x_BxSxK = x if x.ndim == 3 else x[None]
-  y = _qmatmul(r, np.dtype(x.dtype), np.dtype(w.dtype), x_BxSxK, w, key)
+  y = _qmatmul(r, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), x_BxSxK, w, key)
   return y if x.ndim == 3 else y[0]
 
 
@@ -54,27 +64,32 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
 # the upstream gradient and runs int8 GEMMs on the saved int8 operands.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _qmatmul(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
-  return _fwd(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _qmatmul(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+  return _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
 
 
-def _fwd(r, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
   del r, w_dtype
   batch, seq, k = x_BxSxK.shape
   sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
   sw_N = numerics.absmax_scale(w_KxN, axis=0)
   xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None]).reshape(batch * seq, k)
   wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :])
-  acc_TxN = numerics.int8_matmul(xq_TxK, wq_KxN)
-  y_TxN = acc_TxN.astype(jnp.float32) * sx_BxS.reshape(-1, 1) * sw_N
-  y_BxSxN = y_TxN.astype(x_dtype).reshape(batch, seq, -1)
+  def rescale(acc_TxN):
+    return acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
+
+  if tp is not None and tp.kind == "row":
+    y_TxN = tensor_parallel.split_contraction(xq_TxK, wq_KxN, tp, b_transposed=False, rescale=rescale, dtype=x_dtype)
+  else:
+    y_TxN = rescale(numerics.int8_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
+  y_BxSxN = y_TxN.reshape(batch, seq, -1)
   # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
   xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])
   return y_BxSxN, (xqT_KxT, wq_KxN, sx_BxS, sw_N, key)
 
 
-def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
+def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
@@ -82,21 +97,38 @@ def _bwd(r, x_dtype, w_dtype, res, g_BxSxN):
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
   delta, v_BxSxN, q_dx, q_dw = _quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
 
-  acc_dx_TxK = numerics.int8_matmul_nt(q_dx.reshape(-1, n), wq_KxN).astype(jnp.float32)
-  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n)).astype(jnp.float32)
+  factors = None
   if r.correct_dx or r.correct_dw:
     # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw)
     factors = ec.error_factors(q_dx.astype(jnp.float32) - v_BxSxN)
-    if r.correct_dx:
-      acc_dx_TxK = acc_dx_TxK - ec.dx_correction(*factors, wq_KxN).reshape(acc_dx_TxK.shape)
-    if r.correct_dw:
-      acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
-  dx_BxSxK = (acc_dx_TxK * (delta / sx_BxS).reshape(-1, 1)).reshape(batch, seq, -1)
+  dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), factors)
+  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n)).astype(jnp.float32)
+  if r.correct_dw:
+    acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
   dw_KxN = acc_dw_KxN * (delta / sw_N)
-  return dx_BxSxK.astype(x_dtype), dw_KxN.astype(w_dtype), None
+  return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
 
 
 _qmatmul.defvjp(_fwd, _bwd)
+
+
+def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
+  """dX [T, K] in x's dtype: (Δ/s_x) (Q Ŵᵀ - the S3R-EC correction, for recipes that correct dX).
+
+  Under column tensor parallelism the GEMM's per-shard partial products are rounded and
+  summed first, and the correction (built from small factors) is subtracted from that sum.
+  """
+  correction_TxK = ec.dx_correction(*factors, wq_KxN).reshape(q_TxN.shape[0], -1) if r.correct_dx else None
+  if tp is None or tp.kind != "column":
+    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN).astype(jnp.float32)
+    if correction_TxK is not None:
+      acc_TxK = acc_TxK - correction_TxK
+    return (acc_TxK * scale_Tx1).astype(x_dtype)
+  dx_TxK = tensor_parallel.split_contraction(q_TxN, wq_KxN, tp, b_transposed=True,
+                                             rescale=lambda acc: acc * scale_Tx1, dtype=x_dtype)
+  if correction_TxK is None:
+    return dx_TxK
+  return (dx_TxK.astype(jnp.float32) - correction_TxK * scale_Tx1).astype(x_dtype)
 
 
 def _quantize_gradient(r: Recipe, sx_BxS, sw_N, g_BxSxN, key):
@@ -108,7 +140,7 @@ def _quantize_gradient(r: Recipe, sx_BxS, sw_N, g_BxSxN, key):
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
   delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
-  v_BxSxN = gp_BxSxN / delta
+  v_BxSxN = gp_BxSxN * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
   q_dx, q_dw = _round(r, v_BxSxN, key)
   return delta, v_BxSxN, q_dx, q_dw
 

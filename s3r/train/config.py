@@ -6,6 +6,7 @@ import dataclasses
 
 from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig, preset as model_preset
+from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import RECIPES
 from s3r.train.optimizer import OptimizerConfig
 
@@ -40,6 +41,7 @@ class TrainConfig:
   ckpt_every: int = 100  # checkpoint every N steps (and at the end)
   resume: bool = False  # continue from the latest checkpoint in `out`
   mesh: str | None = None  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (None: one device)
+  tp_partial_sums: str = "bf16"  # tensor-parallel partial sums: "bf16" per shard (the paper) or exact "int32"
   progress: bool = True  # show a tqdm progress bar
 
   def __post_init__(self):
@@ -47,6 +49,9 @@ class TrainConfig:
       raise ConfigError(f"TrainConfig.preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
     if self.recipe not in RECIPES:
       raise ConfigError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+    if self.tp_partial_sums not in TP_PARTIAL_SUMS:
+      raise ConfigError(f"TrainConfig.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
+                        f"got {self.tp_partial_sums!r}")
     for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every"):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -66,7 +71,7 @@ class TrainConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
     base = PRESETS[self.preset]
     return model_preset(self.preset, vocab_size=vocab_size, recipe=self.recipe,
-                        max_seq_len=max(base.max_seq_len, self.seq))
+                        max_seq_len=max(base.max_seq_len, self.seq), tp_partial_sums=self.tp_partial_sums)
 
   def optimizer_config(self) -> OptimizerConfig:
     return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup)

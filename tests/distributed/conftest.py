@@ -31,11 +31,13 @@ def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, tim
 
 @pytest.fixture(scope="session")
 def mesh_train_losses(tmp_path_factory) -> dict:
-  """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure FSDP, mixed FSDP x TP,
-  pure TP and data x fsdp x tensor: losses, gradient norms, a weight's sharding, the collectives,
+  """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure FSDP, pure TP and
+  data x fsdp x tensor with exact int32 tensor-parallel partial sums (':int32'), and pure TP with
+  the default per-shard bf16 ones: losses, gradient norms, a weight's sharding, the collectives,
   and (1 device, 2x2x2) the step Δ of every projection in the first step."""
   out = tmp_path_factory.mktemp("mesh_train")
-  result = run_worker("train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2+delta")
+  result = run_worker("train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8:int32",
+                      "data=2,fsdp=2,tensor=2:int32+delta", "tensor=8")
   return {**result, "_out": str(out)}
 
 
@@ -50,3 +52,13 @@ def sharded_cli_run(tmp_path_factory) -> dict:
   out = tmp_path_factory.mktemp("checkpoint_reshard")
   result = run_worker("checkpoint", out, str(corpus), str(cache))
   return {"result": result, "out": out, "corpus": corpus, "cache": cache}
+
+
+@pytest.fixture(scope="session")
+def tp_runs(tmp_path_factory) -> dict:
+  """One qmatmul on tensor=8 with bf16 and with exact partial sums (workers.tp_worker)."""
+  import numpy as np
+
+  out = tmp_path_factory.mktemp("tp")
+  info = run_worker("tp", out)
+  return {"info": info, "arrays": dict(np.load(out / "tp.npz"))}

@@ -74,6 +74,44 @@ def qmatmul_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text(json.dumps(result))
 
 
+def tp_worker(out: pathlib.Path) -> None:
+  """One qmatmul on a pure tensor-parallel mesh of 8 devices with bf16 activations: the output of
+  a row-parallel weight (W split along K) and dX of a column-parallel one (W split along N),
+  with per-shard bf16 partial sums (tp=...) and with exact int32 ones (tp=None); also dW of
+  int8_rtne with W replicated and split (the same codes X̂ must serve both programs)."""
+  from s3r.quant import qmatmul
+  from s3r.quant.qmatmul import gradient_codes
+  from s3r.train.hlo_collectives import collectives
+
+  x, w, g = _operands()
+  x, g = x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
+  key = jax.random.key(7)
+  mesh = Mesh(np.asarray(jax.devices()), ("tensor",))
+  put = lambda a, *spec: jax.device_put(a, NamedSharding(mesh, P(*spec)))
+  arrays, info = {"x": np.asarray(x, np.float32), "w": w, "g": np.asarray(g, np.float32)}, {}
+  for recipe in ("int8_rtne", "s3r", "s3r_ec_dx"):
+    for tp in (None, "row", "column"):
+      def f(x, w, tp=tp):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+          return qmatmul(x, w, key=key, recipe=recipe, tp=tp)
+      w_spec = ("tensor", None) if tp == "row" else (None, "tensor")
+      xs, ws = put(x, None, None, "tensor" if tp == "row" else None), put(w, *w_spec)
+      fwd = jax.jit(f).lower(xs, ws).compile()
+      grad = jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g)).lower(xs, ws, put(g)).compile()
+      dx, dw = grad(xs, ws, put(g))
+      name = f"{recipe}_{tp or 'exact'}"
+      arrays[f"{name}_y"], arrays[f"{name}_dx"] = np.asarray(fwd(xs, ws), np.float32), np.asarray(dx, np.float32)
+      info[name] = [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name}
+                    for c in collectives(fwd.as_text()) + collectives(grad.as_text())]
+    q_dx, _, delta = jax.jit(lambda x, w, g: gradient_codes(x, w, g, key=key, recipe=recipe))(x, w, g)
+    arrays[f"{recipe}_q"], arrays[f"{recipe}_delta"] = np.asarray(q_dx), np.asarray(delta)
+  rtne_dw = jax.jit(lambda x, w, g: jax.vjp(lambda x, w: qmatmul(x, w, recipe="int8_rtne"), x, w)[1](g)[1])
+  arrays["rtne_dw_replicated"] = np.asarray(rtne_dw(x, w, g))
+  arrays["rtne_dw_split"] = np.asarray(rtne_dw(x, put(w, None, "tensor"), g))
+  np.savez(out / "tp.npz", **arrays)
+  (out / "result.json").write_text(json.dumps(info))
+
+
 def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dict]:
   """The step Δ of every projection's backward in the first train step (layer-major, q..down):
   the upstream gradient G of each projection (the gradient of a zero offset on its output),
@@ -115,7 +153,8 @@ def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dic
 
 
 def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> None:
-  """Losses and gradient norms of `steps` train steps of `tiny` on each mesh ('1' = one device),
+  """Losses and gradient norms of `steps` train steps of `tiny` on each mesh ('1' = one device;
+  a ':int32' suffix selects exact tensor-parallel partial sums, otherwise per-shard bf16),
   the sharding of one weight, the collectives of the compiled step, and (meshes marked with a
   trailing '+delta') the step Δ of every projection in the first step."""
   from s3r.train import loop
@@ -126,16 +165,17 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   rng = np.random.default_rng(0)
   batches = [rng.integers(0, 512, (8, 33)).astype(np.int32) for _ in range(int(steps))]
   result = {}
-  for spec in meshes:
-    spec, want_deltas = spec.removesuffix("+delta"), spec.endswith("+delta")
+  for name in meshes:
+    name, want_deltas = name.removesuffix("+delta"), name.endswith("+delta")
+    spec, _, partial_sums = name.partition(":")  # "tensor=8:int32": exact tensor-parallel partial sums
     cfg = TrainConfig(out="unused", preset="tiny", recipe=recipe, steps=int(steps), warmup=1, batch=8, seq=32,
-                      vocab=512, mesh=None if spec == "1" else spec)
+                      vocab=512, mesh=None if spec == "1" else spec, tp_partial_sums=partial_sums or "bf16")
     setup = loop.build(cfg, 512, loop.make_mesh(cfg))
     state = setup.init_state(setup.keys["init"])
     deltas = None
     if want_deltas:
       deltas, operands = projection_deltas(setup, state.params, batches[0], setup.keys["train"])
-      np.savez(out / f"operands_{spec}.npz", **operands)
+      np.savez(out / f"operands_{name}.npz", **operands)
     tokens = jax.ShapeDtypeStruct((8, 33), np.int32, sharding=setup.batch_sharding)
     step = setup.train_step.lower(state, tokens, setup.keys["train"]).compile()
     losses, norms = [], []
@@ -144,7 +184,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
       losses.append(float(m["loss"]))
       norms.append(float(m["grad_norm"]))
     q = state.params["blocks"][0]["q"]
-    result[spec] = {"losses": losses, "grad_norms": norms, "devices": len(q.sharding.device_set),
+    result[name] = {"losses": losses, "grad_norms": norms, "devices": len(q.sharding.device_set),
                     "q_spec": str(q.sharding.spec), "tokens": 8 * 32, "deltas": deltas,
                     "collectives": [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size,
                                      "op_name": c.op_name} for c in collectives(step.as_text())]}
@@ -209,7 +249,7 @@ def comm_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text((out / "comm.json").read_text())
 
 
-WORKERS = {"comm": comm_worker, "qmatmul": qmatmul_worker, "train": train_worker, "checkpoint": checkpoint_worker}
+WORKERS = {"comm": comm_worker, "qmatmul": qmatmul_worker, "tp": tp_worker, "train": train_worker, "checkpoint": checkpoint_worker}
 
 if __name__ == "__main__":
   WORKERS[sys.argv[1]](pathlib.Path(sys.argv[2]), *sys.argv[3:])

@@ -68,9 +68,9 @@ def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
   graphdef, params = M.graphdef(cfg), M.init_params(cfg, jax.random.key(0))
   seen = []
 
-  def recording_qmatmul(x, w, *, key, recipe):
+  def recording_qmatmul(x, w, *, key, recipe, tp):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
-    assert recipe == "s3r"
+    assert recipe == "s3r" and tp in ("row", "column")
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
   monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)

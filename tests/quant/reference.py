@@ -11,7 +11,8 @@ def np_scale(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def np_rtne_codes(a: np.ndarray, s: np.ndarray) -> np.ndarray:
-  return np.clip(np.round(a.astype(np.float32) / s), -127, 127).astype(np.int8)
+  # times the f32 reciprocal, as numerics.quantize_rtne (a division differs by an ulp at ties)
+  return np.clip(np.round(a.astype(np.float32) * (np.float32(1) / s.astype(np.float32))), -127, 127).astype(np.int8)
 
 
 class Reference:
