@@ -47,9 +47,9 @@ def error_factors(e_BxSxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 # The dX correction needs Ŵ c_b, where Ŵ is int8 and c_b [N] a channel mean of the rounding
 # error in units of Δ. As an f32 product, XLA first converts all of Ŵ to f32: a weight-sized
-# copy (4x the int8 bytes) written and read on every backward pass, which was most of the dX
-# correction's time and of S3R-EC's extra temporary memory on XLA:CPU. Instead c_b is written
-# as int8 digits and multiplied in the int8 GEMM path, which reads Ŵ as it is:
+# copy (4x the int8 bytes) written and read on every backward pass; on XLA:CPU that copy and
+# the f32 dot were most of the dX correction's time and of S3R-EC's extra temporary memory.
+# Instead c_b is written as int8 digits and multiplied in the int8 GEMM path, reading Ŵ as is:
 #   x = round(c · 2^20) = d0 + 128 d1 + 128² d2,   balanced base-128 digits, |d_j| ≤ 64.
 # Precision: c is represented on a 2^-20 grid, so each channel mean is off by at most 2^-21
 # (in units of Δ; a deterministic rounding far below the Δ/256 bias of the 7-bit thresholds),
