@@ -114,8 +114,10 @@ def _fmt(x, digits=3):
 
 def _markdown(cfg, rows, cost, meta) -> str:
   head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
-  lines = [head, f"Scale: preset `{cost['preset']}` ({cost['param_count'] or '?':,} parameters), {cost['steps']} steps "
-           f"x {cost['batch']} x {cost['seq']} tokens = {cost['tokens_per_run']:,} tokens per run; "
+  params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
+  tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
+  lines = [head, f"Scale: preset `{cost['preset']}` ({params} parameters), {cost['steps']} steps "
+           f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
            f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
            "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds at the "
            "recipe's best seed-0 learning rate (seed 0 chose the rate and is part of the mean). Welch's t "
@@ -136,32 +138,57 @@ def _markdown(cfg, rows, cost, meta) -> str:
 
 
 def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
-  """Training loss (EMA) per recipe at its best rate: mean over seeds and a min-max band."""
+  """Left: training loss (EMA) per recipe at its best rate, mean over seeds with a min-max band
+  (log steps, as the paper's Figure 3). Right: validation loss at each evaluation, mean ± sample
+  sd over seeds, where the recipes' differences are visible."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for recipe, row in rows.items():
+  fig, (ax, ax_val) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+  n_recipes = max(len(rows), 1)
+  first_shown = cfg.steps // 2 - 20  # the validation panel shows the second half of training
+  shown = []  # (low, high) of the validation points in view
+  for i, (recipe, row) in enumerate(rows.items()):
     runs = [summaries.get(cfg.run_name(recipe, row["best_lr"], s)) for s in range(cfg.seeds)] if row["best_lr"] else []
-    curves = [np.asarray(s["curve"], float) for s in runs if s and s["status"] == "done" and s["curve"]]
-    if not curves:
+    runs = [s for s in runs if s and s["status"] == "done" and s["curve"]]
+    if not runs:
       continue
+    curves = [np.asarray(s["curve"], float) for s in runs]
     n = min(len(c) for c in curves)
     steps = curves[0][:n, 0]
     losses = np.stack([_ema(c[:n, 1]) for c in curves])
     line, = ax.plot(steps, losses.mean(axis=0), label=f"{recipe} (lr {row['best_lr']:g}, {len(curves)} seeds)")
     if len(curves) > 1:
       ax.fill_between(steps, losses.min(axis=0), losses.max(axis=0), color=line.get_color(), alpha=0.2)
+    vals = [np.asarray(s["val_curve"], float) for s in runs if s.get("val_curve")]
+    if vals:
+      m = min(len(v) for v in vals)
+      v = np.stack([v[:m, 1] for v in vals])
+      sd = v.std(axis=0, ddof=1) if len(vals) > 1 else np.zeros(m)
+      offset = (i - (n_recipes - 1) / 2) * 2.0  # spread the markers of one evaluation step apart
+      steps_v, mean = vals[0][:m, 0], v.mean(axis=0)
+      ax_val.errorbar(steps_v + offset, mean, yerr=sd, color=line.get_color(), marker="o",
+                      ms=3, capsize=2, lw=1, label=recipe)
+      keep = steps_v >= first_shown
+      shown += [(lo, hi) for lo, hi in zip(mean[keep] - sd[keep], mean[keep] + sd[keep])]
   ax.set_xscale("log")
   ax.set_xlabel("step")
   ax.set_ylabel("training loss (EMA)")
-  ax.set_title(f"Sweep {cfg.name}: loss per recipe at its best learning rate (band: min-max over seeds)")
+  ax.set_title(f"{cfg.name}: training loss at each recipe's best rate (band: min-max over seeds)", fontsize=9)
   if ax.lines:
     ax.legend(fontsize=7)
   lo = min((np.nanmin(line.get_ydata()) for line in ax.lines), default=None)
   if lo is not None:
     ax.set_ylim(lo - 0.1, lo + 3.0)
+  ax_val.set_xlabel("step")
+  ax_val.set_ylabel("validation loss (enwiki shard 9)")
+  ax_val.set_title("validation loss: mean ± sd over seeds", fontsize=9)
+  if shown:
+    ax_val.legend(fontsize=7)
+    ax_val.set_xlim(first_shown, cfg.steps + 20)
+    lo, hi = min(l for l, _ in shown), max(h for _, h in shown)
+    ax_val.set_ylim(lo - 0.1 * (hi - lo + 0.01), hi + 0.1 * (hi - lo + 0.01))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
