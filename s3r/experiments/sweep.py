@@ -143,6 +143,7 @@ def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> d
     raise RuntimeError(f"run {name} failed with exit code {rc}; see {out / 'sweep.log'}")
   summary = table1.summarize_run(out, recipe=recipe, lr=lr, seed=seed, status="done" if rc == 0 else "diverged",
                                  wall_s=time.time() - t0)
+  summary["git"] = common.git_info()  # the code the run trained with (the sweep runs its own checkout)
   cfg.summary_dir.mkdir(parents=True, exist_ok=True)
   (cfg.summary_dir / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
