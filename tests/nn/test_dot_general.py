@@ -92,3 +92,22 @@ def test_unsupported_contraction_raises_not_implemented():
   w = jnp.zeros((8, 16))
   with pytest.raises(NotImplementedError, match="only the Dense contraction"):
     snn.dot_general("s3r", jax.random.key(0))(X, w, (((1,), (0,)), ((), ())))
+
+
+def test_adapters_pass_the_tensor_parallel_split_through_to_qmatmul():
+  """Without a mesh the split changes nothing; an unknown split is rejected by qmatmul itself,
+  which shows the argument reaches it from all three adapters."""
+  x = jax.random.normal(jax.random.key(0), (2, 8, 16), jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(1), (16, 32)) * 0.1
+  dims = (((2,), (0,)), ((), ()))
+  key = jax.random.key(2)
+  plain = snn.dot_general("s3r", key)(x, w, dims)
+  np.testing.assert_array_equal(snn.dot_general("s3r", key, tp="row")(x, w, dims), plain)
+  with pytest.raises(ValueError, match="tp must be one of"):
+    snn.dot_general("s3r", key, tp="diagonal")(x, w, dims)
+  dense = nn.Dense(32, dot_general_cls=functools.partial(snn.LinenDotGeneral, recipe="s3r", tp="diagonal"))
+  with pytest.raises(ValueError, match="tp must be one of"):
+    dense.init({"params": jax.random.key(3), "quant": key}, x)
+  lin = nnx.Linear(16, 32, rngs=nnx.Rngs(0), dot_general=snn.NnxDotGeneral("s3r", rngs=nnx.Rngs(quant=0), tp="diagonal"))
+  with pytest.raises(ValueError, match="tp must be one of"):
+    lin(x)
