@@ -52,6 +52,9 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
   key = _check_key(key, r)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if not r.quantized:
+    if tp_split is not None:  # bf16 partial sums per shard for the baseline too
+      y = tensor_parallel.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
+      return y.reshape(x.shape[:-1] + (w.shape[1],))
     y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
   x_BxSxK = x if x.ndim == 3 else x[None]

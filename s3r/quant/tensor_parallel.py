@@ -21,6 +21,7 @@ Dimension letters: t shards, M rows, C the contracted dimension, N columns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -63,6 +64,7 @@ def split_contraction(a_MxC: jax.Array, b: jax.Array, tp: TensorParallel, *, b_t
 
   `b` is [C, N], or [N, C] when `b_transposed` (the layout of `numerics.int8_matmul_nt`);
   `rescale` maps an f32 [M, N] partial product to its real values (broadcasting scales).
+  int8 operands accumulate in int32, float operands in f32.
   """
   t = tp.shards
   m, c = a_MxC.shape
@@ -73,10 +75,49 @@ def split_contraction(a_MxC: jax.Array, b: jax.Array, tp: TensorParallel, *, b_t
   else:
     b_ = b.reshape(t, c // t, b.shape[1])  # [t, C/t, N]
     dims = (((2,), (1,)), ((1,), (0,)))
-  acc_txMxN = lax.dot_general(a_MxtxC, b_, dims, preferred_element_type=jnp.int32)
+  acc_type = jnp.int32 if a_MxC.dtype == jnp.int8 else jnp.float32
+  acc_txMxN = lax.dot_general(a_MxtxC, b_, dims, preferred_element_type=acc_type)
   mesh = jax.sharding.get_abstract_mesh()
   spec = jax.sharding.PartitionSpec(tp.axis, _FREE, _FREE)
   acc_txMxN = lax.with_sharding_constraint(acc_txMxN, jax.sharding.NamedSharding(mesh, spec))
   part_txMxN = rescale(acc_txMxN.astype(jnp.float32)).astype(dtype)
   # lax.reduce, not jnp.sum: jnp.sum would upcast bf16 to f32 for the sum (and the all-reduce).
   return lax.reduce(part_txMxN, np.array(0, dtype), lax.add, (0,))
+
+
+# --- the bf16 recipe under tensor parallelism: bf16_matmul, _bf16_fwd, _bf16_bwd, defvjp ----------
+# A custom VJP because the GEMM with partial sums is the forward one for a row split but dX for
+# a column split; autodiff would reduce dX's partial sums in f32.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def bf16_matmul(x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype, w_dtype) -> jax.Array:
+  """x @ w in x's dtype with bf16 operands and f32 accumulation, each shard's partial product
+  rounded to x's dtype before the cross-shard sum (the forward for a row split, dX for a
+  column split). `x_dtype` and `w_dtype` are the operands' dtypes (static)."""
+  return _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype)[0]
+
+
+def _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype):
+  del w_dtype
+  xb, wb = x_TxK.astype(jnp.bfloat16), w_KxN.astype(jnp.bfloat16)
+  if tp.kind == "row":
+    y = split_contraction(xb, wb, tp, b_transposed=False, rescale=lambda acc: acc, dtype=x_dtype)
+  else:
+    y = jnp.matmul(xb, wb, preferred_element_type=jnp.float32).astype(x_dtype)
+  return y, (xb, wb)
+
+
+def _bf16_bwd(tp, x_dtype, w_dtype, res, g_TxN):
+  xb, wb = res
+  gb = g_TxN.astype(jnp.bfloat16)
+  if tp.kind == "column":
+    dx = split_contraction(gb, wb, tp, b_transposed=True, rescale=lambda acc: acc, dtype=x_dtype)
+  else:
+    dx = jnp.matmul(gb, wb.T, preferred_element_type=jnp.float32).astype(x_dtype)
+  # rounded to bf16 like autodiff of the unsplit bf16 recipe (the cotangent of w's bf16 cast)
+  dw = jnp.matmul(xb.T, gb, preferred_element_type=jnp.float32).astype(jnp.bfloat16).astype(w_dtype)
+  return dx, dw
+
+
+bf16_matmul.defvjp(_bf16_fwd, _bf16_bwd)

@@ -81,6 +81,27 @@ def test_bf16_partial_sums_round_each_shard_output(tp_runs):
     assert np.mean(got != a[f"{recipe}_exact_dx"].reshape(ref.shape)) > 0.01
 
 
+def test_the_bf16_recipe_rounds_each_shard_output_too(tp_runs):
+  """The baseline gets the same per-shard rounding: f32-accumulated bf16 products per shard,
+  rounded to bf16, summed. Beyond the int8 bound, each shard's f32 accumulation may round
+  differently from the float64 reference (C/T terms, 2^-24 each), which can move that shard's
+  bf16 rounding by one bf16 ulp."""
+  a = tp_runs["arrays"]
+  bf = lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+  x, w, g = bf(a["x"].reshape(-1, a["x"].shape[-1])), bf(a["w"]), bf(a["g"].reshape(-1, a["w"].shape[1]))
+  k, n = w.shape
+  for name, lhs, rhs, c in (("row_y", x, w, k), ("column_dx", g, w.T, n)):
+    exact = np.stack([lhs[:, i * c // T:(i + 1) * c // T] @ rhs[i * c // T:(i + 1) * c // T] for i in range(T)])
+    mags = np.stack([np.abs(lhs[:, i * c // T:(i + 1) * c // T]) @ np.abs(rhs[i * c // T:(i + 1) * c // T])
+                     for i in range(T)])
+    parts = bf(exact)
+    ref = bf(parts.sum(0))
+    got = a[f"bf16_{name}"].reshape(ref.shape)
+    accumulation = (c // T) * F32_HALF_ULP * mags + 2 * BF16_HALF_ULP * (np.abs(exact) + c // T * F32_HALF_ULP * mags)
+    assert np.all(np.abs(got - ref) <= _split_sum_bound(parts, got, ref) + accumulation.sum(0)), name
+    assert np.mean(got != a[f"bf16_exact_{name.split('_')[1]}"].reshape(ref.shape)) > 0.01, name
+
+
 def test_ec_dx_under_column_parallelism_stays_within_the_rounding_of_the_exact_sum(tp_runs):
   """s3r_ec_dx subtracts its correction after the bf16 sum: the result differs from the exact
   (int32) path by the per-shard roundings, bounded by T+1 bf16 roundings of the largest part."""
