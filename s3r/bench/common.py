@@ -70,7 +70,7 @@ def block(tree):
 
 
 def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: int = 5,
-                     warmup: int = 1, number: int = 1, log: Callable[[str], None] | None = None
+                     warmup: int = 1, number: int = 1, prime: int = 1, log: Callable[[str], None] | None = None
                      ) -> dict[str, Timing]:
   """Times `fn(*args)` for every (fn, args) in `configs`, interleaving the repeats.
 
@@ -78,6 +78,11 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
   `compile_s`; then `warmup` more untimed calls; then `repeats` rounds, each round calling
   every configuration once (each sample is the mean of `number` back-to-back calls), with the
   order of the configurations rotated from round to round.
+
+  Each sample is preceded by `prime` untimed calls of the same configuration. Without them a
+  sample pays for what the configuration before it did to memory: after int8_sr (hundreds of
+  MiB of temporaries freed) the next configuration's first call runs 1.5-2x slower on XLA:CPU,
+  and the rotation keeps the same configuration after it in most rounds.
   """
   names = list(configs)
   out = {n: Timing(n, []) for n in names}
@@ -94,6 +99,8 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
     k = i % len(names) if names else 0
     for n in names[k:] + names[:k]:
       fn, args = configs[n]
+      for _ in range(prime):
+        block(fn(*args))
       t0 = time.perf_counter()
       for _ in range(number):
         res = fn(*args)

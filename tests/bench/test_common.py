@@ -40,12 +40,16 @@ def test_markdown_table_escapes_and_aligns():
 def test_time_interleaved_rotates_and_counts_calls():
   order = []
   fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in ("a", "b", "c")}
-  out = common.time_interleaved(fns, repeats=3, warmup=1, number=2)
+  out = common.time_interleaved(fns, repeats=3, warmup=1, number=2, prime=0)
   assert set(out) == {"a", "b", "c"}
   assert all(len(t.samples) == 3 for t in out.values())
   # compile call + warm-up per config, then 3 rounds x 2 calls, rotated: a b c / b c a / c a b
   timed = order[6:]
   assert timed == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+  # by default one untimed call of the same configuration precedes each sample
+  order.clear()
+  common.time_interleaved(fns, repeats=2, warmup=0, number=2)
+  assert order[3:] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["b"] * 3 + ["c"] * 3 + ["a"] * 3
   t = out["a"]
   assert t.q25 <= t.median <= t.q75 and t.iqr >= 0
   assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
