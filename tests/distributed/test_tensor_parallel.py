@@ -60,15 +60,15 @@ def test_bf16_partial_sums_round_each_shard_output(tp_runs):
   sx, sw = np_scale(x, axis=1), np_scale(w, axis=0)
   xq, wq = np_rtne_codes(x, sx[:, None]).astype(np.int64), np_rtne_codes(w, sw[None, :]).astype(np.int64)
   k, n = w.shape
+  # forward of a row-parallel weight (the same for every INT8 recipe): shard t holds K/T input features
+  acc = np.stack([xq[:, i * k // T:(i + 1) * k // T] @ wq[i * k // T:(i + 1) * k // T] for i in range(T)])
+  row_parts = ((acc.astype(np.float32) * sx[:, None]) * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
+  row_ref = row_parts.sum(0).astype(ml_dtypes.bfloat16).astype(np.float64)
+  exact = ((xq @ wq).astype(np.float32) * sx[:, None] * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
   for recipe in ("int8_rtne", "s3r"):
-    # forward of a row-parallel weight: shard t holds K/T input features
-    acc = np.stack([xq[:, i * k // T:(i + 1) * k // T] @ wq[i * k // T:(i + 1) * k // T] for i in range(T)])
-    parts = ((acc.astype(np.float32) * sx[:, None]) * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
-    ref = parts.sum(0).astype(ml_dtypes.bfloat16).astype(np.float64)
-    got = a[f"{recipe}_row_y"].reshape(ref.shape)
-    assert np.all(np.abs(got - ref) <= _split_sum_bound(parts, got, ref)), recipe
-    exact = ((xq @ wq).astype(np.float32) * sx[:, None] * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
-    np.testing.assert_array_equal(a[f"{recipe}_exact_y"].reshape(ref.shape), exact)
+    got = a[f"{recipe}_row_y"].reshape(row_ref.shape)
+    assert np.all(np.abs(got - row_ref) <= _split_sum_bound(row_parts, got, row_ref)), recipe
+    np.testing.assert_array_equal(a[f"{recipe}_exact_y"].reshape(row_ref.shape), exact)
     assert np.mean(got != exact) > 0.01, "per-shard rounding must change some outputs"
 
     # dX of a column-parallel weight: shard t holds N/T output features of W and of Q
