@@ -104,15 +104,18 @@ def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | Non
 
 
 def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]:
-  """The runs that can start now, in grid order (seed-0 rates first, then seeds)."""
+  """The runs that can start now, recipe by recipe in config order.
+
+  A recipe's seeds 1+ come right after its seed-0 grid settles, so a sweep stopped part-way
+  leaves whole 3-seed rows for the first recipes rather than seed-0 numbers for all of them.
+  """
   todo = []
   for recipe in cfg.recipes:
     best, pending = best_lr(cfg, recipe, summaries)
     todo += [(recipe, lr, 0) for lr in pending]
     if best is not None:
       todo += [(recipe, best, s) for s in range(1, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
-  seed0 = [t for t in todo if t[2] == 0]
-  return seed0 + [t for t in todo if t[2] != 0]
+  return todo
 
 
 def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pathlib.Path) -> list[str]:

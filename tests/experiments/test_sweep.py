@@ -37,6 +37,14 @@ def test_seed_zero_learning_rates_run_first_then_the_other_seeds_at_the_best_rat
   assert sweep.next_runs(cfg, s) == []
 
 
+def test_a_recipe_gets_its_other_seeds_before_the_next_recipe_starts(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "s3r"))
+  s = {}
+  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
+  assert sweep.next_runs(cfg, s) == [("bf16", 2e-3, 1), ("bf16", 2e-3, 2),
+                                     ("s3r", 1e-3, 0), ("s3r", 2e-3, 0), ("s3r", 4e-3, 0)]
+
+
 def test_best_rate_at_the_bottom_of_the_grid_extends_the_grid_downward(tmp_path):
   cfg = _cfg(tmp_path, recipes=("s3r_bcast",))
   s = {}
