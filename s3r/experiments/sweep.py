@@ -6,7 +6,8 @@ recipe whose best rate is the lowest of its grid gets lower rates (halving) unti
 and likewise higher rates (doubling) when its best is the highest, so the best is interior;
 the best rate on seed 0 is then run with the other seeds. Choosing the rate on seed 0 and
 keeping seed 0 in the mean biases the mean slightly in the recipe's favour, for every recipe
-alike.
+alike. A sweep with `fixed_lrs` (a larger scale reusing a smaller sweep's choice) runs no grid
+for those recipes: every seed, 0 included, runs at the given rate, so no seed is biased.
 
 State lives in files, so the sweep can be stopped at any time and started again (also in a
 later session): each finished run leaves a small summary, `<results>/runs/<run>.json`
@@ -42,6 +43,8 @@ class SweepConfig:
   name: str = "table1"  # sweep name: results go to <results>/<name>/, runs to <runs>/<name>/
   recipes: tuple[str, ...] = DEFAULT_RECIPES  # recipes to compare
   lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)  # learning-rate grid for seed 0
+  # recipe -> rate chosen elsewhere (e.g. by a smaller-scale sweep): no grid, every seed at it
+  fixed_lrs: dict[str, float] | None = None
   seeds: int = 3  # seeds 0..seeds-1 at each recipe's best rate
   preset: str = "cpu-small"  # model preset
   steps: int = 400  # steps per run
@@ -61,6 +64,12 @@ class SweepConfig:
       raise ValueError(f"SweepConfig.recipes: unknown {bad}; valid: {', '.join(RECIPES)}")
     if not self.lrs or any(not lr > 0 for lr in self.lrs):
       raise ValueError(f"SweepConfig.lrs must be positive learning rates, got {self.lrs}")
+    fixed = self.fixed_lrs or {}
+    if not isinstance(fixed, dict) or any(not isinstance(v, (int, float)) or not v > 0 for v in fixed.values()):
+      raise ValueError(f"SweepConfig.fixed_lrs must map recipe names to positive rates, got {self.fixed_lrs!r}")
+    unused = sorted(set(fixed) - set(self.recipes))
+    if unused:
+      raise ValueError(f"SweepConfig.fixed_lrs: {unused} not in SweepConfig.recipes {list(self.recipes)}")
     if self.seeds < 1:
       raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
 
@@ -89,6 +98,8 @@ def _final_val(summary: dict | None) -> float:
 
 def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | None, list[float]]:
   """(best rate so far or None if some seed-0 run is missing, the rates to run next)."""
+  if cfg.fixed_lrs and recipe in cfg.fixed_lrs:
+    return float(cfg.fixed_lrs[recipe]), []  # chosen elsewhere: seeds 0.. all run at it
   lrs = sorted(set(cfg.lrs))
   for _ in range(MAX_EXTENSIONS + 1):
     missing = [lr for lr in lrs if cfg.run_name(recipe, lr, 0) not in summaries]
@@ -114,7 +125,8 @@ def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]
     best, pending = best_lr(cfg, recipe, summaries)
     todo += [(recipe, lr, 0) for lr in pending]
     if best is not None:
-      todo += [(recipe, best, s) for s in range(1, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
+      first = 0 if cfg.fixed_lrs and recipe in cfg.fixed_lrs else 1  # else seed 0 ran in the grid
+      todo += [(recipe, best, s) for s in range(first, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
   return todo
 
 
@@ -181,6 +193,8 @@ def register(subparsers) -> None:
   p.add_argument("--name", default=None, help=f"sweep name (default {d.name})")
   p.add_argument("--recipes", default=None, help=f"comma-separated (default {','.join(d.recipes)})")
   p.add_argument("--lrs", default=None, help=f"comma-separated seed-0 learning rates (default {d.lrs})")
+  p.add_argument("--fixed-lrs", default=None,
+                 help="recipe=rate pairs, comma-separated (e.g. bf16=0.004,s3r=0.004): no grid for those recipes")
   for field in ("seeds", "steps", "warmup", "batch", "seq", "eval_every", "eval_batches"):
     p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help=f"default {getattr(d, field)}")
   for field in ("preset", "data", "runs_dir", "results_dir"):
@@ -200,8 +214,23 @@ def config_from_args(args) -> SweepConfig:
     values["recipes"] = tuple(r.strip() for r in values["recipes"].split(",") if r.strip())
   if isinstance(values.get("lrs"), str):
     values["lrs"] = tuple(float(x) for x in values["lrs"].split(","))
+  if isinstance(values.get("fixed_lrs"), str):
+    values["fixed_lrs"] = _parse_fixed_lrs(values["fixed_lrs"])
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   return SweepConfig(**values)
+
+
+def _parse_fixed_lrs(text: str) -> dict[str, float]:
+  out = {}
+  for item in filter(None, (t.strip() for t in text.split(","))):
+    recipe, sep, rate = item.partition("=")
+    try:
+      out[recipe.strip()] = float(rate)
+    except ValueError:
+      sep = ""
+    if not sep:
+      raise ValueError(f"--fixed-lrs: expected recipe=rate pairs such as bf16=0.004, got {item!r}")
+  return out
 
 
 def run(args) -> int:

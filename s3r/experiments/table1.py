@@ -100,12 +100,25 @@ def write_tables(cfg, summaries: dict) -> dict:
   stem = out / cfg.name
   meta = common.run_metadata()
   doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
-         "note": "best learning rate chosen on seed 0, which is also part of the mean (as in the paper)"}
+         "note": _rate_note(cfg)}
   stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
   stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
   return rows
+
+
+def _rate_note(cfg) -> str:
+  fixed = sorted(cfg.fixed_lrs or {})
+  grid = [r for r in cfg.recipes if r not in fixed]
+  parts = []
+  if grid:
+    parts.append(f"{', '.join(grid)}: best learning rate chosen on seed 0, which is also part of the mean "
+                 "(as in the paper)")
+  if fixed:
+    parts.append(f"{', '.join(fixed)}: learning rate fixed in the sweep config (chosen elsewhere); every seed "
+                 "runs at it")
+  return "; ".join(parts)
 
 
 def _fmt(x, digits=3):
@@ -119,9 +132,8 @@ def _markdown(cfg, rows, cost, meta) -> str:
   lines = [head, f"Scale: preset `{cost['preset']}` ({params} parameters), {cost['steps']} steps "
            f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
            f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
-           "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds at the "
-           "recipe's best seed-0 learning rate (seed 0 chose the rate and is part of the mean). Welch's t "
-           "(p) against `bf16` and `int8_sr`.\n"]
+           "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
+           f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`.\n"]
   table_rows = []
   for recipe, r in rows.items():
     welch = lambda w: "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"

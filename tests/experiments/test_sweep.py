@@ -90,6 +90,27 @@ def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
   assert (tmp_path / "results" / "t.png").stat().st_size > 0
 
 
+def test_fixed_rates_skip_the_grid_and_run_every_seed_at_the_given_rate(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), fixed_lrs={"int8_sr": 2e-3}, seeds=2)
+  assert sweep.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0),
+                                      ("int8_sr", 2e-3, 0), ("int8_sr", 2e-3, 1)]
+  s = {}
+  _add(s, _summary("int8_sr", 2e-3, 0, 4.0), _summary("int8_sr", 2e-3, 1, 4.2))
+  row = table1.build_table(cfg, s)["int8_sr"]
+  assert row["best_lr"] == 2e-3 and row["val"] == [4.0, 4.2]
+  assert "int8_sr: learning rate fixed" in table1._rate_note(cfg)
+
+
+def test_fixed_rates_are_parsed_from_flags_and_checked(tmp_path):
+  assert sweep._parse_fixed_lrs("bf16=0.004, s3r=2e-3") == {"bf16": 0.004, "s3r": 0.002}
+  with pytest.raises(ValueError, match="recipe=rate"):
+    sweep._parse_fixed_lrs("bf16:0.004")
+  with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
+    _cfg(tmp_path, fixed_lrs={"s3r": 1e-3})  # not one of the sweep's recipes
+  with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
+    _cfg(tmp_path, fixed_lrs={"bf16": -1.0})
+
+
 def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="SweepConfig.recipes"):
     _cfg(tmp_path, recipes=("int4",))
