@@ -1,8 +1,9 @@
 """Shared benchmark machinery: timing harness, run metadata, results files, tables, charts.
 
 Timing on a shared, noisy CPU: every configuration of one run is compiled and warmed up
-first, then the repeats are interleaved (round-robin over the configurations, the order
-rotated each round), so that slow phases of the machine hit every configuration alike.
+first, then the repeats are interleaved (every round times each configuration once, in a
+fresh seeded random order), so that slow phases of the machine, and whatever one
+configuration leaves behind for the next, hit every configuration alike.
 Each configuration reports the median and the inter-quartile range of its repeats, and
 ratios are only ever formed between configurations of the same run.
 """
@@ -15,6 +16,7 @@ import json
 import os
 import pathlib
 import platform as _platform
+import random
 import re
 import subprocess
 import sys
@@ -70,21 +72,24 @@ def block(tree):
 
 
 def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: int = 5,
-                     warmup: int = 1, number: int = 1, prime: int = 1, log: Callable[[str], None] | None = None
-                     ) -> dict[str, Timing]:
+                     warmup: int = 1, number: int = 1, prime: int = 1, seed: int = 0,
+                     log: Callable[[str], None] | None = None) -> dict[str, Timing]:
   """Times `fn(*args)` for every (fn, args) in `configs`, interleaving the repeats.
 
   Each fn should already be jitted. The first call (compile + run) is timed separately as
   `compile_s`; then `warmup` more untimed calls; then `repeats` rounds, each round calling
-  every configuration once (each sample is the mean of `number` back-to-back calls), with the
-  order of the configurations rotated from round to round.
+  every configuration once (each sample is the mean of `number` back-to-back calls), in an
+  order drawn afresh for each round from a fixed seed.
 
-  Each sample is preceded by `prime` untimed calls of the same configuration. Without them a
-  sample pays for what the configuration before it did to memory: after int8_sr (hundreds of
-  MiB of temporaries freed) the next configuration's first call runs 1.5-2x slower on XLA:CPU,
-  and the rotation keeps the same configuration after it in most rounds.
+  Each sample is preceded by `prime` untimed calls of the same configuration, and the random
+  order spreads what remains: a configuration pays for what the one before it did to memory
+  (after int8_sr, hundreds of MiB of temporaries freed, the next configuration's calls run
+  slower on XLA:CPU, and not only the first). A rotation of a fixed order put the same
+  configuration after int8_sr in most rounds: `s3r` measured 1.56x `int8_rtne` at W1 with
+  int8_sr in the run and 1.03x without.
   """
   names = list(configs)
+  rng = random.Random(seed)
   out = {n: Timing(n, []) for n in names}
   for n in names:
     fn, args = configs[n]
@@ -95,9 +100,8 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
       block(fn(*args))
     if log:
       log(f"  compiled+warm {n}: first call {out[n].compile_s:.2f}s")
-  for i in range(repeats):
-    k = i % len(names) if names else 0
-    for n in names[k:] + names[:k]:
+  for _ in range(repeats):
+    for n in rng.sample(names, len(names)):
       fn, args = configs[n]
       for _ in range(prime):
         block(fn(*args))

@@ -37,19 +37,30 @@ def test_markdown_table_escapes_and_aligns():
   assert table.splitlines() == ["| name | value |", "| --- | --: |", "| a\\|b | 1.5 |", "| c |  |"]
 
 
-def test_time_interleaved_rotates_and_counts_calls():
+def test_time_interleaved_times_each_config_once_per_round_in_varying_order():
   order = []
-  fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in ("a", "b", "c")}
-  out = common.time_interleaved(fns, repeats=3, warmup=1, number=2, prime=0)
-  assert set(out) == {"a", "b", "c"}
-  assert all(len(t.samples) == 3 for t in out.values())
-  # compile call + warm-up per config, then 3 rounds x 2 calls, rotated: a b c / b c a / c a b
-  timed = order[6:]
-  assert timed == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+  names = ("a", "b", "c", "d")
+  fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in names}
+  out = common.time_interleaved(fns, repeats=12, warmup=1, number=2, prime=0)
+  assert set(out) == set(names)
+  assert all(len(t.samples) == 12 for t in out.values())
+  timed = order[2 * len(names):]  # after the compile call + warm-up of each config
+  assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))  # `number` calls back to back
+  rounds = [timed[i:i + 2 * len(names):2] for i in range(0, len(timed), 2 * len(names))]
+  assert all(sorted(r) == list(names) for r in rounds)  # every config once per round
+  # what precedes "a" is not always the same config (a fixed rotation would put "d" before it)
+  before_a = {r[r.index("a") - 1] for r in rounds if r.index("a") > 0}
+  assert len(before_a) >= 2
+  # the order is seeded: the same seed gives the same order
+  again = []
+  fns2 = {n: ((lambda n=n: again.append(n) or 0), ()) for n in names}
+  common.time_interleaved(fns2, repeats=12, warmup=1, number=2, prime=0)
+  assert again == order
   # by default one untimed call of the same configuration precedes each sample
   order.clear()
   common.time_interleaved(fns, repeats=2, warmup=0, number=2)
-  assert order[3:] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["b"] * 3 + ["c"] * 3 + ["a"] * 3
+  timed = order[len(names):]
+  assert all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
   t = out["a"]
   assert t.q25 <= t.median <= t.q75 and t.iqr >= 0
   assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
