@@ -85,8 +85,8 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
   order spreads what remains: a configuration pays for what the one before it did to memory
   (after int8_sr, hundreds of MiB of temporaries freed, the next configuration's calls run
   slower on XLA:CPU, and not only the first). A rotation of a fixed order put the same
-  configuration after int8_sr in most rounds: `s3r` measured 1.56x `int8_rtne` at W1 with
-  int8_sr in the run and 1.03x without.
+  configuration (`s3r`) after int8_sr in most rounds, and it measured slower than
+  `int8_rtne` only in runs that included int8_sr.
   """
   names = list(configs)
   rng = random.Random(seed)
