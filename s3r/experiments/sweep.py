@@ -185,6 +185,25 @@ def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=common.log) -> d
   return table1.write_tables(cfg, summaries)
 
 
+def plan(cfg: SweepConfig, summaries: dict) -> str:
+  """What is finished and what can run now, in order, with an estimate from the finished runs.
+
+  Only the runs that can start now are listed: a recipe whose best seed-0 rate is at the edge
+  of its grid gets more rates, and its seeds 1+ are known, only once its seed-0 runs finish.
+  """
+  todo = next_runs(cfg, summaries)
+  walls = sorted(s["wall_s"] for s in summaries.values() if s.get("wall_s"))
+  median_min = walls[len(walls) // 2] / 60 if walls else None
+  lines = [f"sweep {cfg.name}: {len(summaries)} runs finished, {len(todo)} runnable now"]
+  if median_min is not None and todo:
+    lines[0] += f" (~{len(todo) * median_min:.0f} min at the median {median_min:.1f} min per finished run)"
+  lines += [f"  next: {cfg.run_name(*t)}" for t in todo]
+  waiting = [r for r in cfg.recipes if best_lr(cfg, r, summaries)[0] is None]
+  if waiting:
+    lines.append(f"  then: the other seeds of {', '.join(waiting)} (their rate is chosen when seed 0 finishes)")
+  return "\n".join(lines)
+
+
 def register(subparsers) -> None:
   d = SweepConfig()
   p = subparsers.add_parser("sweep", help="resumable grid of training runs and the Table I report",
@@ -201,6 +220,8 @@ def register(subparsers) -> None:
     p.add_argument(f"--{field.replace('_', '-')}", default=None, help=f"default {getattr(d, field)}")
   p.add_argument("--max-runs", type=int, default=None, help="stop after this many runs (default: all)")
   p.add_argument("--report-only", action="store_true", help="only rewrite the tables from finished runs")
+  p.add_argument("--plan", action="store_true",
+                 help="print what is finished and what would run next (with a time estimate), run nothing")
   p.set_defaults(func=run)
 
 
@@ -240,6 +261,9 @@ def run(args) -> int:
     print(f"s3r: error: {e}", file=sys.stderr)
     return 2
   lock = pathlib.Path(cfg.runs_dir) / cfg.name / "sweep.lock"
+  if args.plan:
+    print(plan(cfg, load_summaries(cfg)))
+    return 0
   if args.report_only:
     table1.write_tables(cfg, load_summaries(cfg))
     return 0

@@ -111,6 +111,16 @@ def test_fixed_rates_are_parsed_from_flags_and_checked(tmp_path):
     _cfg(tmp_path, fixed_lrs={"bf16": -1.0})
 
 
+def test_plan_lists_the_runnable_runs_with_a_time_estimate(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "s3r"))
+  s = {}
+  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
+  text = sweep.plan(cfg, s)
+  assert text.splitlines()[0] == "sweep t: 3 runs finished, 5 runnable now (~5 min at the median 1.0 min per finished run)"
+  assert "  next: bf16-lr0.002-s1" in text and "  next: s3r-lr0.004-s0" in text
+  assert "the other seeds of s3r" in text
+
+
 def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="SweepConfig.recipes"):
     _cfg(tmp_path, recipes=("int4",))
