@@ -1,9 +1,10 @@
 """Shared benchmark machinery: timing harness, run metadata, results files, tables, charts.
 
 Timing on a shared, noisy CPU: every configuration of one run is compiled and warmed up
-first, then the repeats are interleaved (every round times each configuration once, in a
-fresh seeded random order), so that slow phases of the machine, and whatever one
-configuration leaves behind for the next, hit every configuration alike.
+first, then the repeats are interleaved (every round times each configuration once, the
+orders of the rounds forming a carryover-balanced design: see `balanced_orders`), so that slow
+phases of the machine, and whatever one configuration leaves behind for the next, hit every
+configuration alike.
 Each configuration reports the median and the inter-quartile range of its repeats, and
 ratios are only ever formed between configurations of the same run.
 """
@@ -71,6 +72,26 @@ def block(tree):
   return jax.block_until_ready(tree)
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+  """Orders of 0..n-1, one per round, in which every i comes right before every j != i
+  equally often (a Williams design: n rounds for even n, 2n for odd n).
+
+  Row 0 is 0, 1, n-1, 2, n-2, ...; row r adds r to every entry mod n; for odd n the reversed
+  rows follow.
+  """
+  if n < 1:
+    return [[]]
+  first, lo, hi = [0], 1, n - 1
+  while len(first) < n:
+    first.append(lo)
+    lo += 1
+    if len(first) < n:
+      first.append(hi)
+      hi -= 1
+  rows = [[(x + r) % n for x in first] for r in range(n)]
+  return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: int = 5,
                      warmup: int = 1, number: int = 1, prime: int = 1, seed: int = 0,
                      log: Callable[[str], None] | None = None) -> dict[str, Timing]:
@@ -78,18 +99,22 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
 
   Each fn should already be jitted. The first call (compile + run) is timed separately as
   `compile_s`; then `warmup` more untimed calls; then `repeats` rounds, each round calling
-  every configuration once (each sample is the mean of `number` back-to-back calls), in an
-  order drawn afresh for each round from a fixed seed.
+  every configuration once (each sample is the mean of `number` back-to-back calls), in the
+  orders of `balanced_orders`, cycled.
 
-  Each sample is preceded by `prime` untimed calls of the same configuration, and the random
-  order spreads what remains: a configuration pays for what the one before it did to memory
+  Each sample is preceded by `prime` untimed calls of the same configuration, and the balanced
+  orders spread what remains: a configuration pays for what the one before it did to memory
   (after int8_sr, hundreds of MiB of temporaries freed, the next configuration's calls run
   slower on XLA:CPU, and not only the first). A rotation of a fixed order put the same
   configuration (`s3r`) after int8_sr in most rounds, and it measured slower than
-  `int8_rtne` only in runs that included int8_sr.
+  `int8_rtne` only in runs that included int8_sr; random orders leave the counts uneven too
+  (with 6 configurations and 11 rounds, one configuration followed int8_sr in 4 rounds and
+  another in none). `seed` shuffles which configuration gets which position in the design.
   """
   names = list(configs)
   rng = random.Random(seed)
+  names = rng.sample(names, len(names))
+  orders = balanced_orders(len(names))
   out = {n: Timing(n, []) for n in names}
   for n in names:
     fn, args = configs[n]
@@ -100,8 +125,8 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
       block(fn(*args))
     if log:
       log(f"  compiled+warm {n}: first call {out[n].compile_s:.2f}s")
-  for _ in range(repeats):
-    for n in rng.sample(names, len(names)):
+  for i in range(repeats):
+    for n in (names[j] for j in orders[i % len(orders)]):
       fn, args = configs[n]
       for _ in range(prime):
         block(fn(*args))

@@ -7,7 +7,8 @@ and likewise higher rates (doubling) when its best is the highest, so the best i
 the best rate on seed 0 is then run with the other seeds. Choosing the rate on seed 0 and
 keeping seed 0 in the mean biases the mean slightly in the recipe's favour, for every recipe
 alike. A sweep with `fixed_lrs` (a larger scale reusing a smaller sweep's choice) runs no grid
-for those recipes: every seed, 0 included, runs at the given rate, so no seed is biased.
+for those recipes: every seed, 0 included, runs at the given rate. Its seed 0 is then only
+mildly favoured: it shares initialization and data order with the seed 0 that chose the rate.
 
 State lives in files, so the sweep can be stopped at any time and started again (also in a
 later session): each finished run leaves a small summary, `<results>/runs/<run>.json`
@@ -43,7 +44,8 @@ class SweepConfig:
   name: str = "table1"  # sweep name: results go to <results>/<name>/, runs to <runs>/<name>/
   recipes: tuple[str, ...] = DEFAULT_RECIPES  # recipes to compare
   lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)  # learning-rate grid for seed 0
-  # recipe -> rate chosen elsewhere (e.g. by a smaller-scale sweep): no grid, every seed at it
+  # recipe -> rate chosen elsewhere (e.g. by a smaller-scale sweep): no grid, every seed at it;
+  # a dict, so a config with fixed rates is not hashable
   fixed_lrs: dict[str, float] | None = None
   seeds: int = 3  # seeds 0..seeds-1 at each recipe's best rate
   preset: str = "cpu-small"  # model preset
@@ -65,11 +67,18 @@ class SweepConfig:
     if not self.lrs or any(not lr > 0 for lr in self.lrs):
       raise ValueError(f"SweepConfig.lrs must be positive learning rates, got {self.lrs}")
     fixed = self.fixed_lrs or {}
-    if not isinstance(fixed, dict) or any(not isinstance(v, (int, float)) or not v > 0 for v in fixed.values()):
-      raise ValueError(f"SweepConfig.fixed_lrs must map recipe names to positive rates, got {self.fixed_lrs!r}")
-    unused = sorted(set(fixed) - set(self.recipes))
+    if not isinstance(fixed, dict) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                          or not 0 < v < math.inf for v in fixed.values()):
+      raise ValueError(f"SweepConfig.fixed_lrs must map recipe names to positive finite rates, got {self.fixed_lrs!r}")
+    unused = [r for r in fixed if r not in self.recipes]
     if unused:
       raise ValueError(f"SweepConfig.fixed_lrs: {unused} not in SweepConfig.recipes {list(self.recipes)}")
+    # run names keep 3 significant digits: a finer rate would share a name (and a run) with another
+    inexact = {r: v for r, v in fixed.items() if float(f"{v:.3g}") != v}
+    if inexact:
+      raise ValueError(f"SweepConfig.fixed_lrs: rates must have at most 3 significant digits, got {inexact}")
+    if self.fixed_lrs is not None:  # a private copy with float rates
+      object.__setattr__(self, "fixed_lrs", {r: float(v) for r, v in fixed.items()})
     if self.seeds < 1:
       raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
 
@@ -97,7 +106,8 @@ def _final_val(summary: dict | None) -> float:
 
 
 def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | None, list[float]]:
-  """(best rate so far or None if some seed-0 run is missing, the rates to run next)."""
+  """(best rate so far or None if some seed-0 run is missing, the rates to run next); a recipe
+  in `fixed_lrs` always gets its fixed rate and no grid."""
   if cfg.fixed_lrs and recipe in cfg.fixed_lrs:
     return float(cfg.fixed_lrs[recipe]), []  # chosen elsewhere: seeds 0.. all run at it
   lrs = sorted(set(cfg.lrs))
@@ -192,7 +202,7 @@ def plan(cfg: SweepConfig, summaries: dict) -> str:
   of its grid gets more rates, and its seeds 1+ are known, only once its seed-0 runs finish.
   """
   todo = next_runs(cfg, summaries)
-  walls = sorted(s["wall_s"] for s in summaries.values() if s.get("wall_s"))
+  walls = sorted(s["wall_s"] for s in summaries.values() if s.get("wall_s") and s["status"] == "done")
   median_min = walls[len(walls) // 2] / 60 if walls else None
   lines = [f"sweep {cfg.name}: {len(summaries)} runs finished, {len(todo)} runnable now"]
   if median_min is not None and todo:
@@ -200,7 +210,8 @@ def plan(cfg: SweepConfig, summaries: dict) -> str:
   lines += [f"  next: {cfg.run_name(*t)}" for t in todo]
   waiting = [r for r in cfg.recipes if best_lr(cfg, r, summaries)[0] is None]
   if waiting:
-    lines.append(f"  then: the other seeds of {', '.join(waiting)} (their rate is chosen when seed 0 finishes)")
+    lines.append(f"  then: for {', '.join(waiting)}, more seed-0 rates if the best is at an edge of the grid, "
+                 "then the other seeds at the best rate")
   return "\n".join(lines)
 
 
@@ -237,6 +248,11 @@ def config_from_args(args) -> SweepConfig:
     values["lrs"] = tuple(float(x) for x in values["lrs"].split(","))
   if isinstance(values.get("fixed_lrs"), str):
     values["fixed_lrs"] = _parse_fixed_lrs(values["fixed_lrs"])
+  if args.config and getattr(args, "fixed_lrs", None):  # the flag adds to (or overrides) the file's rates
+    from_file = json.loads(pathlib.Path(args.config).read_text()).get("fixed_lrs") or {}
+    values["fixed_lrs"] = {**from_file, **values["fixed_lrs"]}
+  if getattr(args, "recipes", None) and values.get("fixed_lrs"):  # --recipes picks a subset of the sweep
+    values["fixed_lrs"] = {r: v for r, v in values["fixed_lrs"].items() if r in values["recipes"]}
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   return SweepConfig(**values)
 
@@ -250,7 +266,8 @@ def _parse_fixed_lrs(text: str) -> dict[str, float]:
     except ValueError:
       sep = ""
     if not sep:
-      raise ValueError(f"--fixed-lrs: expected recipe=rate pairs such as bf16=0.004, got {item!r}")
+      raise ValueError(f"fixed_lrs (--fixed-lrs or the config file): expected recipe=rate pairs such as "
+                       f"bf16=0.004, got {item!r}")
   return out
 
 

@@ -1,6 +1,6 @@
 """Table I and Figure 3 from a sweep's run summaries: final validation loss per recipe
-(mean ± sample std over seeds at the recipe's best seed-0 learning rate), the gap to bf16,
-and Welch's t against int8_sr and against bf16."""
+(mean ± sample std over seeds at the recipe's best seed-0 learning rate, or at its fixed rate
+for a sweep with `fixed_lrs`), the gap to bf16, and Welch's t against int8_sr and against bf16."""
 
 from __future__ import annotations
 
@@ -109,15 +109,15 @@ def write_tables(cfg, summaries: dict) -> dict:
 
 
 def _rate_note(cfg) -> str:
-  fixed = sorted(cfg.fixed_lrs or {})
+  fixed = [r for r in cfg.recipes if r in (cfg.fixed_lrs or {})]
   grid = [r for r in cfg.recipes if r not in fixed]
   parts = []
   if grid:
     parts.append(f"{', '.join(grid)}: best learning rate chosen on seed 0, which is also part of the mean "
                  "(as in the paper)")
   if fixed:
-    parts.append(f"{', '.join(fixed)}: learning rate fixed in the sweep config (chosen elsewhere); every seed "
-                 "runs at it")
+    rates = ", ".join(f"{r}={cfg.fixed_lrs[r]:g}" for r in fixed)
+    parts.append(f"learning rate fixed in the sweep config (chosen elsewhere), every seed at it: {rates}")
   return "; ".join(parts)
 
 
@@ -141,7 +141,7 @@ def _markdown(cfg, rows, cost, meta) -> str:
                        f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
                        _fmt(r["gap_to_bf16"]), welch(r["welch_vs_bf16"]), welch(r["welch_vs_int8_sr"]),
                        _fmt(r["paper_gap"])])
-  lines.append(common.markdown_table(["recipe", "best lr", "seeds", "val loss", "C4 loss", "gap to bf16",
+  lines.append(common.markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
                                       "t vs bf16 (p)", "t vs int8_sr (p)", "paper gap"], table_rows))
   lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
              for recipe, r in rows.items()]

@@ -1,8 +1,11 @@
 """The benchmark harness: metadata of results files, tables, charts, interleaved timing (no timing asserts)."""
 from __future__ import annotations
 
+import collections
 import json
 import re
+
+import pytest
 
 from s3r.bench import common
 
@@ -37,24 +40,36 @@ def test_markdown_table_escapes_and_aligns():
   assert table.splitlines() == ["| name | value |", "| --- | --: |", "| a\\|b | 1.5 |", "| c |  |"]
 
 
-def test_time_interleaved_times_each_config_once_per_round_in_varying_order():
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_balanced_orders_put_every_config_right_before_every_other_equally_often(n):
+  orders = common.balanced_orders(n)
+  assert len(orders) == (n if n % 2 == 0 else 2 * n)
+  assert all(sorted(o) == list(range(n)) for o in orders)
+  pairs = collections.Counter((o[k], o[k + 1]) for o in orders for k in range(n - 1))
+  assert set(pairs) == {(i, j) for i in range(n) for j in range(n) if i != j}
+  assert len(set(pairs.values())) <= 1  # every ordered pair equally often
+
+
+def test_time_interleaved_times_each_config_once_per_round_in_balanced_orders():
   order = []
   names = ("a", "b", "c", "d")
   fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in names}
-  out = common.time_interleaved(fns, repeats=12, warmup=1, number=2, prime=0)
+  out = common.time_interleaved(fns, repeats=8, warmup=1, number=2, prime=0)
   assert set(out) == set(names)
-  assert all(len(t.samples) == 12 for t in out.values())
+  assert all(len(t.samples) == 8 for t in out.values())
   timed = order[2 * len(names):]  # after the compile call + warm-up of each config
   assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))  # `number` calls back to back
   rounds = [timed[i:i + 2 * len(names):2] for i in range(0, len(timed), 2 * len(names))]
   assert all(sorted(r) == list(names) for r in rounds)  # every config once per round
-  # what precedes "a" is not always the same config (a fixed rotation would put "d" before it)
-  before_a = {r[r.index("a") - 1] for r in rounds if r.index("a") > 0}
-  assert len(before_a) >= 2
-  # the order is seeded: the same seed gives the same order
+  pairs = collections.Counter((r[k], r[k + 1]) for r in rounds for k in range(len(names) - 1))
+  assert len(pairs) == 12 and set(pairs.values()) == {2}  # 8 rounds = the 4-round design twice
+  # the seed only relabels the design: another seed gives another order, the same seed the same
   again = []
   fns2 = {n: ((lambda n=n: again.append(n) or 0), ()) for n in names}
-  common.time_interleaved(fns2, repeats=12, warmup=1, number=2, prime=0)
+  common.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0, seed=1)
+  assert again[2 * len(names):] != timed
+  again.clear()
+  common.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0)
   assert again == order
   # by default one untimed call of the same configuration precedes each sample
   order.clear()

@@ -91,34 +91,55 @@ def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
 
 
 def test_fixed_rates_skip_the_grid_and_run_every_seed_at_the_given_rate(tmp_path):
-  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), fixed_lrs={"int8_sr": 2e-3}, seeds=2)
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), fixed_lrs={"int8_sr": 3e-3}, seeds=2)
   assert sweep.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0),
-                                      ("int8_sr", 2e-3, 0), ("int8_sr", 2e-3, 1)]
+                                      ("int8_sr", 3e-3, 0), ("int8_sr", 3e-3, 1)]
   s = {}
-  _add(s, _summary("int8_sr", 2e-3, 0, 4.0), _summary("int8_sr", 2e-3, 1, 4.2))
+  # grid runs of the fixed recipe (e.g. left from another config) are ignored: 2e-3 would win
+  _add(s, _summary("int8_sr", 2e-3, 0, 3.0), _summary("int8_sr", 3e-3, 0, 4.0), _summary("int8_sr", 3e-3, 1, 4.2))
   row = table1.build_table(cfg, s)["int8_sr"]
-  assert row["best_lr"] == 2e-3 and row["val"] == [4.0, 4.2]
-  assert "int8_sr: learning rate fixed" in table1._rate_note(cfg)
+  assert row["best_lr"] == 3e-3 and row["val"] == [4.0, 4.2]
+  assert "every seed at it: int8_sr=0.003" in table1._rate_note(cfg)
+
+
+def _args(**kw):
+  import argparse
+  fields = ["config", "name", "recipes", "lrs", "fixed_lrs", "seeds", "steps", "warmup", "batch", "seq",
+            "eval_every", "eval_batches", "preset", "data", "runs_dir", "results_dir"]
+  return argparse.Namespace(**{f: kw.get(f) for f in fields})
+
+
+def test_every_committed_sweep_config_parses(tmp_path):
+  import pathlib
+  configs = sorted(pathlib.Path(__file__).resolve().parents[2].joinpath("configs").glob("*.json"))
+  assert configs
+  for path in configs:
+    cfg = sweep.config_from_args(_args(config=str(path)))
+    assert cfg.recipes and all(isinstance(v, float) for v in (cfg.fixed_lrs or {}).values())
+
+
+def test_fixed_rates_from_flags_merge_with_the_config_file(tmp_path):
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({"name": "c", "recipes": ["bf16", "s3r", "int8_sr"],
+                              "fixed_lrs": {"bf16": 0.004, "s3r": 0.002}}))
+  cfg = sweep.config_from_args(_args(config=str(path), fixed_lrs="s3r=0.001,int8_sr=0.003"))
+  assert cfg.fixed_lrs == {"bf16": 0.004, "s3r": 0.001, "int8_sr": 0.003}
+  # --recipes picks a subset: the file's rates for the other recipes are dropped, not an error
+  cfg = sweep.config_from_args(_args(config=str(path), recipes="bf16"))
+  assert cfg.recipes == ("bf16",) and cfg.fixed_lrs == {"bf16": 0.004}
 
 
 def test_fixed_rates_are_parsed_from_flags_and_checked(tmp_path):
   assert sweep._parse_fixed_lrs("bf16=0.004, s3r=2e-3") == {"bf16": 0.004, "s3r": 0.002}
   with pytest.raises(ValueError, match="recipe=rate"):
     sweep._parse_fixed_lrs("bf16:0.004")
-  with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
-    _cfg(tmp_path, fixed_lrs={"s3r": 1e-3})  # not one of the sweep's recipes
-  with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
-    _cfg(tmp_path, fixed_lrs={"bf16": -1.0})
-
-
-def test_plan_lists_the_runnable_runs_with_a_time_estimate(tmp_path):
-  cfg = _cfg(tmp_path, recipes=("bf16", "s3r"))
-  s = {}
-  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
-  text = sweep.plan(cfg, s)
-  assert text.splitlines()[0] == "sweep t: 3 runs finished, 5 runnable now (~5 min at the median 1.0 min per finished run)"
-  assert "  next: bf16-lr0.002-s1" in text and "  next: s3r-lr0.004-s0" in text
-  assert "the other seeds of s3r" in text
+  for bad in ({"s3r": 1e-3},  # not one of the sweep's recipes
+              {"bf16": -1.0}, {"bf16": math.inf}, {"bf16": True},
+              {"bf16": 0.0040001}):  # would share the run name bf16-lr0.004-s0 with 0.004
+    with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
+      _cfg(tmp_path, fixed_lrs=bad)
+  cfg = _cfg(tmp_path, fixed_lrs={"bf16": 1})
+  assert cfg.fixed_lrs == {"bf16": 1.0} and isinstance(cfg.fixed_lrs["bf16"], float)
 
 
 def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
