@@ -112,10 +112,7 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
   another in none). `seed` shuffles which configuration gets which position in the design.
   """
   names = list(configs)
-  rng = random.Random(seed)
-  names = rng.sample(names, len(names))
-  orders = balanced_orders(len(names))
-  out = {n: Timing(n, []) for n in names}
+  out = {n: Timing(n, []) for n in names}  # results in the caller's order
   for n in names:
     fn, args = configs[n]
     t0 = time.perf_counter()
@@ -125,8 +122,10 @@ def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: 
       block(fn(*args))
     if log:
       log(f"  compiled+warm {n}: first call {out[n].compile_s:.2f}s")
+  slots = random.Random(seed).sample(names, len(names))  # which config takes which place in the design
+  orders = balanced_orders(len(slots))
   for i in range(repeats):
-    for n in (names[j] for j in orders[i % len(orders)]):
+    for n in (slots[j] for j in orders[i % len(orders)]):
       fn, args = configs[n]
       for _ in range(prime):
         block(fn(*args))
