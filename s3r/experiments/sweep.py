@@ -86,6 +86,10 @@ class SweepConfig:
   def summary_dir(self) -> pathlib.Path:
     return pathlib.Path(self.results_dir) / self.name / "runs"
 
+  def fixed_lr(self, recipe: str) -> float | None:
+    """The recipe's rate from `fixed_lrs`, or None when the sweep chooses it on seed 0."""
+    return (self.fixed_lrs or {}).get(recipe)
+
   def run_name(self, recipe: str, lr: float, seed: int) -> str:
     return f"{recipe}-lr{lr:.3g}-s{seed}"
 
@@ -108,8 +112,8 @@ def _final_val(summary: dict | None) -> float:
 def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | None, list[float]]:
   """(best rate so far or None if some seed-0 run is missing, the rates to run next); a recipe
   in `fixed_lrs` always gets its fixed rate and no grid."""
-  if cfg.fixed_lrs and recipe in cfg.fixed_lrs:
-    return float(cfg.fixed_lrs[recipe]), []  # chosen elsewhere: seeds 0.. all run at it
+  if cfg.fixed_lr(recipe) is not None:
+    return cfg.fixed_lr(recipe), []  # chosen elsewhere: seeds 0.. all run at it
   lrs = sorted(set(cfg.lrs))
   for _ in range(MAX_EXTENSIONS + 1):
     missing = [lr for lr in lrs if cfg.run_name(recipe, lr, 0) not in summaries]
@@ -135,7 +139,7 @@ def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]
     best, pending = best_lr(cfg, recipe, summaries)
     todo += [(recipe, lr, 0) for lr in pending]
     if best is not None:
-      first = 0 if cfg.fixed_lrs and recipe in cfg.fixed_lrs else 1  # else seed 0 ran in the grid
+      first = 0 if cfg.fixed_lr(recipe) is not None else 1  # else seed 0 ran in the grid
       todo += [(recipe, best, s) for s in range(first, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
   return todo
 
@@ -238,6 +242,7 @@ def register(subparsers) -> None:
 
 def config_from_args(args) -> SweepConfig:
   values = json.loads(pathlib.Path(args.config).read_text()) if args.config else {}
+  file_fixed = values.get("fixed_lrs") or {}
   for field in dataclasses.fields(SweepConfig):
     v = getattr(args, field.name, None)
     if v is not None:
@@ -248,9 +253,9 @@ def config_from_args(args) -> SweepConfig:
     values["lrs"] = tuple(float(x) for x in values["lrs"].split(","))
   if isinstance(values.get("fixed_lrs"), str):
     values["fixed_lrs"] = _parse_fixed_lrs(values["fixed_lrs"])
-  if args.config and getattr(args, "fixed_lrs", None):  # the flag adds to (or overrides) the file's rates
-    from_file = json.loads(pathlib.Path(args.config).read_text()).get("fixed_lrs") or {}
-    values["fixed_lrs"] = {**from_file, **values["fixed_lrs"]}
+  if getattr(args, "fixed_lrs", None) and file_fixed:  # the flag adds to (or overrides) the file's rates
+    file_fixed = _parse_fixed_lrs(file_fixed) if isinstance(file_fixed, str) else file_fixed
+    values["fixed_lrs"] = {**file_fixed, **values["fixed_lrs"]}
   if getattr(args, "recipes", None) and values.get("fixed_lrs"):  # --recipes picks a subset of the sweep
     values["fixed_lrs"] = {r: v for r, v in values["fixed_lrs"].items() if r in values["recipes"]}
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}

@@ -109,14 +109,14 @@ def write_tables(cfg, summaries: dict) -> dict:
 
 
 def _rate_note(cfg) -> str:
-  fixed = [r for r in cfg.recipes if r in (cfg.fixed_lrs or {})]
+  fixed = [r for r in cfg.recipes if cfg.fixed_lr(r) is not None]
   grid = [r for r in cfg.recipes if r not in fixed]
   parts = []
   if grid:
     parts.append(f"{', '.join(grid)}: best learning rate chosen on seed 0, which is also part of the mean "
                  "(as in the paper)")
   if fixed:
-    rates = ", ".join(f"{r}={cfg.fixed_lrs[r]:g}" for r in fixed)
+    rates = ", ".join(f"{r}={cfg.fixed_lr(r):g}" for r in fixed)
     parts.append(f"learning rate fixed in the sweep config (chosen elsewhere), every seed at it: {rates}")
   return "; ".join(parts)
 
