@@ -1,22 +1,34 @@
 #!/bin/bash
 # The one prepared GPU run of issue #4 (item 7), for a session that has the device:
-#   device run, command: bash scripts/device_bench.sh, timeout_s 540
+#   device run, command: bash scripts/device_bench.sh, timeout_s 480
 # It uses the device image's own python3 (JAX with CUDA, Flax, Optax, SciPy, Matplotlib are
 # there; s3r is pure Python and runs from the checkout) and writes bench_{ffn,quantizer}_gpu.*
-# to $OUT (or ./results elsewhere). Commit what comes back under results/ and add the GPU
-# tables beside the CPU ones in the README.
-# Env: SHAPES (default all), TOKENS (default 4096), PY (default python3).
+# and device_bench.log to $OUT (or ./results elsewhere). Both benches write their JSON and
+# Markdown after every shape, so a run cut short by its timeout keeps the shapes it finished
+# (marked "complete": false). Commit what comes back under results/ and add the GPU tables
+# beside the CPU ones in the README.
+# Token counts are larger than on the CPU so that one call outlasts its dispatch: FFN T=16384
+# (W1: ~0.3 TFLOP per fwd+bwd), quantizer T=65536 (W1: G is 256 MiB).
+# Env: SHAPES (default all), FFN_TOKENS (16384), Q_TOKENS (65536), PY (python3),
+#      FFN_S / Q_S (seconds allowed per bench: 270 / 150).
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 DEST=${OUT:-results}
 SHAPES=${SHAPES:-all}
-TOKENS=${TOKENS:-4096}
 mkdir -p "$DEST"
-$PY -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>/dev/null
-# FFN block: 6 recipes -> 12 repeats = the Williams design twice
-timeout 300 $PY -m s3r.cli bench ffn --shapes "$SHAPES" --tokens "$TOKENS" --repeats 12 --out-dir "$DEST" 2>&1 | tail -60
-# quantizer alone: 7 configurations -> 28 repeats = the design twice
-timeout 180 $PY -m s3r.cli bench quantizer --shapes "$SHAPES" --tokens "$TOKENS" --repeats 28 --out-dir "$DEST" 2>&1 | tail -60
-ls -la "$DEST"
+LOG="$DEST/device_bench.log"
+{
+  date -u
+  $PY -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>&1
+  # FFN block: 6 recipes -> 12 repeats = the Williams design twice; 3 calls per sample
+  timeout "${FFN_S:-270}" $PY -m s3r.cli bench ffn --shapes "$SHAPES" --tokens "${FFN_TOKENS:-16384}" \
+    --repeats 12 --number 3 --out-dir "$DEST" 2>&1
+  echo "ffn exit $?"
+  # quantizer alone: 7 configurations -> 28 repeats = the design twice
+  timeout "${Q_S:-150}" $PY -m s3r.cli bench quantizer --shapes "$SHAPES" --tokens "${Q_TOKENS:-65536}" \
+    --repeats 28 --number 5 --out-dir "$DEST" 2>&1
+  echo "quantizer exit $?"
+  ls -la "$DEST"
+} 2>&1 | tee "$LOG"

@@ -235,16 +235,22 @@ class Run:
   def stem(self) -> pathlib.Path:
     return self.out_dir / f"bench_{self.bench}_{self.meta['platform']}"
 
-  def write(self, results: Any, markdown_body: str, *, chart: Callable[[pathlib.Path], None] | None = None
-            ) -> dict[str, pathlib.Path]:
-    """Writes <stem>.json (metadata + settings + results), <stem>.md and optionally <stem>.png."""
+  def write(self, results: Any, markdown_body: str, *, chart: Callable[[pathlib.Path], None] | None = None,
+            complete: bool = True) -> dict[str, pathlib.Path]:
+    """Writes <stem>.json (metadata + settings + results), <stem>.md and optionally <stem>.png.
+
+    `complete=False` marks a progress write (in the JSON and the Markdown title), so a run that
+    is stopped part-way leaves the shapes it finished and says that it is partial.
+    """
     self.meta["loadavg_after"] = loadavg()
     self.out_dir.mkdir(parents=True, exist_ok=True)
     stem = self.stem()
     paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
-    doc = {"bench": self.bench, "meta": self.meta, "settings": self.settings, "results": results}
+    doc = {"bench": self.bench, "complete": complete, "meta": self.meta, "settings": self.settings,
+           "results": results}
     paths["json"].write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    paths["md"].write_text(metadata_markdown(self.bench, self.meta, self.settings) + "\n" + markdown_body)
+    partial = "" if complete else "\n**Partial: the run stopped before its last shape.**\n"
+    paths["md"].write_text(metadata_markdown(self.bench, self.meta, self.settings) + partial + "\n" + markdown_body)
     if chart is not None:
       paths["png"] = stem.with_suffix(".png")
       chart(paths["png"])

@@ -86,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--recipes", default=",".join(common.BENCH_RECIPES),
                  help="comma-separated recipes (default %(default)s); any name in s3r.RECIPES")
   p.add_argument("--repeats", type=int, default=5, help="timed calls per recipe, interleaved (default %(default)s)")
+  p.add_argument("--number", type=int, default=1,
+                 help="back-to-back calls averaged in one sample (default %(default)s; raise it on a GPU, "
+                      "where one small call is shorter than its dispatch)")
   p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
   p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> dict:
   shapes = common.parse_shapes(args.shapes)
   recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
   run_ = common.Run("ffn", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, examples=args.examples,
-                    recipes=",".join(recipes), repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+                    recipes=",".join(recipes), repeats=args.repeats, number=args.number, warmup=args.warmup,
+                    seed=args.seed)
   results = []
   for shape in shapes:
     hidden, ffn_dim = shapes[shape]
@@ -108,10 +112,12 @@ def run(args: argparse.Namespace) -> dict:
     common.log(f"[ffn] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {common.loadavg()}")
     inputs = make_inputs(tokens, hidden, ffn_dim, args.seed, args.examples)
     configs = {r: (make_fwd_bwd(r), inputs) for r in recipes}
-    timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=common.log)
+    timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, number=args.number,
+                                      log=common.log)
     del configs, inputs
     results.append(_summarize(shape, hidden, ffn_dim, tokens, timings))
     common.log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
+    run_.write(results, markdown(results, recipes), complete=False)  # a run cut short keeps its shapes
   paths = run_.write(results, markdown(results, recipes),
                      chart=None if args.no_chart else functools.partial(chart, results, recipes))
   common.log(f"[ffn] wrote {', '.join(str(p) for p in paths.values())}")

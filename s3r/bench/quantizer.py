@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> dict:
     del configs, inputs
     results.append(_summarize(shape, args.tokens, n, timings))
     common.log("  " + ", ".join(f"{k} {t.median * 1e3:.2f} ms" for k, t in timings.items()))
+    run_.write(results, markdown(results, names), complete=False)  # a run cut short keeps its shapes
   paths = run_.write(results, markdown(results, names),
                      chart=None if args.no_chart else functools.partial(chart, results, names))
   common.log(f"[quantizer] wrote {', '.join(str(p) for p in paths.values())}")
