@@ -1,6 +1,6 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
-Sub-commands: matmul, ffn, quantizer, static, peers, step, profile. Each module defines `add_arguments(parser)`
+Sub-commands: matmul, ffn, quantizer, static, peers, step, profile, merge. Each module defines `add_arguments(parser)`
 and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
 `python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
@@ -19,6 +19,7 @@ COMMANDS = {
     "peers": ("s3r.bench.peers", "compare with AQT and Qwix (optional extra s3r[peers]): time and gradient error"),
     "step": ("s3r.bench.step", "time full training steps of a model preset (default cpu-small) per recipe"),
     "profile": ("s3r.bench.profile", "per-fusion CPU time of the FFN block fwd+bwd (jax.profiler + compiled HLO)"),
+    "merge": ("s3r.bench.merge", "join ffn or quantizer results files that cover different shapes into one"),
 }
 
 
@@ -38,7 +39,7 @@ def add_commands(sub) -> None:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-  """Adds `bench` (with ffn, quantizer, static, peers, step, profile) to the main CLI's subparsers."""
+  """Adds `bench` (with ffn, quantizer, static, peers, step, profile, merge) to the main CLI's subparsers."""
   bench = subparsers.add_parser("bench", help="benchmarks (results go to results/bench_*)",
                                 description="Benchmarks of the quantized layer, its quantizer and training steps. "
                                             "Results: results/bench_<name>_<platform>.{json,md,png}.")
