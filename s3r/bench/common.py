@@ -283,7 +283,7 @@ def metadata_markdown(bench: str, meta: Mapping[str, Any], settings: Mapping[str
       f"- platform: {meta.get('platform')} ({meta.get('device_kind')}, {meta.get('device_count')} device(s))",
       f"- CPU: {meta.get('cpu_model')}, {meta.get('cpu_count')} cores ({meta.get('cpu_affinity')} usable)",
       f"- load average (1/5/15 min) before: {meta.get('loadavg_before')}, after: {meta.get('loadavg_after')}",
-      f"- settings: {', '.join(f'{k}={v}' for k, v in settings.items())}",
+      *([f"- settings: {', '.join(f'{k}={v}' for k, v in settings.items())}"] if settings else []),
       "",
   ]
   return "\n".join(lines)
