@@ -11,7 +11,7 @@ appear twice, so a merged table never mixes measurements taken under different c
 from __future__ import annotations
 
 import argparse
-import functools
+import importlib
 import json
 import pathlib
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
     except (OSError, ValueError) as e:
       raise SystemExit(f"{f}: cannot read a results JSON ({e})")
   doc = merge_docs(docs, list(args.parts))
-  mod = __import__(f"s3r.bench.{doc['bench']}", fromlist=["markdown", "chart"])
+  mod = importlib.import_module(f"s3r.bench.{doc['bench']}")  # its markdown() and chart()
   names = _names(doc)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +85,6 @@ def run(args: argparse.Namespace) -> dict:
                          + mod.markdown(doc["results"], names))
   if not args.no_chart:
     paths["png"] = out.with_suffix(".png")
-    functools.partial(mod.chart, doc["results"], names)(paths["png"])
+    mod.chart(doc["results"], names, paths["png"])
   common.log(f"[merge] {len(doc['results'])} shapes -> {', '.join(str(p) for p in paths.values())}")
   return {"doc": doc, "paths": paths}
