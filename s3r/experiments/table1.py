@@ -80,6 +80,30 @@ def build_table(cfg, summaries: dict) -> dict:
   return rows
 
 
+# The pairs the paper's argument rests on: (a, b, what differs). Reported as a - b with Welch's t.
+CONTRASTS = (
+    ("int8_rtne", "int8_sr", "round to nearest vs stochastic rounding"),
+    ("s3r", "s3r_ec_dx", "per-token thresholds without vs with the dX correction"),
+    ("s3r_ec_dx", "s3r_ec", "dX-only vs two-way correction"),
+    ("s3r_bcast", "s3r", "per-example vs per-token thresholds"),
+    ("s3r_bcast", "s3r_ec_dx_bcast", "per-example thresholds without vs with the dX correction"),
+    ("s3r_ec_dx_bcast", "s3r_ec_bcast", "per-example thresholds: dX-only vs two-way correction"),
+)
+
+
+def build_contrasts(rows: dict) -> list[dict]:
+  """a - b in mean validation loss, Welch's t (p), and the paper's difference, for each pair present."""
+  out = []
+  for a, b, what in CONTRASTS:
+    if a not in rows or b not in rows or rows[a]["val_mean"] is None or rows[b]["val_mean"] is None:
+      continue
+    pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
+    out.append({"a": a, "b": b, "what": what, "diff": rows[a]["val_mean"] - rows[b]["val_mean"],
+                "welch": _welch(rows[a]["val"], rows[b]["val"]),
+                "paper_diff": None if pa is None or pb is None else pa - pb})
+  return out
+
+
 def _cost(summaries: dict) -> dict:
   done = [s for s in summaries.values() if s.get("wall_s")]
   params = next((s["param_count"] for s in done if s.get("param_count")), None)
@@ -100,9 +124,9 @@ def write_tables(cfg, summaries: dict) -> dict:
   stem = out / cfg.name
   meta = common.run_metadata()
   doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
-         "note": _rate_note(cfg)}
+         "contrasts": build_contrasts(rows), "note": _rate_note(cfg)}
   stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
-  stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta))
+  stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"]))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
   return rows
@@ -125,7 +149,11 @@ def _fmt(x, digits=3):
   return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def _markdown(cfg, rows, cost, meta) -> str:
+def _welch_cell(w) -> str:
+  return "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"
+
+
+def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
   head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
   tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
@@ -135,8 +163,8 @@ def _markdown(cfg, rows, cost, meta) -> str:
            "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
            f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`.\n"]
   table_rows = []
+  welch = _welch_cell
   for recipe, r in rows.items():
-    welch = lambda w: "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"
     table_rows.append([f"`{recipe}`", _fmt(r["best_lr"], 4) if r["best_lr"] else "…", r["seeds_done"],
                        f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
                        _fmt(r["gap_to_bf16"]), welch(r["welch_vs_bf16"]), welch(r["welch_vs_int8_sr"]),
@@ -146,6 +174,11 @@ def _markdown(cfg, rows, cost, meta) -> str:
   lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
              for recipe, r in rows.items()]
   lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
+  if contrasts:
+    c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", welch(c["welch"]),
+               "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"] for c in contrasts]
+    lines.append("\nContrasts (difference in mean validation loss, Welch's t (p) between the two recipes' seeds):\n\n"
+                 + common.markdown_table(["a - b", "what differs", "ours", "t (p)", "paper"], c_rows))
   return "\n".join(lines)
 
 

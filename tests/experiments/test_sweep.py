@@ -160,3 +160,18 @@ def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corp
   doc = snapshot.snapshot(str(tmp_path / "runs" / "t" / only["run"]), str(tmp_path / "quick.json"), wall_s=1.0)
   assert doc["steps"] == 4 and doc["final_val_losses"]["val_loss"] == only["val_losses"]["val"]
   assert (tmp_path / "quick.png").exists() and doc["meta"]["jax_version"]
+
+
+def test_contrasts_report_the_difference_and_welch_t_between_the_papers_pairs(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("int8_rtne", "int8_sr", "s3r"), lrs=(1e-3,), seeds=3)
+  s = {}
+  _add(s, *[_summary("int8_rtne", 1e-3, i, v) for i, v in enumerate([4.3, 4.4, 4.5])])
+  _add(s, *[_summary("int8_sr", 1e-3, i, v) for i, v in enumerate([4.0, 4.1, 4.2])])
+  _add(s, *[_summary("s3r", 1e-3, i, v) for i, v in enumerate([4.0, 4.1, 4.2])])
+  table1.write_tables(cfg, s)
+  doc = json.loads((tmp_path / "results" / "t.json").read_text())
+  (c,) = doc["contrasts"]  # only int8_rtne - int8_sr has both recipes in this sweep
+  assert (c["a"], c["b"]) == ("int8_rtne", "int8_sr") and c["diff"] == pytest.approx(0.3)
+  assert c["welch"][0] == pytest.approx(0.3 / (0.1 * (2 / 3) ** 0.5))
+  assert c["paper_diff"] == pytest.approx(table1.PAPER_GAP["int8_rtne"] - table1.PAPER_GAP["int8_sr"])
+  assert "`int8_rtne` - `int8_sr`" in (tmp_path / "results" / "t.md").read_text()
