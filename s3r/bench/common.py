@@ -239,7 +239,7 @@ class Run:
             complete: bool = True) -> dict[str, pathlib.Path]:
     """Writes <stem>.json (metadata + settings + results), <stem>.md and optionally <stem>.png.
 
-    `complete=False` marks a progress write (in the JSON and the Markdown title), so a run that
+    `complete=False` marks a progress write (in the JSON and in a line of the Markdown), so a run that
     is stopped part-way leaves the shapes it finished and says that it is partial.
     """
     self.meta["loadavg_after"] = loadavg()

@@ -4,7 +4,7 @@ A run that has to stop part-way (a device lease, a session ending) leaves a file
 shapes it finished (`"complete": false`); a second run of the remaining shapes leaves another.
 `s3r bench merge A.json B.json --out results/bench_ffn_gpu` writes one JSON/Markdown/PNG with
 every shape, keeping each part's own metadata (command, git revision, date, machine) under
-`parts`. It refuses files of different benchmarks, platforms or settings, and shapes that
+`merged_from`. It refuses files of different benchmarks, platforms or settings, and shapes that
 appear twice, so a merged table never mixes measurements taken under different conditions.
 """
 

@@ -163,11 +163,10 @@ def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
            "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
            f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`.\n"]
   table_rows = []
-  welch = _welch_cell
   for recipe, r in rows.items():
     table_rows.append([f"`{recipe}`", _fmt(r["best_lr"], 4) if r["best_lr"] else "…", r["seeds_done"],
                        f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
-                       _fmt(r["gap_to_bf16"]), welch(r["welch_vs_bf16"]), welch(r["welch_vs_int8_sr"]),
+                       _fmt(r["gap_to_bf16"]), _welch_cell(r["welch_vs_bf16"]), _welch_cell(r["welch_vs_int8_sr"]),
                        _fmt(r["paper_gap"])])
   lines.append(common.markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
                                       "t vs bf16 (p)", "t vs int8_sr (p)", "paper gap"], table_rows))
@@ -175,7 +174,7 @@ def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
              for recipe, r in rows.items()]
   lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
   if contrasts:
-    c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", welch(c["welch"]),
+    c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", _welch_cell(c["welch"]),
                "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"] for c in contrasts]
     lines.append("\nContrasts (difference in mean validation loss, Welch's t (p) between the two recipes' seeds):\n\n"
                  + common.markdown_table(["a - b", "what differs", "ours", "t (p)", "paper"], c_rows))
