@@ -9,6 +9,10 @@
 # beside the CPU ones in the README.
 # Token counts are larger than on the CPU so that one call outlasts its dispatch: FFN T=16384
 # (W1: ~0.3 TFLOP per fwd+bwd), quantizer T=65536 (W1: G is 256 MiB).
+# Measured on the H200 (2026-11-30, results/gpu/README.md): the FFN needs about 540 s for all
+# nine shapes, mostly XLA:GPU's int8 GEMM autotuning (12-77 s per shape), so within one call it
+# reaches W6; run SHAPES=W7,W8,W9 in a second call and join the files with `s3r bench merge`.
+# The quantizer takes about 60 s for all nine shapes.
 # Env: SHAPES (default all), FFN_TOKENS (16384), Q_TOKENS (65536), PY (python3),
 #      FFN_S / Q_S (seconds allowed per bench: 270 / 150).
 set -o pipefail
