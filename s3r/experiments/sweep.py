@@ -129,19 +129,25 @@ def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | Non
 
 
 def next_runs(cfg: SweepConfig, summaries: dict) -> list[tuple[str, float, int]]:
-  """The runs that can start now, recipe by recipe in config order.
+  """The runs that can start now: grid recipes recipe by recipe, then fixed-rate ones seed by seed.
 
-  A recipe's seeds 1+ come right after its seed-0 grid settles, so a sweep stopped part-way
-  leaves whole 3-seed rows for the first recipes rather than seed-0 numbers for all of them.
+  A grid recipe's seeds 1+ come right after its seed-0 grid settles, so a sweep stopped
+  part-way leaves whole 3-seed rows for the first recipes rather than seed-0 numbers for all
+  of them. Recipes with a fixed rate have nothing to select, so their runs go seed-major
+  (seed 0 of each, then seed 1 of each, ...): stopped part-way, they are compared on the
+  same seeds.
   """
-  todo = []
+  grid, fixed = [], []
   for recipe in cfg.recipes:
     best, pending = best_lr(cfg, recipe, summaries)
-    todo += [(recipe, lr, 0) for lr in pending]
-    if best is not None:
-      first = 0 if cfg.fixed_lr(recipe) is not None else 1  # else seed 0 ran in the grid
-      todo += [(recipe, best, s) for s in range(first, cfg.seeds) if cfg.run_name(recipe, best, s) not in summaries]
-  return todo
+    grid += [(recipe, lr, 0) for lr in pending]
+    if best is None:
+      continue
+    is_fixed = cfg.fixed_lr(recipe) is not None
+    seeds = range(0 if is_fixed else 1, cfg.seeds)  # a grid recipe's seed 0 ran in the grid
+    runs = [(recipe, best, s) for s in seeds if cfg.run_name(recipe, best, s) not in summaries]
+    (fixed if is_fixed else grid).extend(runs)
+  return grid + sorted(fixed, key=lambda run: run[2])  # stable: config order within a seed
 
 
 def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pathlib.Path) -> list[str]:

@@ -102,6 +102,16 @@ def test_fixed_rates_skip_the_grid_and_run_every_seed_at_the_given_rate(tmp_path
   assert "every seed at it: int8_sr=0.003" in table1._rate_note(cfg)
 
 
+def test_fixed_rate_recipes_run_seed_by_seed_so_a_partial_sweep_compares_equal_seeds(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_rtne", "int8_sr"), fixed_lrs={"bf16": 4e-3, "int8_sr": 2e-3}, seeds=3)
+  s = {}
+  _add(s, _summary("bf16", 4e-3, 0, 4.0))
+  runs = sweep.next_runs(cfg, s)
+  assert runs[:3] == [("int8_rtne", 1e-3, 0), ("int8_rtne", 2e-3, 0), ("int8_rtne", 4e-3, 0)]  # the grid first
+  assert runs[3:] == [("int8_sr", 2e-3, 0), ("bf16", 4e-3, 1), ("int8_sr", 2e-3, 1), ("bf16", 4e-3, 2),
+                      ("int8_sr", 2e-3, 2)]
+
+
 def _args(**kw):
   import argparse
   fields = ["config", "name", "recipes", "lrs", "fixed_lrs", "seeds", "steps", "warmup", "batch", "seq",
