@@ -34,8 +34,8 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
   same = lambda d: {k: v for k, v in d["settings"].items() if k != "shapes"}
   results, seen, requested = [], {}, []
   for doc, f in zip(docs, files):
-    for key, want in (("bench", first["bench"]), ("platform", first["meta"].get("platform"))):
-      got = doc.get(key) if key == "bench" else doc["meta"].get(key)
+    for key, got, want in (("bench", doc.get("bench"), first["bench"]),
+                           ("platform", doc["meta"].get("platform"), first["meta"].get("platform"))):
       if got != want:
         raise SystemExit(f"{f}: {key} {got!r} differs from {files[0]}'s {want!r}")
     if same(doc) != same(first):
@@ -58,8 +58,8 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
 def _names(doc: dict) -> list[str]:
   recipes = doc["settings"]["recipes"].split(",")
   if doc["bench"] == "quantizer":
-    from s3r.bench.quantizer import FLOORS
-    return [*FLOORS, *recipes]
+    from s3r.bench.quantizer import config_names
+    return config_names(recipes)
   return recipes
 
 

@@ -32,6 +32,11 @@ DEFAULT_TOKENS = 2048
 FLOORS = ("floor", "floor_2pass")
 
 
+def config_names(recipes) -> list[str]:
+  """The configurations one run times, in table order: the two floors, then the recipes."""
+  return [*FLOORS, *recipes]
+
+
 def quantize_gradient(recipe, g_BxSxN, sx_BxS, sw_N, key):
   """The recipe's backward quantizer: the code path of `s3r.quant.qmatmul`'s backward.
 
@@ -110,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
   shapes = common.parse_shapes(args.shapes)
   quantized = [n for n, r in RECIPES.items() if r.quantized]
   recipes = common.parse_list(args.recipes, quantized, "INT8 recipes")
-  names = [*FLOORS, *recipes]
+  names = config_names(recipes)
   run_ = common.Run("quantizer", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, recipes=",".join(recipes),
                     repeats=args.repeats, number=args.number, warmup=args.warmup, seed=args.seed)
   results = []
