@@ -13,8 +13,8 @@ mildly favoured: it shares initialization and data order with the seed 0 that ch
 State lives in files, so the sweep can be stopped at any time and started again (also in a
 later session): each finished run leaves a small summary, `<results>/runs/<run>.json`
 (committed), and its run directory `<runs>/<run>/` (checkpoints; not committed) lets an
-interrupted run resume. `table1.json`, `table1.md` and `table1.png` are rewritten after
-every run.
+interrupted run resume. `<name>.json`, `<name>.md`, `<name>.png` (curves) and `<name>_gap.png`
+(gap to bf16 during training, seed by seed) are rewritten after every run.
 """
 
 from __future__ import annotations

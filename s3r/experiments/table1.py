@@ -1,6 +1,11 @@
 """Table I and Figure 3 from a sweep's run summaries: final validation loss per recipe
 (mean ± sample std over seeds at the recipe's best seed-0 learning rate, or at its fixed rate
-for a sweep with `fixed_lrs`), the gap to bf16, and Welch's t against int8_sr and against bf16."""
+for a sweep with `fixed_lrs`), the gap to bf16, and Welch's t against int8_sr and against bf16.
+
+Runs with the same seed share the parameter initialization and the data order (`s3r train`
+derives both from the seed; only the quantizer's randomness depends on the recipe), so the
+difference of two recipes can also be taken seed by seed: the paired t-test on those
+differences removes the seed-to-seed variance the recipes share. Both tests are reported."""
 
 from __future__ import annotations
 
@@ -51,6 +56,19 @@ def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
   return float(t), float(p)
 
 
+def _paired(a: dict, b: dict) -> dict | None:
+  """Per-seed differences a[s] - b[s] over the seeds both have: mean, sample sd and the paired t (p)."""
+  seeds = sorted(set(a) & set(b))
+  if len(seeds) < 2:
+    return None
+  diff = np.asarray([a[s] - b[s] for s in seeds], float)
+  out = {"seeds": seeds, "mean": float(diff.mean()), "sd": float(diff.std(ddof=1)), "t": None, "p": None}
+  if out["sd"] > 0:  # identical differences leave t undefined
+    t, p = stats.ttest_1samp(diff, 0.0)
+    out.update(t=float(t), p=float(p))
+  return out
+
+
 def build_table(cfg, summaries: dict) -> dict:
   """Rows per recipe with the best rate, the seeds' losses and the statistics."""
   from s3r.experiments.sweep import best_lr
@@ -65,6 +83,7 @@ def build_table(cfg, summaries: dict) -> dict:
     done = [s for s in runs if s["status"] == "done"]
     row = {"best_lr": best, "seed0_by_lr": dict(sorted(seed0.items())), "seeds_done": len(done),
            "diverged": len(runs) - len(done)}
+    row["val_by_seed"] = {s["seed"]: s["val_losses"]["val"] for s in done if "val" in s["val_losses"]}
     for split in ("val", "c4"):
       values = [s["val_losses"][split] for s in done if split in s["val_losses"]]
       row[split] = values
@@ -76,11 +95,13 @@ def build_table(cfg, summaries: dict) -> dict:
         and row["val_mean"] is not None else None
     row["welch_vs_bf16"] = _welch(row["val"], ref["val"]) if ref and recipe != "bf16" else None
     row["welch_vs_int8_sr"] = _welch(row["val"], sr["val"]) if sr and recipe != "int8_sr" else None
+    row["paired_vs_bf16"] = _paired(row["val_by_seed"], ref["val_by_seed"]) if ref and recipe != "bf16" else None
     row["paper_gap"] = PAPER_GAP.get(recipe)
   return rows
 
 
-# The pairs the paper's argument rests on: (a, b, what differs). Reported as a - b with Welch's t.
+# The pairs the paper's argument rests on: (a, b, what differs). Reported as a - b with Welch's t
+# and the paired t over the seeds both recipes finished.
 CONTRASTS = (
     ("int8_rtne", "int8_sr", "round to nearest vs stochastic rounding"),
     ("s3r", "s3r_ec_dx", "per-token thresholds without vs with the dX correction"),
@@ -92,7 +113,8 @@ CONTRASTS = (
 
 
 def build_contrasts(rows: dict) -> list[dict]:
-  """a - b in mean validation loss, Welch's t (p), and the paper's difference, for each pair present."""
+  """a - b in mean validation loss, Welch's t (p), the paired t (p), and the paper's difference,
+  for each pair present."""
   out = []
   for a, b, what in CONTRASTS:
     if a not in rows or b not in rows or rows[a]["val_mean"] is None or rows[b]["val_mean"] is None:
@@ -100,7 +122,29 @@ def build_contrasts(rows: dict) -> list[dict]:
     pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
     out.append({"a": a, "b": b, "what": what, "diff": rows[a]["val_mean"] - rows[b]["val_mean"],
                 "welch": _welch(rows[a]["val"], rows[b]["val"]),
+                "paired": _paired(rows[a]["val_by_seed"], rows[b]["val_by_seed"]),
                 "paper_diff": None if pa is None or pb is None else pa - pb})
+  return out
+
+
+def gap_curves(cfg, summaries: dict, rows: dict) -> dict:
+  """Validation-loss gap to bf16 at every evaluation, seed by seed (same seed: same initialization and
+  data order): {recipe: {"steps": [...], "by_seed": {seed: [gap per step]}}} over finished runs."""
+  def curves(recipe):
+    lr = rows.get(recipe, {}).get("best_lr")
+    runs = [summaries.get(cfg.run_name(recipe, lr, s)) for s in range(cfg.seeds)] if lr else []
+    return {s["seed"]: dict(s["val_curve"]) for s in runs if s and s["status"] == "done" and s.get("val_curve")}
+
+  ref = curves("bf16")
+  out = {}
+  for recipe in rows:
+    mine = curves(recipe) if recipe != "bf16" else {}
+    by_seed = {seed: c for seed, c in mine.items() if seed in ref}
+    if not by_seed:
+      continue
+    steps = sorted(set.intersection(*(set(c) & set(ref[seed]) for seed, c in by_seed.items())))
+    out[recipe] = {"steps": steps, "by_seed": {seed: [c[st] - ref[seed][st] for st in steps]
+                                               for seed, c in sorted(by_seed.items())}}
   return out
 
 
@@ -124,11 +168,13 @@ def write_tables(cfg, summaries: dict) -> dict:
   stem = out / cfg.name
   meta = common.run_metadata()
   doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
-         "contrasts": build_contrasts(rows), "note": _rate_note(cfg)}
+         "contrasts": build_contrasts(rows), "note": _rate_note(cfg), "gap_curves": gap_curves(cfg, summaries, rows)}
   stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
   stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"]))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
+  if doc["gap_curves"]:
+    plot_gaps(cfg, doc["gap_curves"], out / f"{cfg.name}_gap.png")
   return rows
 
 
@@ -153,6 +199,12 @@ def _welch_cell(w) -> str:
   return "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"
 
 
+def _paired_cell(d) -> str:
+  if not d:
+    return "–"
+  return f"{d['mean']:+.3f} ± {d['sd']:.3f}" + ("" if d["t"] is None else f", t {d['t']:+.2f} ({d['p']:.3g})")
+
+
 def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
   head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
@@ -161,23 +213,26 @@ def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
            f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
            f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
            "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
-           f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`.\n"]
+           f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`; paired: the per-seed "
+           "difference to `bf16` (same initialization and data order), mean ± sd, and the paired t (p).\n"]
   table_rows = []
   for recipe, r in rows.items():
     table_rows.append([f"`{recipe}`", _fmt(r["best_lr"], 4) if r["best_lr"] else "…", r["seeds_done"],
                        f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
                        _fmt(r["gap_to_bf16"]), _welch_cell(r["welch_vs_bf16"]), _welch_cell(r["welch_vs_int8_sr"]),
-                       _fmt(r["paper_gap"])])
+                       _paired_cell(r["paired_vs_bf16"]), _fmt(r["paper_gap"])])
   lines.append(common.markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
-                                      "t vs bf16 (p)", "t vs int8_sr (p)", "paper gap"], table_rows))
+                                      "t vs bf16 (p)", "t vs int8_sr (p)", "paired vs bf16", "paper gap"], table_rows))
   lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
              for recipe, r in rows.items()]
   lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
   if contrasts:
     c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", _welch_cell(c["welch"]),
-               "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"] for c in contrasts]
-    lines.append("\nContrasts (difference in mean validation loss, Welch's t (p) between the two recipes' seeds):\n\n"
-                 + common.markdown_table(["a - b", "what differs", "ours", "t (p)", "paper"], c_rows))
+               _paired_cell(c.get("paired")), "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"]
+              for c in contrasts]
+    lines.append("\nContrasts (difference in mean validation loss; Welch's t (p) between the two recipes' seeds; "
+                 "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
+                 + common.markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows))
   return "\n".join(lines)
 
 
@@ -233,6 +288,29 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
     ax_val.set_xlim(first_shown, cfg.steps + 20)
     lo, hi = min(l for l, _ in shown), max(h for _, h in shown)
     ax_val.set_ylim(lo - 0.1 * (hi - lo + 0.01), hi + 0.1 * (hi - lo + 0.01))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
+  """Validation-loss gap to bf16 over training: one thin line per seed, the seed mean bold."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(10, 4.5))
+  ax.axhline(0.0, color="black", lw=0.8)
+  for recipe, g in gaps.items():
+    per_seed = np.asarray(list(g["by_seed"].values()), float)
+    line, = ax.plot(g["steps"], per_seed.mean(axis=0), marker="o", ms=3, lw=2,
+                    label=f"{recipe} ({len(per_seed)} seed{'s' if len(per_seed) > 1 else ''})")
+    for curve in per_seed if len(per_seed) > 1 else ():
+      ax.plot(g["steps"], curve, color=line.get_color(), lw=0.7, alpha=0.5)
+  ax.set_xlabel("step")
+  ax.set_ylabel("validation loss − bf16's (same seed)")
+  ax.set_title(f"{cfg.name}: gap to bf16 during training (thin: one seed; bold: mean over seeds)", fontsize=9)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

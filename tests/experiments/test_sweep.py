@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from scipy import stats
 
 from s3r.experiments import sweep, table1
 
@@ -185,3 +186,53 @@ def test_contrasts_report_the_difference_and_welch_t_between_the_papers_pairs(tm
   assert c["welch"][0] == pytest.approx(0.3 / (0.1 * (2 / 3) ** 0.5))
   assert c["paper_diff"] == pytest.approx(table1.PAPER_GAP["int8_rtne"] - table1.PAPER_GAP["int8_sr"])
   assert "`int8_rtne` - `int8_sr`" in (tmp_path / "results" / "t.md").read_text()
+
+
+def test_paired_by_seed_difference_removes_the_variance_that_seeds_share(tmp_path):
+  # Seeds move both recipes together (same initialization and data order); the per-seed
+  # difference is 0.05 ± 0.01, which Welch's t cannot see under a seed spread of 0.3.
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_rtne", "int8_sr"), lrs=(1e-3,), seeds=3)
+  s = {}
+  _add(s, *[_summary("bf16", 1e-3, i, v) for i, v in enumerate([4.0, 4.3, 4.6])])
+  _add(s, *[_summary("int8_rtne", 1e-3, i, v) for i, v in enumerate([4.05, 4.34, 4.66])])
+  _add(s, *[_summary("int8_sr", 1e-3, i, v) for i, v in enumerate([4.0, 4.3, 4.6])])
+  rows = table1.build_table(cfg, s)
+  d = rows["int8_rtne"]["paired_vs_bf16"]
+  assert d["seeds"] == [0, 1, 2] and d["mean"] == pytest.approx(0.05) and d["sd"] == pytest.approx(0.01)
+  assert d["t"] == pytest.approx(0.05 / (0.01 / 3 ** 0.5))
+  assert d["p"] == pytest.approx(2 * stats.t.sf(d["t"], df=2)) and d["p"] < 0.05
+  assert rows["int8_rtne"]["welch_vs_bf16"][1] > 0.5
+  (c,) = table1.build_contrasts(rows)
+  assert c["paired"]["mean"] == pytest.approx(0.05)
+
+
+def test_paired_difference_uses_only_the_seeds_both_recipes_finished(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), lrs=(1e-3,), seeds=3)
+  s = {}
+  _add(s, *[_summary("bf16", 1e-3, i, v) for i, v in enumerate([4.0, 4.3, 4.6])])
+  _add(s, _summary("int8_sr", 1e-3, 0, 4.1), _summary("int8_sr", 1e-3, 2, 4.8))
+  d = table1.build_table(cfg, s)["int8_sr"]["paired_vs_bf16"]
+  assert d["seeds"] == [0, 2] and d["mean"] == pytest.approx(0.15)
+  _add(s, _summary("int8_sr", 1e-3, 1, math.nan, status="diverged"))
+  assert table1.build_table(cfg, s)["int8_sr"]["paired_vs_bf16"]["seeds"] == [0, 2]
+
+
+def test_gap_curves_subtract_the_same_seeds_bf16_at_every_evaluation(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_rtne"), lrs=(1e-3,), seeds=2)
+  s = {}
+  for seed in range(2):
+    b, r = _summary("bf16", 1e-3, seed, 5.0 + seed), _summary("int8_rtne", 1e-3, seed, 5.3 + seed)
+    b["val_curve"] = [[5, 6.0 + seed], [10, 5.0 + seed]]
+    r["val_curve"] = [[5, 6.1 + seed], [10, 5.3 + seed]]  # identical gaps: paired sd 0, t undefined
+    _add(s, b, r)
+  _add(s, _summary("int8_rtne", 1e-3, 2, 9.9))  # no bf16 seed 2 to pair with (and beyond cfg.seeds)
+  rows = table1.write_tables(cfg, s)
+  g = table1.gap_curves(cfg, s, rows)
+  assert list(g) == ["int8_rtne"] and g["int8_rtne"]["steps"] == [5, 10]
+  assert g["int8_rtne"]["by_seed"][0] == pytest.approx([0.1, 0.3])
+  assert g["int8_rtne"]["by_seed"][1] == pytest.approx([0.1, 0.3])
+  assert (tmp_path / "results" / "t_gap.png").stat().st_size > 0
+  doc = json.loads((tmp_path / "results" / "t.json").read_text())
+  assert doc["gap_curves"]["int8_rtne"]["by_seed"]["1"] == pytest.approx([0.1, 0.3])
+  assert doc["rows"]["int8_rtne"]["paired_vs_bf16"]["t"] is None
+  assert "+0.300 ± 0.000 |" in (tmp_path / "results" / "t.md").read_text()
