@@ -26,3 +26,14 @@ def test_readme_recipe_table_and_notes_name_every_recipe():
 def test_readme_names_the_ci_test_command():
   ci = (pathlib.Path(__file__).parents[1] / ".ci" / "run").read_text()
   assert "make test" in README and "test" in ci
+
+
+def test_every_results_file_the_docs_name_is_committed():
+  # A figure or table quoted in the README or docs/ must exist (a renamed output would leave a
+  # broken image link or an unverifiable number). Globs and brace lists are left out.
+  root = pathlib.Path(__file__).parents[1]
+  texts = [README] + [p.read_text() for p in sorted((root / "docs").rglob("*.md"))]
+  named = {m.rstrip(".,)") for t in texts for m in re.findall(r"results/[\w./-]+\.(?:md|json|png|csv)", t)}
+  assert named, "the docs quote no results files at all"
+  missing = sorted(p for p in named if not (root / p).exists())
+  assert not missing, missing
