@@ -57,13 +57,15 @@ def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
 
 
 def _paired(a: dict, b: dict) -> dict | None:
-  """Per-seed differences a[s] - b[s] over the seeds both have: mean, sample sd and the paired t (p)."""
+  """Per-seed differences a[s] - b[s] over the seeds both have: mean, sample sd and the paired t (p).
+  With one common seed only the difference itself (a partial sweep still compares like with like)."""
   seeds = sorted(set(a) & set(b))
-  if len(seeds) < 2:
+  if not seeds:
     return None
   diff = np.asarray([a[s] - b[s] for s in seeds], float)
-  out = {"seeds": seeds, "mean": float(diff.mean()), "sd": float(diff.std(ddof=1)), "t": None, "p": None}
-  if out["sd"] > 0:  # identical differences leave t undefined
+  out = {"seeds": seeds, "mean": float(diff.mean()), "sd": float(diff.std(ddof=1)) if len(seeds) > 1 else None,
+         "t": None, "p": None}
+  if out["sd"] and out["sd"] > 1e-9 * (1 + abs(out["mean"])):  # one seed, or equal differences: no t
     t, p = stats.ttest_1samp(diff, 0.0)
     out.update(t=float(t), p=float(p))
   return out
@@ -202,6 +204,8 @@ def _welch_cell(w) -> str:
 def _paired_cell(d) -> str:
   if not d:
     return "–"
+  if d["sd"] is None:
+    return f"{d['mean']:+.3f} (seed {d['seeds'][0]} only)"
   return f"{d['mean']:+.3f} ± {d['sd']:.3f}" + ("" if d["t"] is None else f", t {d['t']:+.2f} ({d['p']:.3g})")
 
 

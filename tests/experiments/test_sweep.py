@@ -215,6 +215,10 @@ def test_paired_difference_uses_only_the_seeds_both_recipes_finished(tmp_path):
   assert d["seeds"] == [0, 2] and d["mean"] == pytest.approx(0.15)
   _add(s, _summary("int8_sr", 1e-3, 1, math.nan, status="diverged"))
   assert table1.build_table(cfg, s)["int8_sr"]["paired_vs_bf16"]["seeds"] == [0, 2]
+  del s["int8_sr-lr0.001-s2"]  # one common seed: the same-seed difference, no spread and no test
+  d = table1.build_table(cfg, s)["int8_sr"]["paired_vs_bf16"]
+  assert d["seeds"] == [0] and d["mean"] == pytest.approx(0.1) and d["sd"] is None and d["t"] is None
+  assert table1._paired_cell(d) == "+0.100 (seed 0 only)"
 
 
 def test_gap_curves_subtract_the_same_seeds_bf16_at_every_evaluation(tmp_path):
