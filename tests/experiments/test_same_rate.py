@@ -24,6 +24,8 @@ def test_contrasts_pair_recipes_only_at_the_same_rate_and_on_common_seeds(tmp_pa
   assert sr_vs_bf16["paired"]["seeds"] == [0, 1]
   assert sr_vs_bf16["paired"]["mean"] == pytest.approx(0.05)  # (0.05 + 0.05) / 2, seed 2 unpaired
   assert sr_vs_bf16["mean_diff"] == pytest.approx(5.4 - 5.35)  # means over each recipe's own seeds
+  assert sr_vs_bf16["paper_diff"] == pytest.approx(0.037)  # the paper's gaps to BF16: +0.037 and 0
+  assert rows[1]["paper_diff"] is None  # a recipe against itself at another rate has no paper value
 
 
 def test_a_recipe_at_one_rate_in_two_sweeps_is_refused(tmp_path):
