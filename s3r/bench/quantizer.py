@@ -5,8 +5,8 @@ per-channel scale s_w [N]. Output: what the backward GEMMs consume, i.e. the int
 (one Q shared by both products; two independent Qs for int8_sr) and the step Δ, plus the
 S3R-EC error factors r [T], c [N], m (s3r_ec and s3r_ec_dx build the same factors; they
 differ only in how the GEMM outputs are corrected). It runs the same steps as the backward
-of `s3r.qmatmul` (`s3r.quant.qmatmul._quantize_gradient`: G' = s_x G s_w, Δ = max|G'|/127,
-the recipe's rounding) and `s3r.quant.ec.error_factors` (see `quantize_gradient`).
+of `s3r.qmatmul` (`s3r.quant.quantize_gradient`: G' = s_x G s_w, Δ = max|G'|/127,
+the recipe's rounding) and `s3r.quant.ec.error_factors`.
 
 Floors measured in the same run:
   floor      one pass reading G and writing one int8 per element (`g.astype(int8)`),
@@ -38,30 +38,18 @@ def config_names(recipes) -> list[str]:
 
 
 def quantize_gradient(recipe, g_BxSxN, sx_BxS, sw_N, key):
-  """The recipe's backward quantizer: the code path of `s3r.quant.qmatmul`'s backward.
+  """The recipe's backward quantizer: `s3r.quant.quantize_gradient`, what the backward calls.
 
-  Calls `s3r.quant.qmatmul._quantize_gradient` (what the backward itself calls) when it
-  exists, else the same steps spelled out. Returns (q_dx int8, q_dw int8 or None when shared,
-  Δ, (r, c, m) or None when uncorrected).
+  Returns (q_dx int8, q_dw int8 or None when shared, Δ, (r, c, m) or None when uncorrected).
   """
-  import importlib
-
   import jax.numpy as jnp
-  from s3r.quant import ec, numerics
+  from s3r.quant import ec, quantize_gradient as core_quantize_gradient
   from s3r.quant.recipes import recipe as lookup
-  qm = importlib.import_module("s3r.quant.qmatmul")  # the module (s3r.quant.qmatmul is also the function)
 
   r = lookup(recipe)
-  if hasattr(qm, "_quantize_gradient"):
-    delta, v, q_dx, q_dw = qm._quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
-  else:
-    gp = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-    delta = jnp.max(jnp.abs(gp)) * getattr(numerics, "INV_QMAX", 1.0 / numerics.QMAX)
-    delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
-    v = gp / delta
-    q_dx, q_dw = qm._round(r, v, key)
+  delta, v, q_dx, q_dw = core_quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
   factors = ec.error_factors(q_dx.astype(jnp.float32) - v) if (r.correct_dx or r.correct_dw) else None
-  return (q_dx.astype(jnp.int8), q_dw.astype(jnp.int8) if r.split else None, delta, factors)
+  return (q_dx, q_dw if r.split else None, delta, factors)
 
 
 def make_quantizer(name: str):

@@ -23,7 +23,7 @@ import flax.linen as linen
 import jax
 from flax import nnx
 
-from s3r.quant.qmatmul import qmatmul
+from s3r.quant.matmul import qmatmul
 from s3r.quant.recipes import Recipe, recipe as lookup_recipe
 
 

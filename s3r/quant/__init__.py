@@ -1,5 +1,5 @@
 """Numerics, thresholds, recipes and the custom-VJP quantized matmul (imports jax and numpy only)."""
-from s3r.quant.qmatmul import gradient_codes, qmatmul
+from s3r.quant.matmul import gradient_codes, qmatmul, quantize_gradient
 from s3r.quant.recipes import DIAGNOSTIC_RECIPES, RECIPES, Recipe, recipe
 
-__all__ = ["DIAGNOSTIC_RECIPES", "RECIPES", "Recipe", "gradient_codes", "qmatmul", "recipe"]
+__all__ = ["DIAGNOSTIC_RECIPES", "RECIPES", "Recipe", "gradient_codes", "qmatmul", "quantize_gradient", "recipe"]

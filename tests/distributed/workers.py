@@ -38,7 +38,7 @@ def qmatmul_worker(out: pathlib.Path) -> None:
   """Thresholds, Q, Δ, dX and dW of one qmatmul on each mesh; the token dims (B, S) of x and of
   the upstream gradient are sharded over all 8 devices, the weight as in s3r train (fsdp, tensor)."""
   from s3r.quant import qmatmul, thresholds
-  from s3r.quant.qmatmul import gradient_codes
+  from s3r.quant.matmul import gradient_codes
   from s3r.train.hlo_collectives import collectives
 
   x, w, g = _operands()
@@ -80,7 +80,7 @@ def tp_worker(out: pathlib.Path) -> None:
   with per-shard bf16 partial sums (tp=...) and with exact int32 ones (tp=None); also dW of
   int8_rtne with W replicated and split (the same codes X̂ must serve both programs)."""
   from s3r.quant import qmatmul
-  from s3r.quant.qmatmul import gradient_codes
+  from s3r.quant.matmul import gradient_codes
   from s3r.train.hlo_collectives import collectives
 
   x, w, g = _operands()
@@ -120,7 +120,7 @@ def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dic
   quantized by `gradient_codes` under the run's shardings; and the operands x, w, G (gathered)."""
   from s3r import model as s3r_model
   from s3r.quant import qmatmul
-  from s3r.quant.qmatmul import gradient_codes
+  from s3r.quant.matmul import gradient_codes
   from s3r.train import sharding
   from s3r.train.step import cross_entropy
 

@@ -98,7 +98,7 @@ def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   n = wq_KxN.shape[1]
   if r.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
-  delta, v_BxSxN, q_dx, q_dw = _quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
+  delta, v_BxSxN, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
 
   factors = None
   if r.correct_dx or r.correct_dw:
@@ -134,12 +134,19 @@ def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
   return (dx_TxK.astype(jnp.float32) - correction_TxK * scale_Tx1).astype(x_dtype)
 
 
-def _quantize_gradient(r: Recipe, sx_BxS, sw_N, g_BxSxN, key):
+def quantize_gradient(r: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array,
+                      key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW): the backward's quantization of the upstream gradient.
+
+  The code path of `qmatmul`'s backward (benchmarks and diagnostics call it directly):
+  G' = s_x G s_w with the forward's activation scales `sx_BxS` and weight scales `sw_N`,
+  one step Δ, then the recipe's rounding of G'/Δ into int8 codes (one array returned twice
+  unless the recipe splits). `key` is a typed key; stochastic recipes need it.
 
   Δ = max|G'|/127 is one per-tensor step: under sharding, the max over all shards (XLA
   inserts one scalar all-reduce), so it does not depend on the device mesh.
   """
+  r = _check_recipe(r)
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
   delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
@@ -162,7 +169,7 @@ def gradient_codes(x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array |
   x_BxSxK, g_BxSxN = (x, g) if x.ndim == 3 else (x[None], g[None])
   sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
   sw_N = numerics.absmax_scale(w, axis=0)
-  delta, _, q_dx, q_dw = _quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
+  delta, _, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
   return (q_dx, q_dw, delta) if x.ndim == 3 else (q_dx[0], q_dw[0], delta)
 
 
