@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow train bench sweep clean
+.PHONY: install test test-slow train quickstart-snapshot bench sweep clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; run 'make PYTHON=python3 ...'"; exit 1; }
@@ -22,9 +22,14 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 train: $(STAMP)
+	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume)
+
+# Regenerates the committed results/quickstart.{json,png} from a fresh quickstart run (in runs/quickstart-snapshot).
+quickstart-snapshot: $(STAMP)
+	rm -rf runs/quickstart-snapshot
 	@start=$$(date +%s); \
-	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume) && \
-	$(PY) -m s3r.experiments.snapshot runs/quickstart results/quickstart.json $$(( $$(date +%s) - start ))
+	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart-snapshot && \
+	$(PY) -m s3r.experiments.snapshot runs/quickstart-snapshot results/quickstart.json $$(( $$(date +%s) - start ))
 
 bench: $(STAMP)
 	$(VENV)/bin/s3r bench matmul
