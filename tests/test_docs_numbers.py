@@ -1,0 +1,139 @@
+"""The README's numbers match the committed results files they come from.
+
+The Performance and Results sections of the README each open with one table. This module
+rebuilds both tables from `results/*.json` (the same rounding the README uses) and compares
+them cell by cell with the tables parsed from README.md, so a re-run that changes a results
+file, or an edit that changes a number, fails here until the two agree. The Quickstart's
+numbers are checked against `results/quickstart.json` the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).parents[1]
+README = ROOT / "README.md"
+
+FFN_SHAPES = ("W1", "W2", "W3", "W4", "W9")
+FFN_RECIPES = ("s3r", "s3r_ec_dx", "int8_sr")
+
+
+def _load(path: str) -> dict:
+  return json.loads((ROOT / path).read_text())
+
+
+def _section_table(text: str, heading: str) -> list[list[str]]:
+  """Rows (header and separator excluded) of the first Markdown table under `## heading`."""
+  match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+  assert match, f"README has no '## {heading}' section"
+  lines = [ln for ln in match.group(1).splitlines()]
+  start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+  assert start is not None, f"'## {heading}' has no table"
+  rows = []
+  for ln in lines[start + 2:]:
+    if not ln.startswith("|"):
+      break
+    rows.append([cell.strip() for cell in ln.strip().strip("|").split("|")])
+  return rows
+
+
+def _fmt_p(p: float) -> str:
+  return f"{p:.2f}" if p >= 0.1 else f"{p:.2g}"
+
+
+def _fmt_paired(paired: dict) -> str:
+  return f"{paired['mean']:+.3f} ± {paired['sd']:.3f} (p {_fmt_p(paired['p'])})"
+
+
+def performance_rows() -> list[list[str]]:
+  """FFN block speedup vs the `bf16` recipe (plain autodiff), CPU and H200, per shape."""
+  by_device = {}
+  for device, path in (("cpu", "results/bench_ffn_cpu.json"), ("gpu", "results/bench_ffn_gpu.json")):
+    by_device[device] = {r["shape"]: r for r in _load(path)["results"]}
+  rows = []
+  for shape in FFN_SHAPES:
+    some = by_device["gpu"].get(shape) or by_device["cpu"][shape]
+    row = [f"{shape} ({some['hidden']}, {some['ffn_dim']})"]
+    for device in ("cpu", "gpu"):
+      res = by_device[device].get(shape)
+      for recipe in FFN_RECIPES:
+        row.append(f"{res['recipes'][recipe]['speedup_vs_bf16']:.2f}" if res else "–")
+    rows.append(row)
+  return rows
+
+
+def _contrast(doc: dict, a: str, b: str, lr: float | None = None) -> dict | None:
+  for c in doc["contrasts"]:
+    if c["a"] == a and c["b"] == b and (lr is None or (c["lr_a"] == lr and c["lr_b"] == lr)):
+      return c
+  return None
+
+
+RESULT_CONTRASTS = (
+    ("int8_rtne", "int8_sr"),
+    ("s3r", "s3r_ec_dx"),
+    ("s3r_ec_dx", "s3r_ec"),
+    ("s3r_bcast", "s3r"),
+    ("s3r_bcast", "s3r_ec_dx_bcast"),
+    ("s3r_ec_dx_bcast", "s3r_ec_bcast"),
+)
+
+
+def results_rows() -> list[list[str]]:
+  """Per-seed differences of final validation loss: 400 steps, 1600 steps (chosen rates, one rate)."""
+  short, long_ = _load("results/table1.json"), _load("results/table1_long.json")
+  same_rate = _load("results/table1_long_same_rate.json")
+  rows = []
+  for a, b in RESULT_CONTRASTS:
+    c400 = _contrast(short, a, b)
+    c1600, c_same = _contrast(long_, a, b), _contrast(same_rate, a, b, lr=0.002)
+    rows.append([f"`{a}` − `{b}`", _fmt_paired(c400["paired"]),
+                 _fmt_paired(c1600["paired"]) if c1600 else "–",
+                 _fmt_paired(c_same["paired"]) if c_same else "–",
+                 f"{c400['paper_diff']:+.3f}"])
+  return rows
+
+
+def _mismatches(readme_rows: list[list[str]], expected: list[list[str]]) -> list[str]:
+  out = []
+  if len(readme_rows) != len(expected):
+    out.append(f"README has {len(readme_rows)} rows, the results files give {len(expected)}")
+  for i, (got, want) in enumerate(zip(readme_rows, expected)):
+    if got != want:
+      out.append(f"row {i}: README {got} != results {want}")
+  return out
+
+
+def test_readme_performance_table_matches_results_files():
+  rows = _section_table(README.read_text(), "Performance")
+  assert not _mismatches(rows, performance_rows()), _mismatches(rows, performance_rows())
+
+
+def test_readme_results_table_matches_results_files():
+  rows = _section_table(README.read_text(), "Results")
+  assert not _mismatches(rows, results_rows()), _mismatches(rows, results_rows())
+
+
+def test_readme_quickstart_numbers_match_the_snapshot():
+  snap = _load("results/quickstart.json")
+  text = README.read_text()
+  quick = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M).group(1)
+  expected = {
+      "validation loss": f"{snap['final_val_losses']['val_loss']:.3f}",
+      "C4 loss": f"{snap['final_val_losses']['val_loss_c4']:.3f}",
+      "minutes": f"{snap['wall_s'] / 60:.1f} minutes",
+      "steps": f"{snap['steps']} steps",
+  }
+  missing = {k: v for k, v in expected.items() if v not in quick}
+  assert not missing, f"Quickstart does not quote results/quickstart.json: {missing}"
+
+
+def test_a_changed_readme_number_is_caught():
+  # The comparison must be able to fail: one digit changed in one cell is reported.
+  for heading, expected in (("Performance", performance_rows()), ("Results", results_rows())):
+    rows = [list(r) for r in _section_table(README.read_text(), heading)]
+    cell = rows[1][1]
+    rows[1][1] = re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), cell)
+    assert rows[1][1] != cell and _mismatches(rows, expected), heading
