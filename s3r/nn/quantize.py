@@ -73,11 +73,11 @@ def _stack(module: nnx.Module) -> tuple[int, ...]:
 def _quantize_nnx(model: nnx.Module, r: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
   targets = [(path, m) for path, m in nnx.iter_modules(model)
              if isinstance(m, (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)) and not _skipped(path, skip)]
-  for _, m in targets:
+  for _, m in targets:  # nnx.data: the layers hold lax.dot_general / jnp.einsum as static attributes
     if isinstance(m, nnx.Einsum):
-      m.einsum_op = NnxEinsumOp(r, rngs=rngs, stream=stream, stack=_stack(m))
+      m.einsum_op = nnx.data(NnxEinsumOp(r, rngs=rngs, stream=stream, stack=_stack(m)))
     else:
-      m.dot_general = NnxDotGeneral(r, rngs=rngs, stream=stream, stack=_stack(m))
+      m.dot_general = nnx.data(NnxDotGeneral(r, rngs=rngs, stream=stream, stack=_stack(m)))
       if isinstance(m, nnx.LinearGeneral):
         m.dot_general_cls = None
   check_keys(model)
