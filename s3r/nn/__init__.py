@@ -1,2 +1,6 @@
-"""Flax adapters: s3r's quantized matmul as a `dot_general` for Linen `Dense` and `nnx.Linear`."""
-from s3r.nn.dot_general import LinenDotGeneral, NnxDotGeneral, dot_general
+"""Flax adapters: s3r's quantized matmul as a `dot_general` for Linen and NNX layers, and `quantize`."""
+from s3r.nn.dot_general import LinenDotGeneral, NnxDotGeneral, check_keys, dot_general
+from s3r.nn.quantize import NnxEinsumOp, QuantizedLinen, einsum, quantize
+
+__all__ = ["LinenDotGeneral", "NnxDotGeneral", "NnxEinsumOp", "QuantizedLinen", "check_keys", "dot_general", "einsum",
+           "quantize"]

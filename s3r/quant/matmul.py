@@ -9,6 +9,18 @@ Q is rounded (see recipes.py) and whether S3R-EC corrects the products (see ec.p
 Under tensor parallelism (`tp=`), the GEMM that contracts the split dimension rounds each
 shard's partial product to the output dtype before the cross-shard sum (see tensor_parallel.py).
 
+Shapes: x is [..., K] and the output [..., N]. An *example* is one index of x's first axis and
+a *token* one row of K features: x [B, S, K] is B examples of S tokens, x [T, K] one example of
+T tokens, a vector x [K] one example of one token, and x [B, D1, ..., Dm, K] B examples of
+S = D1*...*Dm tokens (the middle axes are flattened). Per-token thresholds and the forward's
+per-token scales do not depend on how T = B*S splits into examples; per-example thresholds
+(the `_bcast` recipes) and the S3R-EC means (per example) do. An empty x (any dim 0) gives
+an empty (or all-zero) output with all-zero gradients.
+
+Keys: the forward never uses the key. A stochastic recipe needs it in the backward pass, so
+`key=None` is accepted for forward-only use (evaluation) and a gradient taken through it raises.
+The backward is not itself differentiable: a second derivative through an INT8 recipe raises.
+
 Dimension letters: B examples, S tokens per example, T = B*S, K input features, N outputs.
 """
 
@@ -31,10 +43,12 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
   """x @ w with the recipe's INT8 forward and backward; returns [..., N] in x's dtype.
 
   Args:
-    x: activations [B, S, K] (B examples of S tokens) or [T, K] (one example of T tokens).
+    x: activations [B, S, K] (B examples of S tokens), [T, K] (one example of T tokens), [K]
+      (one token) or [B, D1, ..., Dm, K] (B examples of D1*...*Dm tokens); see the module doc.
     w: weight [K, N] (typically the f32 master weight).
-    key: a `jax.random.key` (or raw uint32[2] key) for the backward pass's rounding; required
-      by stochastic recipes, ignored by `bf16` and `int8_rtne`. Use a fresh key per layer and
+    key: a `jax.random.key` (or raw uint32[2] key) for the backward pass's rounding; needed
+      by stochastic recipes when a gradient is taken (None is fine for forward-only use),
+      ignored by `bf16`, `int8_rtne` and `int8_exact_bwd`. Use a fresh key per layer and
       step: the same key gives the same thresholds.
     recipe: a `Recipe` or a registered name (see `s3r.RECIPES`).
     tp: how `w` is split over the mesh axis `tp_axis` under tensor parallelism: "row" (along K,
@@ -49,7 +63,9 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
   """
   r = _check_recipe(recipe)
   _check_operands(x, w)
-  key = _check_key(key, r)
+  key = _check_key(key, r, required=False)
+  if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
+    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if not r.quantized:
     if tp_split is not None:  # bf16 partial sums per shard for the baseline too
@@ -57,9 +73,17 @@ def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
       return y.reshape(x.shape[:-1] + (w.shape[1],))
     y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
-  x_BxSxK = x if x.ndim == 3 else x[None]
-  y = _qmatmul(r, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), x_BxSxK, w, key)
-  return y if x.ndim == 3 else y[0]
+  y_BxSxN = _qmatmul(r, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), _as_examples(x), w, key)
+  return y_BxSxN.reshape(x.shape[:-1] + (w.shape[1],))
+
+
+def _as_examples(a: jax.Array) -> jax.Array:
+  """[..., C] as [B, S, C]: the first axis is the examples, the others flattened into tokens."""
+  if a.ndim == 3:
+    return a
+  if a.ndim < 3:
+    return a.reshape((1,) * (3 - a.ndim) + a.shape)
+  return a.reshape(a.shape[0], -1, a.shape[-1])
 
 
 # --- custom VJP: _qmatmul, _fwd, _bwd, defvjp ------------------------------------------------
@@ -93,6 +117,23 @@ def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
 
 
 def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
+  if r.stochastic and res[-1] is None:
+    raise ValueError(
+        f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
+        "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
+        "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply(); "
+        "NNX adapters draw from their own 'quant' stream. Forward-only use needs no key.")
+  return _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN)
+
+
+_qmatmul.defvjp(_fwd, _bwd)
+
+
+# The backward quantizes the upstream gradient (rounding, clipping, int8 casts): its JAX
+# derivative exists but is not the derivative of anything meaningful, so differentiating it
+# (grad of grad, jax.hessian, jvp of a gradient) raises instead of returning those numbers.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
@@ -112,7 +153,14 @@ def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
 
 
-_qmatmul.defvjp(_fwd, _bwd)
+@_backward.defjvp
+def _backward_jvp(r, tp, x_dtype, w_dtype, primals, tangents):
+  del tp, x_dtype, w_dtype, primals, tangents
+  raise NotImplementedError(
+      f"qmatmul: higher-order derivatives through recipe {r.name!r} are not defined: its backward pass "
+      "quantizes the gradient and is not differentiable (grad of grad, jax.hessian and jvp of a gradient "
+      "all differentiate it). Use recipe='bf16' for the part differentiated twice, or wrap it in "
+      "jax.lax.stop_gradient.")
 
 
 def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
@@ -163,14 +211,14 @@ def gradient_codes(x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array |
   """
   r = _check_recipe(recipe)
   _check_operands(x, w)
-  key = _check_key(key, r)
+  key = _check_key(key, r, required=True)
   if not r.int8_backward:
     raise ValueError(f"gradient_codes: recipe {r.name!r} does not quantize the gradient")
-  x_BxSxK, g_BxSxN = (x, g) if x.ndim == 3 else (x[None], g[None])
-  sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
+  sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
   sw_N = numerics.absmax_scale(w, axis=0)
-  delta, _, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
-  return (q_dx, q_dw, delta) if x.ndim == 3 else (q_dx[0], q_dw[0], delta)
+  delta, _, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, _as_examples(g), key)
+  shape = x.shape[:-1] + (w.shape[1],)
+  return q_dx.reshape(shape), q_dw.reshape(shape), delta
 
 
 def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
@@ -227,8 +275,8 @@ def _check_operands(x, w) -> None:
     if not any(a.dtype == f for f in _FLOATS):
       raise TypeError(f"qmatmul: {name} must have a real floating dtype (bfloat16, float16, float32), "
                       f"got {_describe(a)}")
-  if x.ndim not in (2, 3):
-    raise ValueError(f"qmatmul: x must be [B, S, K] or [T, K], got {_describe(x)}")
+  if x.ndim < 1:
+    raise ValueError(f"qmatmul: x must be [..., K] (at least one dim), got {_describe(x)}")
   if w.ndim != 2:
     raise ValueError(f"qmatmul: w must be [K, N], got {_describe(w)}")
   if x.shape[-1] != w.shape[0]:
@@ -236,8 +284,9 @@ def _check_operands(x, w) -> None:
                      f"({w.shape[0]}); x has {_describe(x)}, w has {_describe(w)}")
 
 
-def _check_key(key, r: Recipe):
-  if not r.stochastic:
+def _check_key(key, r: Recipe, *, required: bool):
+  """The key as a typed key; None when the recipe needs none (or, unless `required`, none was given)."""
+  if not r.stochastic or (key is None and not required):
     return None
   if key is None:
     raise ValueError(f"qmatmul: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")

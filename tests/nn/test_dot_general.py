@@ -42,11 +42,15 @@ def test_linen_dense_runs_the_quantized_matmul_keyed_by_the_quant_stream(style):
   assert len(inspect.int8_dots(jaxpr)) == 3
 
 
-def test_linen_stochastic_recipe_without_quant_rng_fails_clearly():
+def test_linen_without_quant_rng_runs_forward_and_a_gradient_says_how_to_pass_it():
   model = nn.Dense(12, dot_general_cls=functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx"))
-  variables = model.init({"params": jax.random.key(1), "quant": jax.random.key(0)}, X)
-  with pytest.raises(Exception, match="quant"):
-    model.apply(variables, X)
+  variables = model.init({"params": jax.random.key(1)}, X)
+  y = jax.jit(model.apply)(variables, X)
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(model.apply(variables, X, rngs={"quant": jax.random.key(0)}), np.float32))
+  loss = lambda p: jnp.sum(model.apply({"params": p}, X).astype(jnp.float32))
+  with pytest.raises(ValueError, match=r"rngs=\{'quant': step_key\} to apply"):
+    jax.grad(loss)(variables["params"])
 
 
 def test_nnx_linear_draws_a_fresh_key_per_call_reproducibly():
@@ -79,19 +83,18 @@ def test_pure_adapter_equals_qmatmul_with_the_same_key():
   np.testing.assert_array_equal(np.asarray(jax.grad(f_a)(w)), np.asarray(jax.grad(f_b)(w)))
 
 
-def test_rank_four_inputs_flatten_leading_dims_into_examples():
+def test_rank_four_inputs_are_examples_of_flattened_tokens():
   w = jax.random.normal(jax.random.key(1), (16, 12)) * 0.1
-  x4 = X.reshape(1, 2, 8, 16)
-  y = snn.dot_general("int8_rtne", None)(x4, w, (((3,), (0,)), ((), ())))
-  assert y.shape == (1, 2, 8, 12)
-  np.testing.assert_array_equal(np.asarray(y[0], np.float32),
-                                np.asarray(s3r.qmatmul(X, w, recipe="int8_rtne"), np.float32))
+  x4 = X.reshape(2, 2, 4, 16)
+  key = jax.random.key(3)
+  f4 = lambda w: jnp.sum(snn.dot_general("s3r_ec_bcast", key)(x4, w, (((3,), (0,)), ((), ()))).astype(jnp.float32) ** 2)
+  f3 = lambda w: jnp.sum(s3r.qmatmul(X, w, key=key, recipe="s3r_ec_bcast").astype(jnp.float32) ** 2)
+  np.testing.assert_array_equal(np.asarray(jax.grad(f4)(w)), np.asarray(jax.grad(f3)(w)))
 
 
-def test_unsupported_contraction_raises_not_implemented():
-  w = jnp.zeros((8, 16))
-  with pytest.raises(NotImplementedError, match="only the Dense contraction"):
-    snn.dot_general("s3r", jax.random.key(0))(X, w, (((1,), (0,)), ((), ())))
+def test_a_contraction_over_no_dimension_raises_naming_the_dimension_numbers():
+  with pytest.raises(NotImplementedError, match=r"dimension_numbers=\(\(\(\), \(\)\), \(\(\), \(\)\)\).*not a matmul"):
+    snn.dot_general("s3r", jax.random.key(0))(X, jnp.zeros((3,)), (((), ()), ((), ())))
 
 
 def test_adapters_pass_the_tensor_parallel_split_through_to_qmatmul():
