@@ -25,11 +25,11 @@ token uses (all but the routed experts it is not sent to); both checked in tests
 | `gemma3-12b`       | gemma3      | 48     | 3840  | 11,766,034,176  | 11,766,034,176 |
 | `qwen3-30b-a3b`    | qwen3_moe   | 48     | 2048  | 30,532,122,624  | 3,353,032,704  |
 | `deepseek-v2-lite` | deepseek_v2 | 27     | 2048  | 15,706,484,224  | 2,661,150,208  |
-| `llama-tiny`       | llama       | 2      | 64    | 164,224         | 164,224        |
-| `qwen3-tiny`       | qwen3       | 2      | 64    | 164,288         | 164,288        |
-| `gemma3-tiny`      | gemma3      | 6      | 64    | 234,112         | 234,112        |
-| `qwen3-moe-tiny`   | qwen3_moe   | 2      | 64    | 213,568         | 164,416        |
-| `deepseek-tiny`    | deepseek_v2 | 3      | 64    | 258,240         | 196,800        |
+| `llama-tiny`       | llama       | 2      | 64    | 164,160         | 164,160        |
+| `qwen3-tiny`       | qwen3       | 2      | 64    | 164,224         | 164,224        |
+| `gemma3-tiny`      | gemma3      | 6      | 64    | 329,664         | 329,664        |
+| `qwen3-moe-tiny`   | qwen3_moe   | 2      | 64    | 288,128         | 140,672        |
+| `deepseek-tiny`    | deepseek_v2 | 3      | 64    | 320,544         | 209,952        |
 
 `cpu-small` is sized for CPU experiments (a `s3r_ec_dx` step at batch 8 x seq 256 takes about
 a second on two cores; the vocabulary-sized embedding and logits hold two thirds of its
