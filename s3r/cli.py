@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "s3r.experiments.diagnose:register",
     "sweep": "s3r.experiments.sweep:register",
     "comm": "s3r.train.comm:register",
+    "models": "s3r.model.listing:register",
 }
 
 

@@ -1,102 +1,352 @@
-"""Model configuration, presets and parameter count.
+"""Model configurations of the five decoder families, their presets and parameter counts.
 
-Presets (parameter counts computed by `param_count`, checked in tests/model/test_model.py):
+One frozen config class per family; the decoder (`s3r.model.transformer`) picks each
+family's blocks from the config's class:
 
-| preset      | layers | width | heads (q/kv) | d_ff | vocab | max seq | parameters  |
-|-------------|--------|-------|--------------|------|-------|---------|-------------|
-| `tiny`      | 2      | 64    | 4 / 2        | 192  | 512   | 128     | 164,160     |
-| `cpu-small` | 4      | 192   | 6 / 2        | 512  | 8192  | 256     | 4,720,320   |
-| `paper-12l` | 12     | 768   | 12 / 12      | 2048 | 32000 | 2048    | 134,105,856 |
+| class             | family        | attention                          | feed-forward                 |
+|-------------------|---------------|------------------------------------|------------------------------|
+| `ModelConfig`     | Llama 3       | GQA, RoPE (Llama 3 scaling)        | SwiGLU                       |
+| `Qwen3Config`     | Qwen3 dense   | GQA + per-head QK-norm             | SwiGLU                       |
+| `Gemma3Config`    | Gemma 3       | GQA + QK-norm, 5 local : 1 global  | GeGLU (tanh), pre+post norms |
+| `Qwen3MoeConfig`  | Qwen3-MoE     | as Qwen3                           | routed MoE                   |
+| `DeepSeekV2Config`| DeepSeek-V2   | multi-head latent attention (MLA)  | first layers dense, then MoE |
 
-`cpu-small` is sized for CPU experiments: a `s3r_ec_dx` training step at batch 8 x seq 256
-took 0.4-0.75 s on the two cores of the development machine at load ~2.5 and a median of 1.0 s
-at load ~5 (the vocabulary-sized embedding and logits hold two thirds of its parameters).
-The vocabulary of a training run is the tokenizer's (`s3r train --vocab`), so the CLI
-replaces `vocab_size`; the counts above are at the preset's own vocabulary. `paper-12l`
-is the paper's 12-layer Llama-style decoder; the paper does not state its vocabulary or
-FFN width, so 32000 (Llama tokenizer) and the Llama ratio d_ff = 8/3 * width are assumed.
+Presets: published dimensions (references in docs/models.md), CPU-sized siblings of each
+family, and the original toy presets. `params` is the total, `active` the parameters one
+token uses (all but the routed experts it is not sent to); both checked in tests/model.
+
+| preset             | family      | layers | width | params          | active         |
+|--------------------|-------------|--------|-------|-----------------|----------------|
+| `tiny`             | llama       | 2      | 64    | 164,160         | 164,160        |
+| `cpu-small`        | llama       | 4      | 192   | 4,720,320       | 4,720,320      |
+| `paper-12l`        | llama       | 12     | 768   | 134,105,856     | 134,105,856    |
+| `llama3.1-8b`      | llama       | 32     | 4096  | 8,030,261,248   | 8,030,261,248  |
+| `qwen3-8b`         | qwen3       | 36     | 4096  | 8,190,735,360   | 8,190,735,360  |
+| `gemma3-12b`       | gemma3      | 48     | 3840  | 11,766,034,176  | 11,766,034,176 |
+| `qwen3-30b-a3b`    | qwen3_moe   | 48     | 2048  | 30,532,122,624  | 3,353,032,704  |
+| `deepseek-v2-lite` | deepseek_v2 | 27     | 2048  | 15,706,484,224  | 2,661,150,208  |
+| `llama-tiny`       | llama       | 2      | 64    | 164,160         | 164,160        |
+| `qwen3-tiny`       | qwen3       | 2      | 64    | 164,224         | 164,224        |
+| `gemma3-tiny`      | gemma3      | 6      | 64    | 329,664         | 329,664        |
+| `qwen3-moe-tiny`   | qwen3_moe   | 2      | 64    | 288,128         | 140,672        |
+| `deepseek-tiny`    | deepseek_v2 | 3      | 64    | 320,544         | 209,952        |
+
+`cpu-small` is sized for CPU experiments (a `s3r_ec_dx` step at batch 8 x seq 256 takes about
+a second on two cores; the vocabulary-sized embedding and logits hold two thirds of its
+parameters). `paper-12l` is the paper's 12-layer Llama-style decoder; the paper does not state
+its vocabulary or FFN width, so 32000 (Llama tokenizer) and d_ff = 8/3 * width are assumed.
+The CLI may replace `vocab_size` by the tokenizer's; the counts above are at each preset's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from s3r.quant import RECIPES
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
+ROPE_SCALINGS = ("llama3", "linear", "yarn")
+
+
+def _check_positive(obj, fields, kind=int):
+  for field in fields:
+    value = getattr(obj, field)
+    ok = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else isinstance(value, (int, float))
+    if not ok or not value > 0:
+      raise ValueError(f"{type(obj).__name__}.{field} must be a positive {kind.__name__}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+  """Long-context rescaling of the RoPE frequencies (Hugging Face `rope_scaling`)."""
+
+  kind: str  # "llama3" (Llama 3.1 band-wise), "linear" (all frequencies / factor) or "yarn" (DeepSeek-V2)
+  factor: float  # context extension factor
+  original_max_seq_len: int = 8192  # llama3, yarn: the pre-training context length
+  low_freq_factor: float = 1.0  # llama3: wavelengths above original / low_freq_factor are divided by factor
+  high_freq_factor: float = 4.0  # llama3: wavelengths below original / high_freq_factor are kept
+  beta_fast: float = 32.0  # yarn: rotations at which the ramp from interpolation to extrapolation ends
+  beta_slow: float = 1.0  # yarn: rotations at which it starts
+  mscale: float = 1.0  # yarn: cos/sin magnitude coefficient
+  mscale_all_dim: float = 0.0  # yarn: softmax-scale coefficient (its square multiplies the softmax scale)
+
+  def __post_init__(self):
+    if self.kind not in ROPE_SCALINGS:
+      raise ValueError(f"RopeScaling.kind must be one of {', '.join(ROPE_SCALINGS)}; got {self.kind!r}")
+    _check_positive(self, ("factor", "high_freq_factor", "low_freq_factor", "beta_fast", "beta_slow"), float)
+    _check_positive(self, ("original_max_seq_len",))
+    if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+      raise ValueError(f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                       f"({self.low_freq_factor})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-  """Shape and numerics of the Llama-style decoder."""
+  """Shape and numerics of the Llama-style decoder (Llama 3 family; base of the other families)."""
+
+  family: ClassVar[str] = "llama"
 
   vocab_size: int = 8192  # tokenizer vocabulary (embedding rows, logits)
   d_model: int = 192  # residual stream width D
   n_layers: int = 4  # number of transformer blocks
-  n_heads: int = 6  # query heads N; head dim H = d_model // n_heads
+  n_heads: int = 6  # query heads N
   n_kv_heads: int = 2  # key/value heads K (grouped-query attention); divides n_heads
-  d_ff: int = 512  # SwiGLU hidden width F
+  d_head: int | None = None  # head dim H; None: d_model // n_heads
+  d_ff: int = 512  # gated FFN hidden width F (SwiGLU / GeGLU; the dense layers of MoE families)
   max_seq_len: int = 256  # longest sequence the model accepts
   rope_theta: float = 10_000.0  # RoPE base frequency
+  rope_scaling: RopeScaling | None = None  # long-context frequency rescaling; None: plain RoPE
   norm_eps: float = 1e-6  # RMSNorm epsilon
-  init_std: float = 0.02  # std of the normal init of all matrices (o/down: / sqrt(2 * n_layers))
-  recipe: str = "s3r_ec_dx"  # quantization recipe of the seven block projections (s3r.quant.RECIPES)
+  tie_embeddings: bool = False  # logits use the embedding matrix (no separate output projection)
+  init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
+  recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
   tp_partial_sums: str = "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
 
   def __post_init__(self):
-    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
-      value = getattr(self, field)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
-    if self.d_model % self.n_heads:
-      raise ValueError(f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+    name = type(self).__name__
+    _check_positive(self, ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"))
+    if self.d_head is None:
+      if self.d_model % self.n_heads:
+        raise ValueError(f"{name}.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
+                         f"when d_head is None")
+    else:
+      _check_positive(self, ("d_head",))
     if self.n_heads % self.n_kv_heads:
-      raise ValueError(f"ModelConfig.n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+      raise ValueError(f"{name}.n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
     if self.head_dim % 2:
-      raise ValueError(f"ModelConfig head dim d_model // n_heads must be even for RoPE, got {self.head_dim}")
-    for field in ("rope_theta", "norm_eps", "init_std"):
-      if not getattr(self, field) > 0:
-        raise ValueError(f"ModelConfig.{field} must be > 0, got {getattr(self, field)!r}")
+      raise ValueError(f"{name} head dim (d_head or d_model // n_heads) must be even for RoPE, got {self.head_dim}")
+    _check_positive(self, ("rope_theta", "norm_eps", "init_std"), float)
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+      raise ValueError(f"{name}.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
     if self.recipe not in RECIPES:
-      raise ValueError(f"ModelConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+      raise ValueError(f"{name}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
     if self.tp_partial_sums not in TP_PARTIAL_SUMS:
-      raise ValueError(f"ModelConfig.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
+      raise ValueError(f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
                        f"got {self.tp_partial_sums!r}")
 
   @property
   def head_dim(self) -> int:
-    return self.d_model // self.n_heads
+    return self.d_model // self.n_heads if self.d_head is None else self.d_head
 
   def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    d = dataclasses.asdict(self)
+    return d if self.family == "llama" else {"family": self.family, **d}
 
   @classmethod
   def from_dict(cls, d: dict) -> "ModelConfig":
-    return cls(**d)
+    d = dict(d)
+    family = FAMILIES[d.pop("family", cls.family)]
+    if d.get("rope_scaling") is not None:
+      d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    return family(**d)
 
+  # Parameter arithmetic (checked against the initialized shapes in tests/model).
+
+  def attention_params(self) -> int:
+    h = self.head_dim
+    return 2 * self.d_model * self.n_heads * h + 2 * self.d_model * self.n_kv_heads * h
+
+  def norm_params(self) -> int:
+    """RMSNorm scales of one block."""
+    return 2 * self.d_model
+
+  def ffn_params(self, layer: int) -> tuple[int, int]:
+    """(total, active) parameters of layer `layer`'s feed-forward."""
+    return 3 * self.d_model * self.d_ff, 3 * self.d_model * self.d_ff
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Qwen3Config(ModelConfig):
+  """Qwen3 dense: the Llama block plus RMSNorm of each query and key head (QK-norm)."""
+
+  family: ClassVar[str] = "qwen3"
+
+  def norm_params(self) -> int:
+    return 2 * self.d_model + 2 * self.head_dim
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gemma3Config(ModelConfig):
+  """Gemma 3: GeGLU, RMSNorm (1 + scale) before and after each sublayer, QK-norm, tied
+  embeddings scaled by sqrt(d_model), sliding-window layers with their own RoPE base."""
+
+  family: ClassVar[str] = "gemma3"
+
+  tie_embeddings: bool = True  # Gemma ties the logits to the embedding
+  sliding_window: int = 1024  # local layers attend to this many most recent positions (self included)
+  global_every: int = 6  # every global_every-th layer (1-based) is global, the others local (5:1)
+  local_rope_theta: float = 10_000.0  # RoPE base of the local layers (no rope_scaling)
+  query_pre_attn_scalar: float = 256.0  # attention scores are scaled by query_pre_attn_scalar ** -0.5
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_positive(self, ("sliding_window", "global_every"))
+    _check_positive(self, ("local_rope_theta", "query_pre_attn_scalar"), float)
+
+  def is_global(self, layer: int) -> bool:
+    return (layer + 1) % self.global_every == 0
+
+  def norm_params(self) -> int:
+    return 4 * self.d_model + 2 * self.head_dim
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoeFields:
+  """Routed mixture-of-experts feed-forward (s3r.model.moe.MoEFeedForward), shared by the MoE families."""
+
+  n_experts: int = 8  # routed experts E
+  top_k: int = 2  # experts per token
+  d_expert: int = 64  # hidden width of one routed expert
+  n_shared: int = 0  # shared experts every token uses
+  dense_layers: int = 0  # the first dense_layers layers use a dense gated FFN of width d_ff instead
+  renormalize: bool = True  # renormalize the top-k router weights to sum to 1
+  capacity_factor: float | None = None  # expert capacity (tokens per expert) / (tokens * top_k / E); None: no drops
+  aux_loss_weight: float = 0.001  # weight of the load-balancing loss
+
+  def _check_moe(self):
+    _check_positive(self, ("n_experts", "top_k", "d_expert"))
+    name = type(self).__name__
+    if self.top_k > self.n_experts:
+      raise ValueError(f"{name}.top_k ({self.top_k}) must be <= n_experts ({self.n_experts})")
+    if not isinstance(self.n_shared, int) or self.n_shared < 0:
+      raise ValueError(f"{name}.n_shared must be an int >= 0, got {self.n_shared!r}")
+    if not isinstance(self.dense_layers, int) or not 0 <= self.dense_layers <= self.n_layers:
+      raise ValueError(f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got "
+                       f"{self.dense_layers!r}")
+    if self.capacity_factor is not None and not self.capacity_factor > 0:
+      raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
+
+  def is_moe(self, layer: int) -> bool:
+    return layer >= self.dense_layers
+
+  def ffn_params(self, layer: int) -> tuple[int, int]:
+    if not self.is_moe(layer):
+      return 3 * self.d_model * self.d_ff, 3 * self.d_model * self.d_ff
+    expert = 3 * self.d_model * self.d_expert
+    fixed = self.d_model * self.n_experts + self.n_shared * expert  # router + shared experts
+    return fixed + self.n_experts * expert, fixed + self.top_k * expert
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Qwen3MoeConfig(MoeFields, Qwen3Config):
+  """Qwen3-MoE: Qwen3 attention, every layer a routed MoE (renormalized top-k, no shared expert)."""
+
+  family: ClassVar[str] = "qwen3_moe"
+
+  def __post_init__(self):
+    super().__post_init__()
+    self._check_moe()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeepSeekV2Config(MoeFields, ModelConfig):
+  """DeepSeek-V2: multi-head latent attention (low-rank compressed KV with a decoupled RoPE part),
+  the first `dense_layers` layers dense, the others MoE with shared experts. n_kv_heads, d_head are unused."""
+
+  family: ClassVar[str] = "deepseek_v2"
+
+  q_lora_rank: int | None = None  # rank of the query compression; None: full-rank query projection (V2-Lite)
+  kv_lora_rank: int = 512  # rank C of the compressed key/value latent
+  qk_nope_head_dim: int = 128  # per-head query/key dims without position encoding
+  qk_rope_head_dim: int = 64  # per-head query dims with RoPE; the key's RoPE part is one head shared by all
+  v_head_dim: int = 128  # per-head value dim
+
+  def __post_init__(self):
+    super().__post_init__()
+    self._check_moe()
+    _check_positive(self, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    if self.q_lora_rank is not None:
+      _check_positive(self, ("q_lora_rank",))
+    if self.qk_rope_head_dim % 2:
+      raise ValueError(f"DeepSeekV2Config.qk_rope_head_dim must be even for RoPE, got {self.qk_rope_head_dim}")
+    if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
+      raise ValueError(f"DeepSeekV2Config.v_head_dim ({self.v_head_dim}) must be <= qk_nope_head_dim + "
+                       f"qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})")
+
+  def attention_params(self) -> int:
+    d, n, qk = self.d_model, self.n_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+    q = d * n * qk if self.q_lora_rank is None else d * self.q_lora_rank + self.q_lora_rank * (1 + n * qk)
+    kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # + latent RMSNorm
+    return q + kv + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim) + n * self.v_head_dim * d
+
+
+FAMILIES: dict[str, type[ModelConfig]] = {c.family: c for c in
+                                          (ModelConfig, Qwen3Config, Gemma3Config, Qwen3MoeConfig, DeepSeekV2Config)}
+
+_LLAMA3_ROPE = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192)
+_DEEPSEEK_YARN = RopeScaling(kind="yarn", factor=40.0, original_max_seq_len=4096, beta_fast=32.0, beta_slow=1.0,
+                             mscale=0.707, mscale_all_dim=0.707)
+_TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=128)
 
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
-                        max_seq_len=128),
+    "tiny": ModelConfig(**_TINY),
     "cpu-small": ModelConfig(vocab_size=8192, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
                              max_seq_len=256),
     "paper-12l": ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
                              d_ff=2048, max_seq_len=2048),
+    # Published dimensions (config.json of each model; see docs/models.md).
+    "llama3.1-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+                               max_seq_len=131072, rope_theta=500_000.0, rope_scaling=_LLAMA3_ROPE, norm_eps=1e-5),
+    "qwen3-8b": Qwen3Config(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, d_head=128,
+                            d_ff=12288, max_seq_len=40960, rope_theta=1_000_000.0),
+    "gemma3-12b": Gemma3Config(vocab_size=262208, d_model=3840, n_layers=48, n_heads=16, n_kv_heads=8, d_head=256,
+                               d_ff=15360, max_seq_len=131072, rope_theta=1_000_000.0,
+                               rope_scaling=RopeScaling(kind="linear", factor=8.0), sliding_window=1024,
+                               local_rope_theta=10_000.0, query_pre_attn_scalar=256.0),
+    "qwen3-30b-a3b": Qwen3MoeConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4,
+                                    d_head=128, d_ff=6144, max_seq_len=40960, rope_theta=1_000_000.0,
+                                    n_experts=128, top_k=8, d_expert=768, renormalize=True),
+    "deepseek-v2-lite": DeepSeekV2Config(vocab_size=102400, d_model=2048, n_layers=27, n_heads=16, n_kv_heads=16,
+                                         d_ff=10944, max_seq_len=163840, rope_scaling=_DEEPSEEK_YARN,
+                                         n_experts=64, top_k=6, d_expert=1408, n_shared=2, dense_layers=1,
+                                         renormalize=False, q_lora_rank=None, kv_lora_rank=512,
+                                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # CPU-sized siblings (tests, CPU training): each family's structure at width 64.
+    "llama-tiny": ModelConfig(**_TINY, rope_theta=500_000.0,
+                              rope_scaling=RopeScaling(kind="llama3", factor=8.0, original_max_seq_len=32)),
+    "qwen3-tiny": Qwen3Config(**{**_TINY, "d_head": 16}, rope_theta=1_000_000.0),
+    "gemma3-tiny": Gemma3Config(**{**_TINY, "n_layers": 6, "d_head": 32, "d_ff": 128}, rope_theta=1_000_000.0,
+                                rope_scaling=RopeScaling(kind="linear", factor=8.0), sliding_window=16,
+                                query_pre_attn_scalar=32.0),
+    "qwen3-moe-tiny": Qwen3MoeConfig(**{**_TINY, "d_head": 16}, rope_theta=1_000_000.0, n_experts=8, top_k=2,
+                                     d_expert=64),
+    "deepseek-tiny": DeepSeekV2Config(**{**_TINY, "n_layers": 3, "n_kv_heads": 4}, rope_scaling=RopeScaling(
+        kind="yarn", factor=4.0, original_max_seq_len=32, mscale=0.707, mscale_all_dim=0.707), n_experts=8, top_k=2,
+                                      d_expert=48, n_shared=1, dense_layers=1, renormalize=False, kv_lora_rank=32,
+                                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
 }
+OVERRIDES = {"layers": "n_layers", "seq": "max_seq_len", "width": "d_model"}  # short names accepted by preset()
 
 
 def preset(name: str, **overrides) -> ModelConfig:
-  """The preset called `name` with fields replaced by `overrides` (e.g. vocab_size, recipe)."""
+  """The preset `name` with fields replaced by `overrides`: any config field (vocab_size, recipe, ...) or
+  the short names layers (n_layers), seq (max_seq_len) and width (d_model; a family with its own d_head keeps it)."""
   if name not in PRESETS:
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-  return dataclasses.replace(PRESETS[name], **overrides)
+  base = PRESETS[name]
+  fields = {OVERRIDES.get(k, k): v for k, v in overrides.items()}
+  if isinstance(base, MoeFields) and "n_layers" in fields:
+    fields.setdefault("dense_layers", min(base.dense_layers, fields["n_layers"]))
+  return dataclasses.replace(base, **fields)
 
 
 def param_count(cfg: ModelConfig) -> int:
-  """Number of trainable parameters (embedding and output projection are untied)."""
-  d, h = cfg.d_model, cfg.head_dim
-  attention = d * (cfg.n_heads * h) * 2 + d * (cfg.n_kv_heads * h) * 2  # q, o + k, v
-  mlp = 3 * d * cfg.d_ff  # gate, up, down
-  block = attention + mlp + 2 * d  # + two RMSNorm scales
-  return 2 * cfg.vocab_size * d + cfg.n_layers * block + d  # + final RMSNorm
+  """Number of trainable parameters (from the config's arithmetic; equals the initialized shapes)."""
+  return _counts(cfg)[0]
+
+
+def active_param_count(cfg: ModelConfig) -> int:
+  """Parameters one token uses: all but the routed experts it is not sent to (embeddings included)."""
+  return _counts(cfg)[1]
+
+
+def _counts(cfg: ModelConfig) -> tuple[int, int]:
+  embed = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.d_model  # + final norm
+  total = active = embed
+  for layer in range(cfg.n_layers):
+    ffn_total, ffn_active = cfg.ffn_params(layer)
+    shared = cfg.attention_params() + cfg.norm_params()
+    total, active = total + shared + ffn_total, active + shared + ffn_active
+  return total, active

@@ -1,0 +1,179 @@
+"""The five decoder families: forward pass against an independent reference, published parameter
+counts, presets and overrides, per-projection keys, training steps of each tiny sibling."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from s3r import model as M
+from s3r.model import transformer
+
+from tests.model import moe_standin, reference
+
+TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny"]
+MOE = {"qwen3-moe-tiny", "deepseek-tiny", "qwen3-30b-a3b", "deepseek-v2-lite"}
+_apply = jax.jit(M.apply, static_argnums=0)
+
+
+@pytest.fixture(autouse=True)
+def moe_block(monkeypatch):
+  """The MoE families build their feed-forward from the tests' stand-in (see moe_standin.py)."""
+  monkeypatch.setitem(sys.modules, "s3r.model.moe", moe_standin)
+
+
+def _randomized(params, seed):
+  """Parameters at a scale where every architectural detail moves the logits: matrices
+  N(0, 1/fan_in), embedding N(0, 1), norm scales around their identity."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  rng = np.random.default_rng(seed)
+  out = []
+  for path, leaf in leaves:
+    name = jax.tree_util.keystr(path)
+    if "norm" in name:
+      out.append(rng.normal(0.0, 0.3, leaf.shape) + (0.0 if "gemma" in _randomized.family else 1.0))
+    elif "embed" in name and leaf.ndim == 2 and "w_" not in name:
+      out.append(rng.normal(0.0, 1.0, leaf.shape))
+    else:
+      out.append(rng.normal(0.0, 1.0, leaf.shape) / np.sqrt(leaf.shape[-2]))
+  return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in out])
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_bf16_forward_matches_the_independent_reference(name):
+  cfg = M.preset(name, recipe="bf16")
+  _randomized.family = cfg.family
+  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1)
+  tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 40))
+  got = np.asarray(_apply(M.graphdef(cfg), params, jnp.asarray(tokens, jnp.int32), key=None))[0]
+  want = reference.forward(cfg, jax.tree.map(np.asarray, params), tokens[0])
+  rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+  assert rel < 0.03, f"{name}: relative L2 error {rel:.4f} vs the float64 reference"
+
+
+def test_reference_comparison_detects_a_missing_family_feature():
+  cfg = M.preset("gemma3-tiny", recipe="bf16")
+  _randomized.family = cfg.family
+  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1)
+  tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 40))
+  got = np.asarray(_apply(M.graphdef(cfg), params, jnp.asarray(tokens, jnp.int32), key=None))[0]
+  all_global = M.preset("gemma3-tiny", recipe="bf16", global_every=1)  # no sliding window, one RoPE base
+  want = reference.forward(all_global, jax.tree.map(np.asarray, params), tokens[0])
+  assert np.linalg.norm(got - want) / np.linalg.norm(want) > 0.1
+
+
+PUBLISHED = {  # total parameters of the published checkpoints (docs/models.md)
+    "llama3.1-8b": 8_030_261_248, "qwen3-8b": 8_190_735_360, "gemma3-12b": 11_766_034_176,
+    "qwen3-30b-a3b": 30_532_122_624, "deepseek-v2-lite": 15_706_484_224}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_full_size_parameter_count_equals_the_published_count(name):
+  cfg = M.PRESETS[name]
+  assert M.param_count(cfg) == PUBLISHED[name]
+  if name not in MOE:  # shapes without allocating (the MoE totals: stand-in shapes, below)
+    shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
+    assert sum(x.size for x in jax.tree.leaves(shapes)) == PUBLISHED[name]
+
+
+def test_moe_active_counts_are_the_published_ones():
+  # Model cards (truncated to 0.1B): Qwen3-30B-A3B "3.3B activated" (3.35B, embeddings included);
+  # DeepSeek-V2-Lite "2.4B activated" (2.45B without the input embedding, 2.66B with it).
+  tenths = lambda n: int(n // 100_000_000)
+  assert tenths(M.active_param_count(M.PRESETS["qwen3-30b-a3b"])) == 33
+  lite = M.PRESETS["deepseek-v2-lite"]
+  assert tenths(M.active_param_count(lite) - lite.vocab_size * lite.d_model) == 24
+
+
+@pytest.mark.parametrize("name", list(M.PRESETS))
+def test_param_count_arithmetic_equals_the_initialized_shapes(name):
+  cfg = M.preset(name, layers=2) if M.PRESETS[name].n_layers > 8 else M.PRESETS[name]
+  shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == M.param_count(cfg)
+  dense = M.active_param_count(cfg) == M.param_count(cfg)
+  assert dense == (name not in MOE)
+
+
+@pytest.mark.parametrize("name", list(M.PRESETS))
+def test_every_parameter_has_logical_axes_of_its_rank(name):
+  cfg = M.preset(name, layers=2) if M.PRESETS[name].n_layers > 8 else M.PRESETS[name]
+  axes = M.logical_axes(cfg)
+  shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
+  for spec, shape in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+                         jax.tree.leaves(shapes)):
+    assert len(spec) == shape.ndim
+
+
+def test_overrides_slice_a_real_model():
+  cfg = M.preset("llama3.1-8b", layers=2, seq=1024)
+  assert (cfg.n_layers, cfg.max_seq_len, cfg.d_model) == (2, 1024, 4096)
+  narrow = M.preset("qwen3-8b", width=256, layers=1)
+  assert (narrow.d_model, narrow.head_dim) == (256, 128)  # the family's head dim is kept
+  assert M.preset("deepseek-v2-lite", layers=1).dense_layers == 1
+
+
+@pytest.mark.parametrize("name, overrides, field", [
+    ("gemma3-tiny", {"sliding_window": 0}, "sliding_window"),
+    ("qwen3-moe-tiny", {"top_k": 9}, "top_k"),
+    ("deepseek-tiny", {"v_head_dim": 64}, "v_head_dim"),
+    ("deepseek-tiny", {"dense_layers": 4}, "dense_layers"),
+    ("qwen3-tiny", {"d_head": 0}, "d_head"),
+])
+def test_invalid_family_config_is_rejected_naming_the_field(name, overrides, field):
+  with pytest.raises(ValueError, match=field):
+    M.preset(name, **overrides)
+
+
+def test_rope_scaling_kind_is_validated():
+  with pytest.raises(ValueError, match="kind"):
+    M.RopeScaling(kind="ntk", factor=2.0)
+
+
+@pytest.mark.parametrize("name", list(M.PRESETS))
+def test_config_round_trips_through_its_dict(name):
+  cfg = M.PRESETS[name]
+  assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("name", ["gemma3-tiny", "deepseek-tiny"])
+def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
+  cfg = M.preset(name, recipe="s3r")
+  seen = []
+
+  def recording_qmatmul(x, w, *, key, recipe, tp=None):
+    seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
+    return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
+
+  monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
+  monkeypatch.setattr(moe_standin, "qmatmul", recording_qmatmul)
+  M.apply(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)), jnp.zeros((1, 8), jnp.int32), key=jax.random.key(3))
+  assert len(seen) == len(set(seen)) > 7 * cfg.n_layers - 1
+
+
+def test_moe_auxiliary_loss_comes_back_from_apply_with_aux():
+  cfg = M.preset("qwen3-moe-tiny", recipe="bf16")
+  logits, aux = M.apply_with_aux(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)),
+                                 jnp.arange(16, dtype=jnp.int32)[None], key=None)
+  assert logits.shape == (1, 16, cfg.vocab_size)
+  assert float(aux["load_balance_loss"]) > 0 and set(aux) == {"load_balance_loss", "dropped_fraction"}
+
+
+@pytest.mark.slow  # compiling a quantized train step takes 15-75 s on a loaded two-core CPU
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_sibling_trains_with_s3r_ec_dx(name):
+  from s3r.train import optimizer as opt
+  from s3r.train import step as train_step
+
+  cfg = M.preset(name, recipe="s3r_ec_dx")
+  ocfg = opt.OptimizerConfig(lr=3e-3, total_steps=100, warmup_steps=0)
+  tx = opt.make_optimizer(ocfg)
+  state = train_step.init_state(M.init_params(cfg, jax.random.key(0)), tx)
+  step = jax.jit(train_step.make_train_step(M.graphdef(cfg), tx, opt.schedule(ocfg)))
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 33)), jnp.int32)  # 32 distinct tokens
+  losses = []
+  for i in range(8):
+    state, metrics = step(state, batch, jax.random.key(100 + i))
+    losses.append(float(metrics["loss"]))
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses
