@@ -132,8 +132,10 @@ def quantize_grouped_gradient(r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_
   if not per_segment:  # G' enters as g with unit scales: 1 · G' · 1 is G' exactly
     delta, v, q_dx, q_dw = quantize_gradient(r, ones_1xT, ones_N, gp_TxN[None], key)
     return delta, v[0], q_dx[0], q_dw[0]
-  delta, v, _, _ = quantize_gradient(lookup_recipe("int8_rtne"), ones_1xT, ones_N, gp_TxN[None], None)
-  v_TxN = v[0]
+  # The step and G'/Δ exactly as quantize_gradient computes them (its codes would be per example)
+  delta = jnp.max(jnp.abs(gp_TxN)) * numerics.INV_QMAX
+  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  v_TxN = gp_TxN * numerics.reciprocal(delta)
   key_dx, key_dw = jax.random.split(key) if r.split else (key, key)
 
   def codes(k, topology):
