@@ -86,6 +86,7 @@ def test_upstream_gradient_is_quantized_once_and_feeds_both_backward_gemms(recip
                    and e.params["new_dtype"] == jnp.int8 and math.prod(e.invars[0].aval.shape) == T * N]
   assert len(quantizations) == (2 if s3r.recipe(recipe).split else 1)
   q_vars = {e.outvars[0] for e in quantizations}
-  squeezed = {e.outvars[0] for e in _eqns(jaxpr) if e.primitive.name in ("reshape", "squeeze") and e.invars[0] in q_vars}
+  squeezed = {e.outvars[0] for e in _eqns(jaxpr)
+              if e.primitive.name in ("reshape", "squeeze") and e.invars[0] in q_vars}
   consumers = [d for d in _int8_dots(jaxpr) if set(d.invars) & (q_vars | squeezed)]
   assert len(consumers) == 2
