@@ -1,0 +1,226 @@
+"""The grouped (mixture-of-experts) quantized matmul: `qmatmul` for expert-sorted rows.
+
+`grouped_qmatmul(x, w, group_sizes)` has the semantics of `jax.lax.ragged_dot`: rows of x
+are sorted by expert, expert e owns `group_sizes[e]` consecutive rows and multiplies them
+by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
+
+It mirrors the dense layer (matmul.py) row for row. Forward: per-row activation scales,
+per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped
+GEMM, rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor
+step Δ, Q quantized once for both products (twice for split recipes) by the dense
+quantizer `quantize_gradient` with the [T, N] rows as one example of T tokens; dX = (Δ/s_x)
+Q Ŵ_eᵀ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped int8 GEMMs. Shared thresholds are
+one per row for `s3r` (a row is one token's copy for one expert), one per expert segment for
+the `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the
+error per segment (grouped_ec.py).
+
+Dimension letters: T rows, E experts, K input features, N outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from s3r.quant import grouped_ec, grouped_gemm, numerics, thresholds
+from s3r.quant.matmul import quantize_gradient
+from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+
+_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
+_NAME = "grouped_qmatmul"
+
+
+def grouped_qmatmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, key: jax.Array | None = None,
+                    recipe: str | Recipe = "s3r_ec_dx", impl: str | None = None) -> jax.Array:
+  """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's INT8 forward and backward.
+
+  Args:
+    x: activations [T, K], rows sorted by expert.
+    w: expert weights [E, K, N] (typically f32 master weights).
+    group_sizes: int32 [E], rows per expert, sum ≤ T. Concrete values are checked (no
+      negative size, sum ≤ T); traced values cannot be: there a negative size counts as 0 and
+      segments are cut at row T (all implementations agree on that).
+    key: a `jax.random.key` for the backward's rounding; required by stochastic recipes.
+    recipe: a `Recipe` or a registered name (see `s3r.RECIPES`), with the dense meaning.
+    impl: the grouped GEMM: "tiled" (default on every platform: tile-padded batched int8
+      GEMMs, at most T + E·tile rows of work) or "ragged" (`jax.lax.ragged_dot`, the exact
+      reference; XLA expands it to E times the work). Both give bit-identical results.
+
+  Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
+  """
+  r = _check_recipe(recipe)
+  _check_operands(x, w, group_sizes)
+  key = _check_key(key, r)
+  impl = _check_impl(impl)
+  if not r.quantized:
+    lay = grouped_gemm.layout(group_sizes, x.shape[0])
+    y = grouped_gemm.gmm(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), lay, impl, out=jnp.float32)
+    return y.astype(x.dtype)
+  return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key)
+
+
+# --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _gqmatmul(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
+  return _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key)[0]
+
+
+def _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
+  del r, w_dtype
+  lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
+  sx_T = numerics.absmax_scale(x_TxK, axis=1)
+  sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
+  xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None])
+  wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
+  acc_TxN = grouped_gemm.gmm(xq_TxK, wq_ExKxN, lay, impl).astype(jnp.float32)
+  y_TxN = acc_TxN * sx_T.reshape(-1, 1) * _row_scales(sw_ExN, lay)
+  y_TxN = jnp.where(_valid(lay)[:, None], y_TxN, 0.0).astype(x_dtype)  # explicit: a NaN padding row stays 0
+  return y_TxN, (xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key)
+
+
+def _bwd(r, impl, x_dtype, w_dtype, res, g_TxN):
+  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key = res
+  lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
+  valid_Tx1 = _valid(lay)[:, None]
+  gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
+  if r.rounding == "exact":
+    return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
+  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, lay.group_sizes.shape[0], key)
+
+  acc_dx_TxK = grouped_gemm.gmm_nt(q_dx, wq_ExKxN, lay, impl).astype(jnp.float32)
+  acc_dw_ExKxN = grouped_gemm.tgmm(xq_TxK, q_dw, lay, impl).astype(jnp.float32)
+  if r.correct_dx or r.correct_dw:
+    # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
+    factors = grouped_ec.segment_factors(q_dx.astype(jnp.float32) - v_TxN, lay.seg_T, lay.group_sizes)
+    if r.correct_dx:
+      acc_dx_TxK = acc_dx_TxK - grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
+    if r.correct_dw:
+      acc_dw_ExKxN = acc_dw_ExKxN - grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
+  dx_TxK = jnp.where(valid_Tx1, acc_dx_TxK * (delta / sx_T).reshape(-1, 1), 0.0)
+  dw_ExKxN = acc_dw_ExKxN * (delta / sw_ExN)[:, None, :]
+  return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None
+
+
+_gqmatmul.defvjp(_fwd, _bwd)
+
+
+def _valid(lay: grouped_gemm.Layout) -> jax.Array:
+  return lay.seg_T < lay.group_sizes.shape[0]
+
+
+def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
+  """Each row's expert's weight scales, [T, N] (padding rows use the last expert's; masked later)."""
+  return sw_ExN[jnp.minimum(lay.seg_T, sw_ExN.shape[0] - 1)]
+
+
+def quantize_grouped_gradient(r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_seg: int, key):
+  """(Δ, G'/Δ, Q for dX, Q for dW) of the scaled gradient G' [T, N] of expert-sorted rows.
+
+  The dense quantizer on the rows as one example of T tokens (identical thresholds, step
+  and codes); only a per-example ("_bcast") topology differs: one threshold per expert
+  segment, u[e(t)] for the `n_seg` segments (rows past them: v = 0 gives code 0 for any u),
+  drawn from ⌈E/4⌉ words as the dense path draws ⌈B/4⌉.
+  """
+  rows, n = gp_TxN.shape
+  ones_1xT, ones_N = jnp.ones((1, rows), jnp.float32), jnp.ones((n,), jnp.float32)
+  per_segment = r.rounding == "shared" and "example" in (r.dx_topology, r.dw_topology)
+  if not per_segment:  # G' enters as g with unit scales: 1 · G' · 1 is G' exactly
+    delta, v, q_dx, q_dw = quantize_gradient(r, ones_1xT, ones_N, gp_TxN[None], key)
+    return delta, v[0], q_dx[0], q_dw[0]
+  # The step and G'/Δ exactly as quantize_gradient computes them (its codes would be per example)
+  delta = jnp.max(jnp.abs(gp_TxN)) * numerics.INV_QMAX
+  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  v_TxN = gp_TxN * numerics.reciprocal(delta)
+  key_dx, key_dw = jax.random.split(key) if r.split else (key, key)
+
+  def codes(k, topology):
+    if topology == "token":
+      u = thresholds.shared_thresholds(k, 1, rows, "token")[0]
+    else:
+      u = thresholds.compact_uniform(k, n_seg)[jnp.minimum(seg_T, n_seg - 1)][:, None]
+    return jnp.clip(jnp.floor(v_TxN + u), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+
+  q_dx = codes(key_dx, r.dx_topology)
+  return delta, v_TxN, q_dx, (q_dx if not r.split else codes(key_dw, r.dw_topology))
+
+
+def _exact_bwd(impl, x_dtype, w_dtype, res, lay, g_TxN):
+  """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed INT8 forward graph."""
+  xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _ = res
+  hi = jax.lax.Precision.HIGHEST
+  w_deq = wq_ExKxN.astype(jnp.float32) * sw_ExN[:, None, :]
+  x_deq = xq_TxK.astype(jnp.float32) * sx_T[:, None]
+  dx_TxK = grouped_gemm.gmm_nt(g_TxN, w_deq, lay, impl, out=jnp.float32, precision=hi)
+  dw_ExKxN = grouped_gemm.tgmm(x_deq, g_TxN, lay, impl, out=jnp.float32, precision=hi)
+  return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None
+
+
+# --- argument checks (trace time; concrete group sizes eagerly) -------------------------------
+
+
+def _check_recipe(recipe) -> Recipe:
+  if isinstance(recipe, (Recipe, str)):
+    return lookup_recipe(recipe)
+  raise TypeError(f"{_NAME}: recipe must be a s3r.Recipe or a recipe name (str), got {type(recipe).__name__}")
+
+
+def _describe(a) -> str:
+  return f"shape {tuple(a.shape)} dtype {a.dtype}"
+
+
+def _check_operands(x, w, group_sizes) -> None:
+  for name, a in (("x", x), ("w", w), ("group_sizes", group_sizes)):
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+      raise TypeError(f"{_NAME}: {name} must be an array, got {type(a).__name__}")
+  for name, a in (("x", x), ("w", w)):
+    if not any(a.dtype == f for f in _FLOATS):
+      raise TypeError(f"{_NAME}: {name} must have a real floating dtype (bfloat16, float16, float32), "
+                      f"got {_describe(a)}")
+  if x.ndim != 2:
+    raise ValueError(f"{_NAME}: x must be [T, K] (rows sorted by expert), got {_describe(x)}")
+  if w.ndim != 3:
+    raise ValueError(f"{_NAME}: w must be [E, K, N] (one [K, N] weight per expert), got {_describe(w)}")
+  if x.shape[1] != w.shape[1]:
+    raise ValueError(f"{_NAME}: the last dim of x ({x.shape[1]}) must equal dim 1 of w ({w.shape[1]}); "
+                     f"x has {_describe(x)}, w has {_describe(w)}")
+  if group_sizes.dtype != jnp.int32:
+    raise TypeError(f"{_NAME}: group_sizes must be int32, got {_describe(group_sizes)}")
+  if group_sizes.shape != (w.shape[0],):
+    raise ValueError(f"{_NAME}: group_sizes must be [E] = [{w.shape[0]}] (one size per expert of w), "
+                     f"got {_describe(group_sizes)}")
+  if isinstance(group_sizes, jax.core.Tracer):
+    return  # traced: see grouped_qmatmul's docstring
+  sizes = np.asarray(group_sizes, np.int64)
+  if (sizes < 0).any():
+    raise ValueError(f"{_NAME}: group_sizes must be >= 0, got {sizes.tolist()}")
+  if sizes.sum() > x.shape[0]:
+    raise ValueError(f"{_NAME}: group_sizes sum to {int(sizes.sum())}, more than the {x.shape[0]} rows of x")
+
+
+def _check_key(key, r: Recipe):
+  if not r.stochastic:
+    return None
+  if key is None:
+    raise ValueError(f"{_NAME}: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
+  if not hasattr(key, "dtype"):
+    raise TypeError(f"{_NAME}: key must be a jax.random.key array, got {type(key).__name__}")
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.shape != ():
+      raise ValueError(f"{_NAME}: key must be a single key (shape ()), got shape {tuple(key.shape)}")
+    return key
+  if key.dtype == jnp.uint32 and key.shape == (2,):
+    return jax.random.wrap_key_data(key)
+  raise TypeError(f"{_NAME}: key must be a jax.random.key (or a raw uint32[2] key), got {_describe(key)}")
+
+
+def _check_impl(impl):
+  if impl is None:
+    return "tiled"
+  if impl not in grouped_gemm.IMPLS:
+    raise ValueError(f"{_NAME}: impl must be one of {grouped_gemm.IMPLS} or None, got {impl!r}")
+  return impl

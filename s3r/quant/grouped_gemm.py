@@ -1,0 +1,138 @@
+"""The three grouped GEMMs of an expert layer, on rows sorted by expert (ragged-dot semantics).
+
+Rows 0..T-1 of the left operand are sorted by expert: expert e owns the segment of
+`group_sizes[e]` rows that starts at `sum(group_sizes[:e])`; rows past `sum(group_sizes)`
+belong to no expert (dropless padding) and give zero rows / contribute nothing.
+
+- `gmm(a_TxC, b_ExCxN)`:    out[t] = a[t] b[e(t)]               (forward: X̂ Ŵ_e)
+- `gmm_nt(a_TxN, b_ExKxN)`: out[t] = a[t] b[e(t)]ᵀ              (dX: Q Ŵ_eᵀ)
+- `tgmm(a_TxK, b_TxN)`:     out[e] = Σ_{t in segment e} a[t]ᵀ b[t]  (dW[e] = X̂_eᵀ Q_e)
+
+Two implementations with the same results (int32 accumulators are exact, so bit for bit):
+- "ragged": `jax.lax.ragged_dot(_general)`. Exact and zero-filling everywhere, but JAX and
+  XLA's GPU rewriter expand it into a masked [E, T, C] operand: E times the routed work.
+- "tiled": each segment is padded to a multiple of a tile of `tile` rows, so that every tile
+  belongs to one expert; the tiles are gathered into [n_tiles, tile, C] (a static bound
+  n_tiles = ceil(T / tile) + E) and multiplied with their expert's weight in one batched
+  dot_general. Work: at most (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
+
+Dimension letters: T rows, E experts, K input features, N outputs, C a contracted dim,
+P padded rows (n_tiles · tile).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+IMPLS = ("ragged", "tiled")
+_MAX_TILE = 128
+_MIN_TILE = 8
+
+
+def tile_rows(rows: int, experts: int) -> int:
+  """Rows per tile: the largest power of two ≤ rows/experts, clipped to [8, 128] (static)."""
+  per = max(rows // max(experts, 1), 1)
+  return min(_MAX_TILE, max(_MIN_TILE, 1 << (per.bit_length() - 1)))
+
+
+class Layout(NamedTuple):
+  """Where each row goes: segment ids, the tile padding and its inverse (all int32 arrays)."""
+
+  group_sizes: jax.Array  # [E] sizes, sanitized (see `sanitize`)
+  seg_T: jax.Array  # [T] expert of each row; E for rows past the sum (padding)
+  src_P: jax.Array  # [P] source row of each padded slot; T (out of range, reads 0) for an empty slot
+  dest_T: jax.Array  # [T] padded slot of each row; P (out of range, reads 0) for padding rows
+  tile_expert: jax.Array  # [n_tiles] the expert whose weight each tile uses
+  tile: int  # rows per tile (static)
+
+
+def sanitize(group_sizes: jax.Array, rows: int) -> jax.Array:
+  """Sizes as the GEMMs use them: negative sizes count as 0 and the segments are cut at `rows`.
+
+  Concrete sizes are validated before (grouped_qmatmul raises on them); under a trace this
+  keeps every implementation in bounds and in agreement with the others.
+  """
+  ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes.astype(jnp.int32), 0)), rows)
+  return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def layout(group_sizes: jax.Array, rows: int) -> Layout:
+  """The row bookkeeping of `rows` expert-sorted rows with (sanitized) `group_sizes`."""
+  experts = group_sizes.shape[0]
+  tile = tile_rows(rows, experts)
+  n_tiles = math.ceil(rows / tile) + experts
+  padded = n_tiles * tile
+  gs = sanitize(group_sizes, rows)
+  ends = jnp.cumsum(gs)
+  starts = ends - gs
+  tiles_E = (gs + tile - 1) // tile
+  pend = jnp.cumsum(tiles_E) * tile
+  pstart = pend - tiles_E * tile
+  t = jnp.arange(rows, dtype=jnp.int32)
+  seg_T = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)
+  seg_c = jnp.minimum(seg_T, experts - 1)
+  dest_T = jnp.where(seg_T < experts, pstart[seg_c] + t - starts[seg_c], padded).astype(jnp.int32)
+  p = jnp.arange(padded, dtype=jnp.int32)
+  e_P = jnp.searchsorted(pend, p, side="right").astype(jnp.int32)
+  e_c = jnp.minimum(e_P, experts - 1)
+  j = p - pstart[e_c]
+  src_P = jnp.where((e_P < experts) & (j < gs[e_c]), starts[e_c] + j, rows).astype(jnp.int32)
+  return Layout(gs, seg_T, src_P, dest_T, e_c[::tile], tile)
+
+
+def _tiles(a_TxC: jax.Array, lay: Layout) -> jax.Array:
+  """[n_tiles, tile, C]: the rows in padded order, zeros in empty slots."""
+  a_PxC = jnp.take(a_TxC, lay.src_P, axis=0, mode="fill", fill_value=0)
+  return a_PxC.reshape(-1, lay.tile, a_TxC.shape[1])
+
+
+def _untile(acc: jax.Array, lay: Layout) -> jax.Array:
+  """[T, C] rows back in the original order, zeros for padding rows."""
+  acc_PxC = acc.reshape(-1, acc.shape[-1])
+  return jnp.take(acc_PxC, lay.dest_T, axis=0, mode="fill", fill_value=0)
+
+
+def _ragged_dims(contract, lhs_ragged, rhs_group):
+  return lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(contract, ((), ())),
+                                       lhs_ragged_dimensions=lhs_ragged, rhs_group_dimensions=rhs_group)
+
+
+def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+  """out[t] = a[t] b[e(t)], [T, N] in `out` (zero rows past the sum)."""
+  if impl == "ragged":
+    return lax.ragged_dot(a_TxC, b_ExCxN, lay.group_sizes, preferred_element_type=out, precision=precision)
+  b_tiles = jnp.take(b_ExCxN, lay.tile_expert, axis=0)
+  acc = lax.dot_general(_tiles(a_TxC, lay), b_tiles, (((2,), (1,)), ((0,), (0,))), precision=precision,
+                        preferred_element_type=out)
+  return _untile(acc, lay)
+
+
+def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+  """out[t] = a[t] b[e(t)]ᵀ, [T, K] in `out` (zero rows past the sum)."""
+  if impl == "ragged":
+    dims = _ragged_dims(((1,), (2,)), (0,), (0,))
+    return lax.ragged_dot_general(a_TxN, b_ExKxN, lay.group_sizes, dims, precision=precision,
+                                  preferred_element_type=out)
+  b_tiles = jnp.take(b_ExKxN, lay.tile_expert, axis=0)
+  acc = lax.dot_general(_tiles(a_TxN, lay), b_tiles, (((2,), (2,)), ((0,), (0,))), precision=precision,
+                        preferred_element_type=out)
+  return _untile(acc, lay)
+
+
+def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+  """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
+  experts = lay.group_sizes.shape[0]
+  if impl == "ragged":
+    dims = _ragged_dims(((0,), (0,)), (0,), ())
+    return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision,
+                                  preferred_element_type=out)
+  # Tiles in the [tile, K]ᵀ x [tile, N] layout, then one segment sum over each expert's tiles.
+  a_tiles = jnp.swapaxes(_tiles(a_TxK, lay), 1, 2)  # [n_tiles, K, tile]
+  acc = lax.dot_general(a_tiles, _tiles(b_TxN, lay), (((2,), (1,)), ((0,), (0,))), precision=precision,
+                        preferred_element_type=out)
+  return jax.ops.segment_sum(acc, lay.tile_expert, num_segments=experts, indices_are_sorted=True)

@@ -1,0 +1,207 @@
+"""grouped_qmatmul: ragged_dot semantics, both GEMM implementations bit for bit, the dense layer
+recovered with one segment per example, edge cases (empty experts, padding rows, T = 1, E = 1)
+and clear errors for bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import s3r
+from s3r.quant import grouped_gemm
+from tests.quant.reference import np_rtne_codes, np_scale
+
+ALL = list(s3r.RECIPES)
+INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
+T, K, N, E = 13, 8, 6, 4
+SIZES = [3, 0, 5, 2]  # an empty expert and 3 padding rows
+
+
+def _problem(seed=0, t=T, e=E, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((t, K)), dtype)
+  w = jnp.asarray(rng.standard_normal((e, K, N)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((t, N)), dtype)
+  return x, w, g
+
+
+def _fwd_bwd(recipe, x, w, sizes, g, impl=None, key=None):
+  gs = jnp.asarray(sizes, jnp.int32)
+  key = jax.random.key(1) if key is None else key
+  y, vjp = jax.vjp(lambda a, b: s3r.grouped_qmatmul(a, b, gs, key=key, recipe=recipe, impl=impl), x, w)
+  return (y, *vjp(g))
+
+
+_jitted = jax.jit(_fwd_bwd, static_argnames=("recipe", "impl"))
+
+
+def _run(recipe, x, w, sizes, g, impl=None):
+  """(y, dx, dw), jitted with traced group sizes (eager dispatch of the small ops is slow)."""
+  return _jitted(recipe, x, w, jnp.asarray(sizes, jnp.int32), g, impl=impl)
+
+
+def _segments(sizes):
+  ends = np.cumsum(sizes)
+  return [(e, ends[e] - sizes[e], ends[e]) for e in range(len(sizes))]
+
+
+def test_forward_is_the_ragged_product_of_the_rtne_codes():
+  x, w, _ = _problem()
+  y = np.asarray(_run("int8_rtne", x, w, SIZES, jnp.zeros((T, N)))[0], np.float64)
+  xn, wn = np.asarray(x), np.asarray(w)
+  sx, sw = np_scale(xn, axis=1), np_scale(wn, axis=1)
+  xq, wq = np_rtne_codes(xn, sx[:, None]), np_rtne_codes(wn, sw[:, None, :])
+  expected = np.zeros((T, N))
+  for e, a, b in _segments(SIZES):
+    expected[a:b] = (xq[a:b].astype(np.float64) @ wq[e].astype(np.float64)) * sx[a:b, None] * sw[e]
+  np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+  assert (y[sum(SIZES):] == 0).all()
+
+
+@pytest.mark.parametrize("recipe", INT8)
+def test_tiled_and_ragged_dot_paths_agree_bit_for_bit(recipe):
+  x, w, g = _problem(seed=2)
+  for sizes in (SIZES, [T, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 10]):
+    ragged = _run(recipe, x, w, sizes, g, impl="ragged")
+    tiled = _run(recipe, x, w, sizes, g, impl="tiled")
+    for a, b in zip(ragged, tiled):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_tiled_gemms_equal_ragged_dot_on_random_int8_operands_with_many_tiles():
+  rng = np.random.default_rng(3)
+  rows, experts = 300, 5
+  sizes = jnp.asarray([70, 0, 129, 1, 64], jnp.int32)  # ragged ends inside and across tiles, 36 padding rows
+  a = jnp.asarray(rng.integers(-127, 128, (rows, K)), jnp.int8)
+  b = jnp.asarray(rng.integers(-127, 128, (experts, K, N)), jnp.int8)
+  q = jnp.asarray(rng.integers(-127, 128, (rows, N)), jnp.int8)
+  for fn, args in ((grouped_gemm.gmm, (a, b)), (grouped_gemm.gmm_nt, (q, b)), (grouped_gemm.tgmm, (a, q))):
+    run = jax.jit(lambda u, v, impl: fn(u, v, grouped_gemm.layout(sizes, rows), impl), static_argnums=2)
+    np.testing.assert_array_equal(run(*args, "tiled"), run(*args, "ragged"))
+
+
+def test_tiled_layout_does_at_most_rows_plus_experts_times_tile_rows_of_work():
+  for rows, experts in ((2048, 8), (2048, 128), (1, 1), (100, 64)):
+    lay = jax.eval_shape(lambda sizes: grouped_gemm.layout(sizes, rows), jax.ShapeDtypeStruct((experts,), jnp.int32))
+    padded = lay.src_P.shape[0]
+    tile = grouped_gemm.tile_rows(rows, experts)
+    assert padded <= rows + (experts + 1) * tile
+    if rows >= 8 * experts:
+      assert padded <= 2 * rows + tile  # never E times the routed rows
+
+
+@pytest.mark.parametrize("recipe", ["int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_bcast", "s3r_ec_dw",
+                                    "s3r_split_dx2d_dwbcast"])
+def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients(recipe):
+  """E = B segments of S rows each, every expert holding the same W: the grouped layer is the
+  dense one on [B, S, K]. Same scales, step, thresholds (⌈T/4⌉ words per token, ⌈B/4⌉ per
+  example) and int8 codes, hence the same int32 accumulators: the forward and uncorrected dX
+  are bit-exact. The S3R-EC segment means are reduced in another order than the dense means
+  (segment sums vs jnp.mean), and dW of the shared weight sums E per-expert f32 products where
+  the dense path rescales one int32 sum, so those agree to f32 rounding."""
+  b, s = 3, 8
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.standard_normal((b, s, K)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((b, s, N)) * np.logspace(-3, 0, N), jnp.float32)
+  key = jax.random.key(7)
+  gs = jnp.full((b,), s, jnp.int32)
+  y_d, vjp_d = jax.vjp(lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), x, w)
+  grouped = lambda a, c: s3r.grouped_qmatmul(a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key,
+                                             recipe=recipe).reshape(b, s, N)
+  y_g, vjp_g = jax.vjp(grouped, x, w)
+  (dx_d, dw_d), (dx_g, dw_g) = vjp_d(g), vjp_g(g)
+  np.testing.assert_array_equal(y_g, y_d)
+  if not s3r.recipe(recipe).correct_dx:
+    np.testing.assert_array_equal(dx_g, dx_d)
+  np.testing.assert_allclose(dx_g, dx_d, rtol=0, atol=1e-6 * np.abs(dx_d).max())
+  np.testing.assert_allclose(dw_g, dw_d, rtol=0, atol=1e-6 * np.abs(dw_d).max())
+
+
+@pytest.mark.parametrize("recipe", ALL)
+def test_empty_experts_and_padding_rows_get_zero_outputs_and_gradients_never_nan(recipe):
+  x, w, g = _problem(seed=5)
+  n_valid = sum(SIZES)
+  # non-finite garbage in the padding rows (of x and of the upstream gradient) must not leak
+  x = x.at[n_valid:].set(jnp.nan).at[n_valid, 0].set(jnp.inf)
+  g = g.at[n_valid:].set(jnp.nan)
+  y, dx, dw = (np.asarray(a, np.float64) for a in _run(recipe, x, w, SIZES, g))
+  assert np.isfinite(y).all() and np.isfinite(dx).all() and np.isfinite(dw).all()
+  assert (y[n_valid:] == 0).all() and (dx[n_valid:] == 0).all()
+  assert (dw[1] == 0).all()  # the empty expert
+  assert np.abs(dx[:n_valid]).min(axis=1).max() > 0 and np.abs(dw[0]).max() > 0
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "int8_rtne", "s3r_ec_bcast"])
+@pytest.mark.parametrize("t, e, sizes", [(1, 1, [1]), (1, 3, [0, 1, 0]), (T, 1, [T]), (T, E, [0, T, 0, 0]),
+                                         (T, E, [0, 0, 0, 0])])
+def test_degenerate_routings_are_correct_and_finite(recipe, t, e, sizes):
+  x, w, g = _problem(seed=6, t=t, e=e, dtype=jnp.bfloat16)
+  y, dx, dw = (np.asarray(a, np.float64) for a in _run(recipe, x, w, sizes, g))
+  assert y.dtype == np.float64 and np.isfinite(y).all() and np.isfinite(dx).all() and np.isfinite(dw).all()
+  xn, wn, gn = (np.asarray(a, np.float64) for a in (x, w, g))
+  for ex, a, b in _segments(sizes):
+    np.testing.assert_allclose(y[a:b], xn[a:b] @ wn[ex], rtol=0.05, atol=0.05 * (np.abs(xn) @ np.abs(wn[ex])).max())
+    if b == a:
+      assert (dw[ex] == 0).all()
+  if recipe in ("bf16", "int8_rtne"):  # deterministic gradients close to the float ones
+    for ex, a, b in _segments(sizes):
+      exact = xn[a:b].T @ gn[a:b]
+      assert np.abs(dw[ex] - exact).max() <= 0.1 * max(np.abs(exact).max(), 1e-6)
+  assert (y[sum(sizes):] == 0).all() and (dx[sum(sizes):] == 0).all()
+
+
+def test_output_has_the_dtype_of_x():
+  x, w, _ = _problem(dtype=jnp.bfloat16)
+  for recipe in ("bf16", "s3r"):
+    assert jax.eval_shape(lambda a, b: s3r.grouped_qmatmul(a, b, jnp.asarray(SIZES, jnp.int32), key=jax.random.key(0),
+                                                            recipe=recipe), x, w).dtype == jnp.bfloat16
+
+
+def test_traced_group_sizes_work_under_jit_and_match_eager():
+  x, w, g = _problem(seed=8)
+  eager = _fwd_bwd("s3r", x, w, SIZES, g)
+  jitted = _run("s3r", x, w, SIZES, g)
+  for a, b in zip(eager, jitted):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_traced_negative_or_overflowing_sizes_are_clamped_the_same_by_both_paths():
+  x, w, g = _problem(seed=9)
+  f = lambda sizes, impl: _run("s3r", x, w, sizes, g, impl=impl)
+  bad = jnp.asarray([4, -3, 20, 5], jnp.int32)  # -3 counts as 0; the third segment is cut at row T
+  for a, b, c in zip(f(bad, "tiled"), f(bad, "ragged"), f(jnp.asarray([4, 0, 9, 0], jnp.int32), "tiled")):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(w=jnp.zeros((E, K + 1, N))), "last dim of x"),
+    (dict(w=jnp.zeros((K, N))), "w must be"),
+    (dict(x=jnp.zeros((2, T, K))), "x must be"),
+    (dict(group_sizes=jnp.asarray(SIZES[:3], jnp.int32)), "group_sizes must be"),
+    (dict(group_sizes=jnp.asarray([3, -1, 5, 2], jnp.int32)), "group_sizes must be >= 0"),
+    (dict(group_sizes=jnp.asarray([3, 9, 5, 2], jnp.int32)), "group_sizes sum to 19"),
+    (dict(key=None), "needs key"),
+    (dict(impl="pallas"), "impl must be"),
+    (dict(recipe="nope"), "unknown recipe"),
+])
+def test_bad_input_raises_a_value_error_naming_the_argument(kwargs, match):
+  args = dict(x=jnp.zeros((T, K)), w=jnp.zeros((E, K, N)), group_sizes=jnp.asarray(SIZES, jnp.int32),
+              key=jax.random.key(0), recipe="s3r", impl=None) | kwargs
+  with pytest.raises(ValueError, match=match):
+    s3r.grouped_qmatmul(args.pop("x"), args.pop("w"), args.pop("group_sizes"), **args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(group_sizes=jnp.asarray(SIZES, jnp.int64) if jax.config.jax_enable_x64 else jnp.asarray(SIZES, jnp.int16)),
+     "group_sizes must be int32"),
+    (dict(group_sizes=SIZES), "group_sizes must be an array"),
+    (dict(x=jnp.zeros((T, K), jnp.int8)), "x must have a real floating dtype"),
+    (dict(key=jnp.zeros((3,), jnp.float32)), "key must be"),
+])
+def test_bad_input_types_raise_a_type_error_naming_the_argument(kwargs, match):
+  args = dict(x=jnp.zeros((T, K)), w=jnp.zeros((E, K, N)), group_sizes=jnp.asarray(SIZES, jnp.int32),
+              key=jax.random.key(0), recipe="s3r") | kwargs
+  with pytest.raises(TypeError, match=match):
+    s3r.grouped_qmatmul(args.pop("x"), args.pop("w"), args.pop("group_sizes"), **args)
