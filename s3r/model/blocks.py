@@ -70,7 +70,7 @@ def moe_feed_forward(cfg, key) -> nnx.Module:
   from s3r.model.moe import MoEFeedForward  # noqa: PLC0415 (dense families never need it)
 
   return MoEFeedForward(d_model=cfg.d_model, d_expert=cfg.d_expert, n_experts=cfg.n_experts, top_k=cfg.top_k,
-                        n_shared=cfg.n_shared, d_shared=cfg.d_expert if cfg.n_shared else None,
+                        n_shared=cfg.n_shared, d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
                         renormalize=cfg.renormalize, capacity_factor=cfg.capacity_factor,
                         aux_loss_weight=cfg.aux_loss_weight, recipe=cfg.recipe, act="silu", rngs=nnx.Rngs(key))
 
