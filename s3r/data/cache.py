@@ -23,6 +23,9 @@ from s3r.data.tokenizer import TOKENIZER_VERSION, Tokenizer
 TOKENS_VERSION = "eot-after-every-document-v1"
 # Upper bound on the text the BPE trainer sees (the first run stays well under 2 min).
 TOKENIZER_SAMPLE_CHARS = 20_000_000
+# Characters of one document the BPE trainer sees (bounds its memory: a 50 MB one-line document would
+# otherwise need gigabytes); longer documents contribute their first TOKENIZER_DOC_CHARS characters.
+TOKENIZER_DOC_CHARS = 1_000_000
 _ENCODE_CHUNK_CHARS = 4_000_000
 _PROGRESS_EVERY_S = 5.0
 
@@ -41,16 +44,18 @@ def digest_documents(docs: Sequence[str], *extra: object) -> str:
     return h.hexdigest()
 
 
-def tokenizer_sample(docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS) -> tuple[list[str], int]:
-    """A deterministic sample of whole documents of about ``max_chars`` characters.
+def tokenizer_sample(docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS,
+                     doc_chars: int = TOKENIZER_DOC_CHARS) -> tuple[list[str], int]:
+    """A deterministic sample of documents of about ``max_chars`` characters.
 
     Returns ``(sample, stride)``: every ``stride``-th document, starting with the
-    first, so the sample spreads over the whole corpus rather than its start.
+    first, so the sample spreads over the whole corpus rather than its start,
+    each cut to its first ``doc_chars`` characters (bounding the trainer's memory).
     ``stride`` is 1 (all documents) when they total at most ``max_chars``.
     """
-    total = sum(len(d) for d in docs)
+    total = sum(min(len(d), doc_chars) for d in docs)
     stride = max(1, math.ceil(total / max_chars))
-    return list(docs[::stride]), stride
+    return [d[:doc_chars] for d in docs[::stride]], stride
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
