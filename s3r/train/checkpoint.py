@@ -46,6 +46,8 @@ class Checkpointer:
   def save(self, step: int, state, meta: dict) -> pathlib.Path:
     """Writes checkpoint `step` (overwriting one with the same number); returns its path."""
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    if step in self.all_steps():  # e.g. a damaged checkpoint that a resume fell back past
+      self._manager.delete(step)
     self._manager.save(step, args=args, force=True)
     self._manager.wait_until_finished()
     return self.directory / str(step)
@@ -77,17 +79,16 @@ class Checkpointer:
       try:
         value = read(step)
       except Exception as e:  # orbax, JSON and file-system errors of a damaged checkpoint all end here
-        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"[:200]
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"[:120]
         problems.append(f"step {step} ({why})")
-        log(f"checkpoint {self.directory / str(step)} is unreadable ({why}); trying the one before")
         continue
       meta = value[1] if unpack else value
       if not isinstance(meta, dict) or "train_config" not in meta:
         problems.append(f"step {step} (meta has no train_config)")
-        log(f"checkpoint {self.directory / str(step)} has no usable meta; trying the one before")
         continue
       if problems:
-        log(f"using checkpoint step {step} instead of the damaged newer one(s): {'; '.join(problems)}")
+        log(f"checkpoint: using step {step} of {self.directory}; skipped the unreadable newer checkpoint(s) "
+            f"{'; '.join(problems)}")
       return (step, *value) if unpack else (step, value)
     raise CorruptCheckpoint(f"no readable checkpoint in {self.directory}" +
                             (f": {'; '.join(problems)}" if problems else ""))

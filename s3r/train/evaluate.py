@@ -98,7 +98,7 @@ def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int 
   resolved as `s3r train --data` does), encoded with the run's tokenizer; `warn` reports how many
   of them are training documents of the run.
   """
-  ckpt, cfg, meta = open_run(path, log)
+  ckpt, cfg, meta = open_run(path, log=lambda *_: None)
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
   try:

@@ -110,17 +110,17 @@ def _remove_if_unused(out: pathlib.Path) -> None:
 
 def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
   t_start = time.time()
-  corpus = _prepare_data_once(cfg, log)
-  setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
   ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
   try:
     resume_step = _resume_step(cfg, ckpt, log)
-    train_step = compile_train_step(setup, cfg, log) if (resume_step or 0) < cfg.steps else None
+    corpus = _prepare_data_once(cfg, log)
+    setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
     batches = Batches(setup.batch_sharding, (cfg.batch, cfg.seq + 1))
     loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
     val_sets = validation_batches(corpus.val_tokens, cfg, log)
     state, wall_before = _initial_state(setup, ckpt, loader, resume_step, log)
     start = int(state.step)
+    train_step = compile_train_step(setup, cfg, log) if start < cfg.steps else None
     meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
                     "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str(),
                     "mesh": dict(setup.mesh.shape), "process_count": jax.process_count(),
@@ -221,7 +221,7 @@ def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log) -> int | 
       log(f"resume: no checkpoint in {ckpt.directory}; starting from step 0")
     return None
   try:
-    step, meta = ckpt.read_latest_meta(log)
+    step, meta = ckpt.read_latest_meta(_quiet)
   except checkpoint.CorruptCheckpoint as e:
     raise ConfigError(f"{e}; start a new run with another --out") from None
   saved = TrainConfig.from_dict(meta["train_config"])
