@@ -27,6 +27,9 @@ TOKENIZER_SAMPLE_CHARS = 20_000_000
 # otherwise need gigabytes); longer documents contribute their first TOKENIZER_DOC_CHARS characters.
 TOKENIZER_DOC_CHARS = 1_000_000
 _ENCODE_CHUNK_CHARS = 4_000_000
+# Documents longer than this are encoded in pieces (bounding the encoder's memory), cut before a space that
+# follows a non-space character: the ByteLevel pre-tokenizer splits there too, so the ids are the same.
+ENCODE_PIECE_CHARS = 1_000_000
 _PROGRESS_EVERY_S = 5.0
 
 Log = Callable[[str], None]
@@ -162,8 +165,37 @@ def _chunks(docs: Sequence[str], max_chars: int):
         yield chunk
 
 
+def split_long_document(doc: str, size: int = ENCODE_PIECE_CHARS) -> list[str]:
+    """``doc`` in pieces of at most ``size`` characters, each (but the last) ending just before a
+    space preceded by a non-space character when there is one in the piece's second half."""
+    pieces, start = [], 0
+    while len(doc) - start > size:
+        end = start + size
+        cut = doc.rfind(" ", start + size // 2, end)
+        while cut > start and doc[cut - 1].isspace():
+            cut = doc.rfind(" ", start + size // 2, cut)
+        end = cut if cut > start else end
+        pieces.append(doc[start:end])
+        start = end
+    pieces.append(doc[start:])
+    return pieces
+
+
+def encode_long(tok: Tokenizer, docs: Sequence[str]) -> list[list[int]]:
+    """``tok.encode_batch(docs)``, with documents longer than ENCODE_PIECE_CHARS encoded piece by piece."""
+    if all(len(d) <= ENCODE_PIECE_CHARS for d in docs):
+        return tok.encode_batch(docs)
+    out = []
+    for doc in docs:
+        if len(doc) <= ENCODE_PIECE_CHARS:
+            out.extend(tok.encode_batch([doc]))
+        else:
+            out.append([i for piece in split_long_document(doc) for i in tok.encode(piece)])
+    return out
+
+
 def _encode_chunk(chunk: Sequence[str], tok: Tokenizer, dtype: np.dtype) -> np.ndarray:
-    ids = tok.encode_batch(chunk)
+    ids = encode_long(tok, chunk)
     out = np.empty(sum(len(x) for x in ids) + len(ids), dtype)
     pos = 0
     for x in ids:

@@ -120,7 +120,8 @@ def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int 
     if overlap := training_overlap(docs, cfg):
       warn(f"{overlap} of the {len(docs)} documents of {data} are training documents of this run: "
            f"the loss on them is optimistic")
-    val = {"val": np.concatenate([np.asarray(ids + [tok.eot_id], np.int32) for ids in tok.encode_batch(docs)])}
+    ids = s3r_data.cache.encode_long(tok, docs)
+    val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
   log(f"eval: step {step} of {ckpt.directory}")
   return evaluate(setup, state.params, validation_batches(val, cfg, log))
 

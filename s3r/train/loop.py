@@ -115,12 +115,15 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
     resume_step = _resume_step(cfg, ckpt, log)
     corpus = _prepare_data_once(cfg, log)
     setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
+    # Compiled (and its memory checked) before any batch or state is built.
+    train_step = compile_train_step(setup, cfg, log) if resume_step is None or resume_step < cfg.steps else None
     batches = Batches(setup.batch_sharding, (cfg.batch, cfg.seq + 1))
     loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
     val_sets = validation_batches(corpus.val_tokens, cfg, log)
     state, wall_before = _initial_state(setup, ckpt, loader, resume_step, log)
     start = int(state.step)
-    train_step = compile_train_step(setup, cfg, log) if start < cfg.steps else None
+    if train_step is None and start < cfg.steps:  # resumed from before a damaged final checkpoint
+      train_step = compile_train_step(setup, cfg, log)
     meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
                     "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str(),
                     "mesh": dict(setup.mesh.shape), "process_count": jax.process_count(),
