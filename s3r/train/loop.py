@@ -73,8 +73,8 @@ def train(cfg: TrainConfig, *, log=print) -> dict:
   cfg = absolute_paths(cfg)
   out = pathlib.Path(cfg.out)
   mesh = make_mesh(cfg)
-  created = _writable_dir(out, "--out")
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
+  created = _writable_dir(out, "--out")
   try:
     with RunLock(out) if main else contextlib.nullcontext():
       return _train(cfg, out, mesh, main, log)

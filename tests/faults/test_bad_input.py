@@ -7,7 +7,7 @@ import os
 import pathlib
 
 import pytest
-from conftest import assert_one_line_error, snapshot
+from tests.faults.conftest import assert_one_line_error, snapshot
 
 
 @pytest.mark.parametrize("args, fragments", [

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from conftest import assert_one_line_error, metrics_lines, snapshot
+from tests.faults.conftest import assert_one_line_error, metrics_lines, snapshot
 
 STEADY = ("step", "loss", "grad_norm", "lr", "val_loss")  # what a rerun must reproduce bit for bit
 
@@ -91,7 +91,7 @@ def test_a_second_training_on_the_same_out_is_refused_and_ctrl_c_saves_and_exits
   first = cli.start(*cli.train_args(out, "--steps", "100000", "--ckpt-every", "50000", "--eval-every", "50000"))
   try:
     _wait_for_step(out, 3, first)
-    second = cli.train(out, "--resume")
+    second = cli("train", "--out", out, "--resume")
     assert_one_line_error(second, 2, "another training is running on", f"pid {first.pid}")
     first.send_signal(signal.SIGINT)
     _, stderr = first.communicate(timeout=120)
