@@ -40,8 +40,9 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-  """Shows "(default: X)" except where the default is None or False (the help text says it)."""
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+  """Shows "(default: X)" except where the default is None or False (the help text says it); keeps the
+  paragraphs of the epilog (see `_paragraphs`)."""
 
   def _get_help_string(self, action):
     return action.help if action.default is None or action.default is False else super()._get_help_string(action)
@@ -50,6 +51,12 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 EXIT_CODES = {"ok": 0, "diverged": 1, "bad_input": 2, "resources": 3, "interrupted": 130, "internal": 70}
 EXIT_HELP = ("exit codes: 0 ok, 1 training diverged, 2 bad input (flags, data, run directory), 3 not enough "
              "memory or disk, 130 interrupted (a checkpoint is saved first), 70 internal error")
+
+
+def _paragraphs(*texts: str) -> str:
+  import textwrap
+
+  return "\n\n".join(textwrap.fill(t, 100) for t in texts)
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -112,17 +119,18 @@ def register_train(subparsers) -> None:
   changeable = ", ".join(f"--{k.replace('_', '-')}" for k in RESUMABLE_CHANGES if k not in ("out", "resume", "progress"))
   p = subparsers.add_parser(
       "train", help="train a language model with a quantization recipe", formatter_class=_Help,
-      description="Train a Llama-style model; writes metrics.jsonl (from step 0), loss.png, config.json and "
-                  "checkpoints/ into --out. Only one training may use an --out at a time.",
-      epilog=f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the "
-             f"run's own settings (a damaged newest checkpoint is reported and the one before it used). With "
-             f"--resume only {changeable} and --no-progress may change, and --steps may be raised to extend the run: "
-             f"the cosine decay is then stretched to the new total from the resumed step on (the learning rate "
-             f"continues on the stretched curve). Ctrl-C saves a checkpoint and stops; resume it the same way. "
-             f"Data: --data NAME looks NAME up as a path, then in the data root ($S3R_DATA, else ../shared/data "
-             f"beside the repository); enwiki, shakespeare and c4 are folders of the data root; python-stdlib (the "
-             f"running Python's standard library) needs no data and is the fallback corpus when there is no enwiki. "
-             f"{EXIT_HELP}.")
+      description=_paragraphs("Train a Llama-style model; writes metrics.jsonl (from step 0), loss.png, config.json "
+                              "and checkpoints/ into --out. Only one training may use an --out at a time."),
+      epilog=_paragraphs(
+          f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
+          f"own settings (a damaged newest checkpoint is reported and the one before it used). With --resume only "
+          f"{changeable} and --no-progress may change, and --steps may be raised to extend the run: the cosine decay "
+          f"is then stretched to the new total from the resumed step on (the learning rate moves to the stretched "
+          f"curve's value at that step). Ctrl-C saves a checkpoint and stops; resume it the same way.",
+          "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
+          "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
+          "library) needs no data and is the fallback corpus when there is no enwiki.",
+          EXIT_HELP + "."))
   p.add_argument("--recipe", choices=list(RECIPES), metavar="NAME",
                  help=f"quantization recipe of the block projections (see `s3r recipes`; default: {d['recipe']})")
   p.add_argument("--preset", choices=list(PRESETS),
@@ -247,8 +255,9 @@ def run_train(args) -> int:
 def register_eval(subparsers) -> None:
   p = subparsers.add_parser(
       "eval", help="validation loss and perplexity of a checkpoint", formatter_class=_Help,
-      description="Validation loss and perplexity of the newest readable checkpoint of a run (a damaged newest "
-                  "checkpoint is reported and the one before it used).", epilog=EXIT_HELP + ".")
+      description=_paragraphs("Validation loss and perplexity of the newest readable checkpoint of a run (a "
+                              "damaged newest checkpoint is reported and the one before it used)."),
+      epilog=_paragraphs(EXIT_HELP + "."))
   p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run directory or its checkpoints/ folder")
   p.add_argument("--data", default=None,
                  help="corpus to evaluate on, named as for `s3r train --data` (default: the run's validation sets); "
