@@ -96,3 +96,29 @@ def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, 
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0] and "error" in lines[0], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def _raise(error):
+  def run(args):
+    raise error
+  return run
+
+
+@pytest.mark.parametrize("error, code, text", [
+    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.\nmore detail"), 3,
+     "out of device memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.)"),
+    (MemoryError(), 3, "out of host memory"),
+    (OSError(28, "No space left on device", "/runs/x/metrics.jsonl"), 3, "No space left on device: /runs/x"),
+    (PermissionError(13, "Permission denied", "/cache/tokens"), 2, "Permission denied: /cache/tokens"),
+    (KeyboardInterrupt(), 130, "interrupted before training started"),
+])
+def test_expected_failures_map_to_distinct_exit_codes_in_one_line(capsys, error, code, text):
+  assert cli._guarded(_raise(error), None) == code
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("s3r: error: ") and text in err, err
+
+
+def test_an_unexpected_crash_prints_its_traceback_and_exits_70(capsys):
+  assert cli._guarded(_raise(ZeroDivisionError("bug")), None) == cli.EXIT_CODES["internal"] == 70
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.strip().splitlines()[-1] == "s3r: error: internal error: ZeroDivisionError: bug"
