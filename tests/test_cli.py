@@ -1,4 +1,5 @@
-"""The `s3r` command line: recipes, train end to end on `tiny`, eval, and one-line errors."""
+"""The `s3r` command line: recipes, train end to end on `tiny`, resume alone, eval from elsewhere, help texts and
+one-line errors (the fault-injection suite in tests/faults covers the failure cases)."""
 
 import json
 import os
@@ -31,23 +32,48 @@ def test_recipes_lists_every_recipe_with_its_description(capsys):
     assert line.split()[0] == name and line.endswith(recipe.description)
 
 
-def test_train_on_tiny_runs_end_to_end_and_eval_reads_its_checkpoint(tmp_path, capsys):
-  data, out = _corpus(tmp_path / "data"), tmp_path / "run"
-  argv = ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "6", "--warmup", "1", "--batch", "4",
-          "--seq", "32", "--vocab", "300", "--data", str(data), "--out", str(out), "--eval-every", "3",
-          "--ckpt-every", "3", "--eval-batches", "2", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_from_elsewhere(tmp_path, capsys,
+                                                                                              monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  _corpus(tmp_path / "data")
+  argv = ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "6", "--batch", "4", "--seq", "32", "--vocab",
+          "300", "--data", "data", "--out", "run", "--eval-every", "3", "--ckpt-every", "3", "--eval-batches", "2",
+          "--cache-dir", "cache", "--no-progress"]
   assert cli.main(argv) == 0
+  out = tmp_path / "run"
   printed = capsys.readouterr().out
-  assert "final validation loss: val_loss" in printed and str(out / "loss.png") in printed
+  assert "final validation loss: val_loss" in printed and "run/loss.png" in printed
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records] == list(range(1, 7)) and "val_loss" in records[-1]
-  assert (out / "loss.png").stat().st_size > 0 and (out / "config.json").exists()
-  assert (out / "checkpoints" / "6").is_dir()
+  assert [r["step"] for r in records] == list(range(0, 7)) and "val_loss" in records[-1]
+  assert (out / "loss.png").stat().st_size > 0 and (out / "checkpoints" / "6").is_dir()
+  saved = json.loads((out / "config.json").read_text())["train"]
+  assert saved["warmup"] == 0 and saved["cache_dir"] == str(tmp_path / "cache")  # min(30, 6 // 10); absolute
 
+  # `--resume` alone keeps the run's settings; a larger --steps extends it.
+  assert cli.main(["train", "--out", "run", "--resume", "--steps", "8", "--no-progress"]) == 0
+  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == list(range(0, 9))
+  assert json.loads((out / "config.json").read_text())["train"] == {**saved, "steps": 8, "resume": True}
+  capsys.readouterr()
+
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.chdir(tmp_path / "elsewhere")
   assert cli.main(["eval", str(out), "--eval-batches", "2"]) == 0
   lines = capsys.readouterr().out.splitlines()
   val = next(line for line in lines if line.startswith("val:"))
   assert f"loss {records[-1]['val_loss']:.4f}" in val and "perplexity" in val
+  assert any(line.startswith("tokens: cached val") for line in lines)  # the run's cache, found from elsewhere
+  assert not (tmp_path / "elsewhere" / "cache").exists()
+
+
+@pytest.mark.parametrize("text", ["exit codes: 0 ok, 1 training diverged, 2 bad input", "3 not enough memory",
+                                  "130 interrupted", "--resume", "stretched", "$S3R_DATA",
+                                  "../shared/data beside the repository", "python-stdlib", "needs no data",
+                                  "tiny: vocab 512, seq 128", "min(30, steps // 10)"])
+def test_train_help_documents_exit_codes_resume_data_lookup_and_presets(capsys, text):
+  with pytest.raises(SystemExit):
+    cli.main(["train", "--help"])
+  assert text in " ".join(capsys.readouterr().out.split())
 
 
 def _run_cli(*args, cwd):
@@ -58,7 +84,8 @@ def _run_cli(*args, cwd):
 
 @pytest.mark.parametrize("args, message", [
     (["train", "--data", "does/not/exist", "--preset", "tiny", "--out", "run"], "does not exist"),
-    (["train", "--steps", "-3", "--out", "run"], "steps"),
+    (["train", "--steps", "-3", "--out", "run"], "--steps must be an integer >= 1"),
+    (["train", "--steps", "20", "--warmup", "30", "--out", "run"], "--warmup must be an integer in [0, --steps=20]"),
     (["train", "--recipe", "fp4", "--out", "run"], "invalid choice"),
     (["train", "--mesh", "data=3", "--out", "run"], "--mesh"),
     (["eval", "no/such/run"], "no checkpoint"),
@@ -69,3 +96,29 @@ def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, 
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0] and "error" in lines[0], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def _raise(error):
+  def run(args):
+    raise error
+  return run
+
+
+@pytest.mark.parametrize("error, code, text", [
+    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.\nmore detail"), 3,
+     "out of device memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.)"),
+    (MemoryError(), 3, "out of host memory"),
+    (OSError(28, "No space left on device", "/runs/x/metrics.jsonl"), 3, "No space left on device: /runs/x"),
+    (PermissionError(13, "Permission denied", "/cache/tokens"), 2, "Permission denied: /cache/tokens"),
+    (KeyboardInterrupt(), 130, "interrupted before training started"),
+])
+def test_expected_failures_map_to_distinct_exit_codes_in_one_line(capsys, error, code, text):
+  assert cli._guarded(_raise(error), None) == code
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("s3r: error: ") and text in err, err
+
+
+def test_an_unexpected_crash_prints_its_traceback_and_exits_70(capsys):
+  assert cli._guarded(_raise(ZeroDivisionError("bug")), None) == cli.EXIT_CODES["internal"] == 70
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.strip().splitlines()[-1] == "s3r: error: internal error: ZeroDivisionError: bug"

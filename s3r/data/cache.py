@@ -23,7 +23,13 @@ from s3r.data.tokenizer import TOKENIZER_VERSION, Tokenizer
 TOKENS_VERSION = "eot-after-every-document-v1"
 # Upper bound on the text the BPE trainer sees (the first run stays well under 2 min).
 TOKENIZER_SAMPLE_CHARS = 20_000_000
+# Characters of one document the BPE trainer sees (bounds its memory: a 50 MB one-line document would
+# otherwise need gigabytes); longer documents contribute their first TOKENIZER_DOC_CHARS characters.
+TOKENIZER_DOC_CHARS = 1_000_000
 _ENCODE_CHUNK_CHARS = 4_000_000
+# Documents longer than this are encoded in pieces (bounding the encoder's memory), cut before a space that
+# follows a non-space character: the ByteLevel pre-tokenizer splits there too, so the ids are the same.
+ENCODE_PIECE_CHARS = 1_000_000
 _PROGRESS_EVERY_S = 5.0
 
 Log = Callable[[str], None]
@@ -41,16 +47,18 @@ def digest_documents(docs: Sequence[str], *extra: object) -> str:
     return h.hexdigest()
 
 
-def tokenizer_sample(docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS) -> tuple[list[str], int]:
-    """A deterministic sample of whole documents of about ``max_chars`` characters.
+def tokenizer_sample(docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS,
+                     doc_chars: int = TOKENIZER_DOC_CHARS) -> tuple[list[str], int]:
+    """A deterministic sample of documents of about ``max_chars`` characters.
 
     Returns ``(sample, stride)``: every ``stride``-th document, starting with the
-    first, so the sample spreads over the whole corpus rather than its start.
+    first, so the sample spreads over the whole corpus rather than its start,
+    each cut to its first ``doc_chars`` characters (bounding the trainer's memory).
     ``stride`` is 1 (all documents) when they total at most ``max_chars``.
     """
-    total = sum(len(d) for d in docs)
+    total = sum(min(len(d), doc_chars) for d in docs)
     stride = max(1, math.ceil(total / max_chars))
-    return list(docs[::stride]), stride
+    return [d[:doc_chars] for d in docs[::stride]], stride
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -157,8 +165,37 @@ def _chunks(docs: Sequence[str], max_chars: int):
         yield chunk
 
 
+def split_long_document(doc: str, size: int = ENCODE_PIECE_CHARS) -> list[str]:
+    """``doc`` in pieces of at most ``size`` characters, each (but the last) ending just before a
+    space preceded by a non-space character when there is one in the piece's second half."""
+    pieces, start = [], 0
+    while len(doc) - start > size:
+        end = start + size
+        cut = doc.rfind(" ", start + size // 2, end)
+        while cut > start and doc[cut - 1].isspace():
+            cut = doc.rfind(" ", start + size // 2, cut)
+        end = cut if cut > start else end
+        pieces.append(doc[start:end])
+        start = end
+    pieces.append(doc[start:])
+    return pieces
+
+
+def encode_long(tok: Tokenizer, docs: Sequence[str]) -> list[list[int]]:
+    """``tok.encode_batch(docs)``, with documents longer than ENCODE_PIECE_CHARS encoded piece by piece."""
+    if all(len(d) <= ENCODE_PIECE_CHARS for d in docs):
+        return tok.encode_batch(docs)
+    out = []
+    for doc in docs:
+        if len(doc) <= ENCODE_PIECE_CHARS:
+            out.extend(tok.encode_batch([doc]))
+        else:
+            out.append([i for piece in split_long_document(doc) for i in tok.encode(piece)])
+    return out
+
+
 def _encode_chunk(chunk: Sequence[str], tok: Tokenizer, dtype: np.dtype) -> np.ndarray:
-    ids = tok.encode_batch(chunk)
+    ids = encode_long(tok, chunk)
     out = np.empty(sum(len(x) for x in ids) + len(ids), dtype)
     pos = 0
     for x in ids:

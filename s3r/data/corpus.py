@@ -2,6 +2,9 @@
 
 Which corpus (``data`` argument):
 
+The data root is ``$S3R_DATA`` if set, else ``../shared/data`` beside the
+repository if present (see :func:`s3r.data.sources.locate_data_root`).
+
 * ``None`` or ``"enwiki"`` -- ``<data root>/enwiki``: every shard but the last
   is training data, the last shard (shard 9) is validation. If there is no
   data root with ``enwiki/`` (and ``data`` is ``None``), the fallback is the
@@ -94,8 +97,8 @@ def prepare(data: str | None, *, vocab_size: int = 8192,
                          f"got {vocab_size}")
     data = None if data is None else os.fspath(data)
     cache = pathlib.Path(cache_dir)
-    root = sources.default_data_root()
-    src = _select_source(data, root, val_fraction, max_train_docs, log)
+    root, how = sources.locate_data_root()
+    src = _select_source(data, root, how, val_fraction, max_train_docs, log)
     tok, tok_info = cached_tokenizer(src.train, vocab_size, cache, log)
     splits = {"train": src.train, **src.val}
     arrays, cache_info = {}, {}
@@ -121,20 +124,28 @@ def prepare(data: str | None, *, vocab_size: int = 8192,
     return Corpus(name=src.name, tokenizer=tok, train_tokens=train, val_tokens=arrays, info=info)
 
 
-def _select_source(data: str | None, root: pathlib.Path | None, val_fraction: float,
+def select_documents(data: str | None, *, val_fraction: float = 0.05, max_train_docs: int | None = None,
+                     log: Callable[[str], None] = print) -> _Source:
+    """The documents of each split of ``data`` exactly as :func:`prepare` chooses them
+    (``.train``, ``.val``), without tokenizing; e.g. to compare a corpus with a run's training data."""
+    root, how = sources.locate_data_root()
+    return _select_source(None if data is None else os.fspath(data), root, how, val_fraction,
+                          max_train_docs, log)
+
+
+def _select_source(data: str | None, root: pathlib.Path | None, how: str, val_fraction: float,
                    max_train_docs: int | None, log) -> _Source:
     """Decide which documents make up each split (see module docstring)."""
     enwiki = root / ENWIKI_NAME if root else None
     if data is None or data == ENWIKI_NAME:
         if enwiki is not None and enwiki.is_dir():
-            src = _enwiki_source(enwiki, max_train_docs, log)
+            src = _enwiki_source(enwiki, how, max_train_docs, log)
         elif data == ENWIKI_NAME:
-            raise DataError(f"no {ENWIKI_NAME}/ directory in the data root ({root or 'not found'}); "
-                            f"set ${sources.DATA_DIR_ENV} to the directory that holds it")
+            raise DataError(f"--data {ENWIKI_NAME} needs {ENWIKI_NAME}/ in the data root "
+                            f"({root or how}); set ${sources.DATA_DIR_ENV} to the folder that holds it, "
+                            f"or use --data {STDLIB_NAME} (needs no data)")
         else:
-            why = (f"no data root found (${sources.DATA_DIR_ENV} unset and no shared/data above "
-                   f"the current or package directory)" if root is None
-                   else f"data root {root} has no {ENWIKI_NAME}/")
+            why = how if root is None else f"data root {root} ({how}) has no {ENWIKI_NAME}/"
             src = _stdlib_source(val_fraction, max_train_docs)
             log(f"data: {why}; using the Python standard library as the corpus: "
                 f"{len(src.files['train'])} .py files under {sources.stdlib_root()}")
@@ -142,7 +153,7 @@ def _select_source(data: str | None, root: pathlib.Path | None, val_fraction: fl
         src = _stdlib_source(val_fraction, max_train_docs)
         log(f"data: {STDLIB_NAME}: .py files under {sources.stdlib_root()}")
     else:
-        path = _resolve_user_path(data, root)
+        path = resolve_data_path(data, root, how)
         files = sources.resolve_files(path)
         docs = list(sources.read_files(files, path))
         src = _hash_split_source(data, files, docs, val_fraction, max_train_docs)
@@ -152,16 +163,26 @@ def _select_source(data: str | None, root: pathlib.Path | None, val_fraction: fl
     return src
 
 
-def _resolve_user_path(data: str, root: pathlib.Path | None) -> str:
-    """``data`` itself, or ``<root>/data`` when only that exists (e.g. "shakespeare")."""
+def resolve_data_path(data: str, root: pathlib.Path | None = None, how: str | None = None) -> str:
+    """``data`` itself if it exists (or is a glob), else ``<data root>/data`` ("shakespeare");
+    a :class:`DataError` that says where names are looked up when neither exists."""
+    if root is None and how is None:
+        root, how = sources.locate_data_root()
     p = pathlib.Path(os.path.expanduser(data))
-    if p.exists() or p.is_absolute() or root is None or sources.has_glob(data):
+    if p.exists() or sources.has_glob(data):
         return data
-    under_root = root / p
-    return str(under_root) if under_root.exists() else data
+    if root is not None and not p.is_absolute() and (root / p).exists():
+        return str(root / p)
+    if p.is_absolute() or os.sep in data.strip(os.sep):
+        raise DataError(f"data path does not exist: {data}")
+    where = (f"the data root {root} ({how}) has no {data}" if root is not None
+             else f"there is no data root: {how}")
+    raise DataError(f"--data {data}: no such file or folder here, and {where}; names such as {ENWIKI_NAME}, "
+                    f"shakespeare and c4 are folders of the data root (set ${sources.DATA_DIR_ENV}), "
+                    f"--data {STDLIB_NAME} needs no data")
 
 
-def _enwiki_source(enwiki: pathlib.Path, max_train_docs: int | None, log) -> _Source:
+def _enwiki_source(enwiki: pathlib.Path, how: str, max_train_docs: int | None, log) -> _Source:
     shards = sources.resolve_files(enwiki)
     if len(shards) < 2:
         raise DataError(f"{enwiki} needs at least 2 shards (train + validation), "
@@ -169,7 +190,7 @@ def _enwiki_source(enwiki: pathlib.Path, max_train_docs: int | None, log) -> _So
     train_files, val_files = shards[:-1], shards[-1:]
     train = list(itertools.islice(sources.read_files(train_files, enwiki), max_train_docs))
     val = list(sources.read_files(val_files, val_files[0]))
-    log(f"data: {ENWIKI_NAME} from {enwiki}: shards 0-{len(train_files) - 1} train, "
+    log(f"data: {ENWIKI_NAME} from {enwiki} (data root: {how}): shards 0-{len(train_files) - 1} train, "
         f"shard {len(train_files)} validation")
     split = f"shards {shards[0].name}..{train_files[-1].name} train, {val_files[0].name} val"
     return _Source(ENWIKI_NAME, split, train, {"val": val},

@@ -29,7 +29,7 @@ from typing import Iterator
 from s3r.data.errors import DataError
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json.gz", ".py")
-DATA_DIR_ENV = "S3R_DATA_DIR"
+DATA_DIR_ENV = "S3R_DATA"
 
 # Two or more consecutive blank lines separate documents in a .txt file.
 _TXT_SEPARATOR = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
@@ -198,26 +198,41 @@ def _record_text(record, path: pathlib.Path, lineno: int) -> str:
     return text
 
 
-def default_data_root() -> pathlib.Path | None:
-    """Locate the shared data directory (``enwiki/``, ``c4/``, ...).
+def repository_data_root() -> pathlib.Path:
+    """``shared/data`` beside the repository: ``<repository root>/../shared/data``.
 
-    ``$S3R_DATA_DIR`` if set (a :class:`DataError` if it is not a directory);
-    else the first existing ``shared/data`` directory found walking up from the
-    current directory, then from this package's directory (the repository at
-    ``/work/main`` finds ``/work/shared/data``). ``None`` if there is none.
+    The repository root is computed from this package's location (``s3r/data``
+    is two levels below it), so it does not depend on the current directory.
+    """
+    return pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def locate_data_root() -> tuple[pathlib.Path | None, str]:
+    """The data root (the folder that holds ``enwiki/``, ``c4/``, ``shakespeare``)
+    and how it was found, in this order:
+
+    1. ``$S3R_DATA`` if set (a :class:`DataError` if it is not a directory);
+    2. :func:`repository_data_root` if it exists;
+    3. none (``(None, why)``): named corpora are unavailable and the default
+       corpus falls back to the Python standard library.
+
+    (An explicit ``--data`` path is used as given and needs no data root.)
     """
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         root = pathlib.Path(env).expanduser()
         if not root.is_dir():
             raise DataError(f"${DATA_DIR_ENV}={env} is not a directory")
-        return root.resolve()
-    for start in (pathlib.Path.cwd(), pathlib.Path(__file__).resolve().parent):
-        for d in (start, *start.parents):
-            candidate = d / "shared" / "data"
-            if candidate.is_dir():
-                return candidate.resolve()
-    return None
+        return root.resolve(), f"${DATA_DIR_ENV}"
+    sibling = repository_data_root()
+    if sibling.is_dir():
+        return sibling, "../shared/data beside the repository"
+    return None, f"${DATA_DIR_ENV} is unset and there is no ../shared/data beside the repository"
+
+
+def default_data_root() -> pathlib.Path | None:
+    """The data root of :func:`locate_data_root`, or ``None``."""
+    return locate_data_root()[0]
 
 
 def stdlib_root() -> pathlib.Path:

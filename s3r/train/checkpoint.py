@@ -3,6 +3,9 @@ item with the batch loader's position and the run and model configs.
 
 Layout: <out>/checkpoints/<step>/{state,meta}. Saves are synchronous (the train step
 donates its state buffers right after), and the last `max_to_keep` checkpoints are kept.
+A checkpoint that cannot be read (a truncated or deleted state file, a garbled or missing
+meta) is skipped with a one-line note, falling back to the one before (`restore_latest`,
+`read_latest_meta`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ def find_checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
   """The checkpoint folder a user means by `path`: a run directory or its checkpoints/ folder."""
   path = pathlib.Path(path).absolute()
   return path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+
+
+class CorruptCheckpoint(RuntimeError):
+  """No checkpoint of a directory can be read."""
 
 
 class Checkpointer:
@@ -39,6 +46,8 @@ class Checkpointer:
   def save(self, step: int, state, meta: dict) -> pathlib.Path:
     """Writes checkpoint `step` (overwriting one with the same number); returns its path."""
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    if step in self.all_steps():  # e.g. a damaged checkpoint that a resume fell back past
+      self._manager.delete(step)
     self._manager.save(step, args=args, force=True)
     self._manager.wait_until_finished()
     return self.directory / str(step)
@@ -54,6 +63,35 @@ class Checkpointer:
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
     restored = self._manager.restore(step, args=args)
     return restored["state"], restored["meta"]
+
+  def read_latest_meta(self, log=print) -> tuple[int, dict]:
+    """(step, meta) of the newest checkpoint whose meta is readable (see `restore_latest`)."""
+    return self._newest_readable(lambda step: self.read_meta(step), log)
+
+  def restore_latest(self, abstract_state, log=print) -> tuple[int, object, dict]:
+    """(step, state, meta) of the newest checkpoint that restores; unreadable ones are reported through
+    `log` and skipped. CorruptCheckpoint if none is readable."""
+    return self._newest_readable(lambda step: self.restore(abstract_state, step), log, unpack=True)
+
+  def _newest_readable(self, read, log, *, unpack: bool = False):
+    problems = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        value = read(step)
+      except Exception as e:  # orbax, JSON and file-system errors of a damaged checkpoint all end here
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"[:120]
+        problems.append(f"step {step} ({why})")
+        continue
+      meta = value[1] if unpack else value
+      if not isinstance(meta, dict) or "train_config" not in meta:
+        problems.append(f"step {step} (meta has no train_config)")
+        continue
+      if problems:
+        log(f"checkpoint: using step {step} of {self.directory}; skipped the unreadable newer checkpoint(s) "
+            f"{'; '.join(problems)}")
+      return (step, *value) if unpack else (step, value)
+    raise CorruptCheckpoint(f"no readable checkpoint in {self.directory}" +
+                            (f": {'; '.join(problems)}" if problems else ""))
 
   def _require(self, step: int | None) -> int:
     step = self.latest_step() if step is None else step

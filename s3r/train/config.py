@@ -1,14 +1,22 @@
-"""Configuration of one training run (what `s3r train` flags set)."""
+"""Configuration of one training run (what `s3r train` flags set).
+
+Defaults that depend on the run are resolved when the config is built, so a saved config
+holds concrete numbers: `vocab` and `seq` default to the preset's vocabulary and maximum
+sequence length (`--preset tiny` trains the model the README describes), `warmup` to
+min(30, steps // 10). Errors name the command-line flag (`--warmup`) and the field.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig, preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import RECIPES
 from s3r.train.optimizer import OptimizerConfig
+
 
 class ConfigError(ValueError):
   """A problem with what the user asked for (flags, mesh, run directory): reported in one line."""
@@ -17,6 +25,26 @@ class ConfigError(ValueError):
 # Fields that may differ between a run and its `--resume`: they do not change the numbers
 # (the mesh changes only the order of some float reductions; see docs/scaling.md).
 RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir", "mesh")
+# Fields that may also change on `--resume` but change the numbers from then on: `steps` may grow (extending a
+# run stretches the cosine schedule to the new total; see `TrainConfig.resume_mismatches`).
+EXTENDABLE = ("steps",)
+DEFAULT_WARMUP = 30  # warm-up steps of a long run; short runs warm up for a tenth of their steps
+MAX_LR = 1.0  # larger peak learning rates are refused as typos (AdamW steps are ~lr per parameter)
+MAX_SEQ = 1 << 20  # longer sequences are refused before anything is compiled
+
+
+def flag(field: str) -> str:
+  """The `s3r train` flag of a TrainConfig field, with the field: "--warmup (warmup)"."""
+  return f"--{field.replace('_', '-')}"
+
+
+def _error(field: str, requirement: str, value) -> ConfigError:
+  return ConfigError(f"{flag(field)} must be {requirement}, got {value!r} (TrainConfig.{field})")
+
+
+def default_warmup(steps: int) -> int:
+  """The warm-up of a run of `steps` steps when none is given: min(30, steps // 10)."""
+  return min(DEFAULT_WARMUP, steps // 10)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,12 +55,12 @@ class TrainConfig:
   preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
   recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
   steps: int = 300  # optimizer steps in the whole run
-  lr: float = 2e-3  # peak learning rate
-  warmup: int = 30  # linear warm-up steps
+  lr: float = 2e-3  # peak learning rate, in (0, MAX_LR]
+  warmup: int | None = None  # linear warm-up steps (None: default_warmup(steps))
   batch: int = 8  # sequences per step (global batch)
-  seq: int = 256  # tokens per sequence
-  data: str | None = None  # corpus (None: enwiki under the shared data root, see s3r.data.prepare)
-  vocab: int = 8192  # tokenizer vocabulary size requested from s3r.data.prepare
+  seq: int | None = None  # tokens per sequence (None: the preset's max_seq_len)
+  data: str | None = None  # corpus (None: enwiki under the data root, else the stdlib; see s3r.data.prepare)
+  vocab: int | None = None  # tokenizer vocabulary size (None: the preset's vocab_size)
   max_train_docs: int | None = None  # keep only the first N training documents (quick runs)
   cache_dir: str = ".cache/s3r"  # tokenizer and token cache
   seed: int = 0  # seeds parameters, quantizer randomness and batch order
@@ -45,27 +73,31 @@ class TrainConfig:
   progress: bool = True  # show a tqdm progress bar
 
   def __post_init__(self):
-    if self.preset not in PRESETS:
-      raise ConfigError(f"TrainConfig.preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
-    if self.recipe not in RECIPES:
-      raise ConfigError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
-    if self.tp_partial_sums not in TP_PARTIAL_SUMS:
-      raise ConfigError(f"TrainConfig.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
-                        f"got {self.tp_partial_sums!r}")
-    for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every"):
+    for field, allowed in (("preset", PRESETS), ("recipe", RECIPES), ("tp_partial_sums", TP_PARTIAL_SUMS)):
+      if getattr(self, field) not in allowed:
+        raise _error(field, f"one of {', '.join(allowed)}", getattr(self, field))
+    base = PRESETS[self.preset]
+    for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
+      if getattr(self, field) is None:
+        object.__setattr__(self, field, default)
+    for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every", "seed"):
       value = getattr(self, field)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"TrainConfig.{field} must be an int >= 1, got {value!r}")
-    if self.vocab < MIN_VOCAB_SIZE:
-      raise ConfigError(f"TrainConfig.vocab must be >= {MIN_VOCAB_SIZE} (256 bytes + end-of-text), got {self.vocab}")
+      if not isinstance(value, int) or isinstance(value, bool) or value < (0 if field == "seed" else 1):
+        raise _error(field, "an integer >= " + ("0" if field == "seed" else "1"), value)
+    if self.warmup is None:
+      object.__setattr__(self, "warmup", default_warmup(self.steps))
     if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
-      raise ConfigError(f"TrainConfig.warmup must be an int in [0, steps={self.steps}], got {self.warmup!r}")
-    if not self.lr > 0:
-      raise ConfigError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
-    if self.max_train_docs is not None and self.max_train_docs < 1:
-      raise ConfigError(f"TrainConfig.max_train_docs must be >= 1 or None, got {self.max_train_docs!r}")
+      raise _error("warmup", f"an integer in [0, --steps={self.steps}]", self.warmup)
+    if self.vocab < MIN_VOCAB_SIZE:
+      raise _error("vocab", f">= {MIN_VOCAB_SIZE} (256 bytes + end-of-text)", self.vocab)
+    if self.seq > MAX_SEQ:
+      raise _error("seq", f"<= {MAX_SEQ:,}", self.seq)
+    if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+      raise _error("lr", f"a finite number in (0, {MAX_LR:g}]", self.lr)
+    if self.max_train_docs is not None and (not isinstance(self.max_train_docs, int) or self.max_train_docs < 1):
+      raise _error("max_train_docs", "an integer >= 1 (or unset)", self.max_train_docs)
     if not self.out:
-      raise ConfigError("TrainConfig.out must be a non-empty path")
+      raise _error("out", "a non-empty path", self.out)
 
   def model_config(self, vocab_size: int) -> ModelConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
@@ -81,9 +113,16 @@ class TrainConfig:
 
   @classmethod
   def from_dict(cls, d: dict) -> "TrainConfig":
-    return cls(**d)
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
 
-  def resume_mismatches(self, saved: "TrainConfig") -> list[str]:
-    """Fields (other than RESUMABLE_CHANGES) in which `saved` differs from this config."""
+  def resume_mismatches(self, saved: "TrainConfig", *, at_step: int = 0) -> list[str]:
+    """What in this config may not differ from `saved` when resuming at `at_step`: every field but
+    RESUMABLE_CHANGES, and `steps` only when it is lower than `at_step` (a larger `steps` extends the run:
+    the cosine decay is stretched to the new total from `at_step` on)."""
     mine, theirs = self.to_dict(), saved.to_dict()
-    return [f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in mine if k not in RESUMABLE_CHANGES and mine[k] != theirs[k]]
+    out = [f"{flag(k)}: {theirs[k]!r} -> {mine[k]!r}" for k in mine
+           if k not in RESUMABLE_CHANGES + EXTENDABLE and mine[k] != theirs[k]]
+    if self.steps < at_step:
+      out.append(f"--steps: {self.steps} is below the checkpoint's step {at_step}")
+    return out

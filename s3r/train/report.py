@@ -15,11 +15,25 @@ def val_key(name: str) -> str:
   return "val_loss" if name == "val" else f"val_loss_{name}"
 
 
-def read_metrics(path: str | pathlib.Path) -> list[dict]:
+def read_metrics(path: str | pathlib.Path, *, tolerant: bool = False) -> list[dict]:
+  """The records of a metrics file ([] if there is none); `tolerant` skips lines that are not JSON objects
+  (a line cut short when a process was killed while writing it)."""
   path = pathlib.Path(path)
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for line in path.read_text(errors="replace").splitlines():
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      if tolerant:
+        continue
+      raise
+    if isinstance(record, dict) or not tolerant:
+      records.append(record)
+  return records
 
 
 class MetricsWriter:
@@ -27,7 +41,7 @@ class MetricsWriter:
 
   def __init__(self, path: str | pathlib.Path, *, keep_until_step: int = 0):
     self.path = pathlib.Path(path)
-    kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_until_step]
+    kept = [r for r in read_metrics(self.path, tolerant=True) if r.get("step", 0) <= keep_until_step]
     self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
   def write(self, record: dict) -> None:

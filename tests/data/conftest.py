@@ -42,7 +42,7 @@ def make_docs():
 def no_data_root(monkeypatch):
     """Make prepare() see no shared data root (hermetic: no enwiki, no c4)."""
     monkeypatch.delenv(sources.DATA_DIR_ENV, raising=False)
-    monkeypatch.setattr(sources, "default_data_root", lambda: None)
+    monkeypatch.setattr(sources, "locate_data_root", lambda: (None, "no data root in this test"))
 
 
 @pytest.fixture
@@ -50,8 +50,8 @@ def real_data_root() -> pathlib.Path:
     """The real shared data directory, or skip the test."""
     root = default_data_root()
     if root is None or not (root / "enwiki").is_dir():
-        pytest.skip("real corpora not found: set S3R_DATA_DIR or provide ../shared/data "
-                    "with enwiki/ and c4/")
+        pytest.skip("real corpora not found: set S3R_DATA or provide ../shared/data beside "
+                    "the repository with enwiki/ and c4/")
     return root
 
 

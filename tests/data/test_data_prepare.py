@@ -123,10 +123,36 @@ def test_named_corpus_is_looked_up_under_the_data_root(tmp_path, make_docs, monk
     assert c.info["n_docs"]["train"] + c.info["n_docs"]["val"] == 20
 
 
+def test_a_name_without_a_data_root_says_where_names_are_looked_up_and_offers_the_stdlib(tmp_path, no_data_root):
+    with pytest.raises(DataError) as e:
+        prepare("shakespeare", vocab_size=VOCAB, cache_dir=tmp_path / "cache")
+    message = str(e.value)
+    assert "--data shakespeare" in message and sources.DATA_DIR_ENV in message
+    assert "python-stdlib" in message and "\n" not in message
+
+
+def test_named_corpus_missing_under_an_existing_root_names_the_root(tmp_path, monkeypatch):
+    (tmp_path / "root").mkdir()
+    monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path / "root"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"data root .*root .* has no plays"):
+        prepare("plays", vocab_size=VOCAB, cache_dir=tmp_path / "cache")
+
+
+def test_tokenizer_training_sees_at_most_doc_chars_of_each_document():
+    from s3r.data.cache import tokenizer_sample
+
+    docs = ["x" * 50, "y" * 5000, "z" * 10]
+    sample, stride = tokenizer_sample(docs, max_chars=10_000, doc_chars=100)
+    assert stride == 1 and sample == ["x" * 50, "y" * 100, "z" * 10]
+    sample, stride = tokenizer_sample(docs, max_chars=80, doc_chars=100)  # 160 capped chars -> every 2nd
+    assert stride == 2 and sample == ["x" * 50, "z" * 10]
+
+
 def test_stdlib_fallback_is_used_without_data_root(tmp_path, no_data_root, log):
     c = prepare(None, vocab_size=VOCAB, cache_dir=tmp_path / "cache", max_train_docs=20, log=log)
     assert c.name == "python-stdlib"
-    assert log.has("no data root found") and log.has("Python standard library")
+    assert log.has("no data root in this test") and log.has("Python standard library")
     assert c.info["n_docs"]["train"] == 20 and c.info["n_docs"]["val"] >= 1
     assert "def " in c.tokenizer.decode(c.train_tokens[:5000])
 

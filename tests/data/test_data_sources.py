@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import pathlib
 
 import pytest
 
@@ -107,13 +108,28 @@ def test_data_root_comes_from_environment_variable(tmp_path, monkeypatch):
         default_data_root()
 
 
-def test_data_root_is_found_walking_up_from_the_current_directory(tmp_path, monkeypatch):
+def test_data_root_is_the_repository_sibling_not_a_folder_above_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.delenv(sources.DATA_DIR_ENV, raising=False)
-    (tmp_path / "shared" / "data").mkdir(parents=True)
-    repo = tmp_path / "main" / "sub"
-    repo.mkdir(parents=True)
-    monkeypatch.chdir(repo)
-    assert default_data_root() == (tmp_path / "shared" / "data").resolve()
+    repo = tmp_path / "checkout" / "repo"
+    monkeypatch.setattr(sources, "__file__", str(repo / "s3r" / "data" / "sources.py"))
+    (tmp_path / "elsewhere" / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "deep").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere" / "deep")
+    root, how = sources.locate_data_root()
+    assert root is None and sources.DATA_DIR_ENV in how  # a shared/data above the cwd is not used
+    (tmp_path / "checkout" / "shared" / "data").mkdir(parents=True)
+    root, how = sources.locate_data_root()
+    assert root == tmp_path / "checkout" / "shared" / "data" and "beside the repository" in how
+    monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert sources.locate_data_root()[0] == (tmp_path / "elsewhere").resolve()  # the variable comes first
+
+
+def test_no_module_names_a_machine_path():
+    import s3r.data
+
+    package = pathlib.Path(s3r.data.__file__).parent
+    for f in package.glob("*.py"):
+        assert "/work/" not in f.read_text(), f.name
 
 
 def test_stdlib_files_exclude_tests_and_site_packages():

@@ -54,3 +54,18 @@ def test_tokenizer_save_and_load_preserve_ids(tok, tmp_path):
 def test_too_small_vocab_raises_value_error():
     with pytest.raises(ValueError, match="vocab_size"):
         Tokenizer.train(["abc"], vocab_size=100)
+
+
+def test_long_documents_are_encoded_in_pieces_with_the_same_ids():
+    import random
+
+    from s3r.data import cache
+    from s3r.data.tokenizer import Tokenizer
+
+    rng = random.Random(0)
+    words = "alpha beta  gamma delta, epsilon. zeta\neta theta\n\n iota".split(" ")
+    doc = " ".join(rng.choice(words) for _ in range(40_000))
+    tok = Tokenizer.train([doc[:50_000]], 400)
+    pieces = cache.split_long_document(doc, 5_000)
+    assert "".join(pieces) == doc and len(pieces) > 20 and max(map(len, pieces)) <= 5_000
+    assert [i for p in pieces for i in tok.encode(p)] == tok.encode(doc)

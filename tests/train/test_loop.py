@@ -1,4 +1,4 @@
-"""The training loop on `tiny`: outputs, exact resume, divergence handling, run-directory checks."""
+"""The training loop on `tiny`: outputs, exact resume and extension, divergence handling, evaluation, checks."""
 
 import json
 import math
@@ -37,9 +37,11 @@ def finished_run(tmp_path_factory, corpus_dir, cache_dir):
 def test_run_writes_metrics_plot_config_and_checkpoints(finished_run):
   cfg, summary = finished_run
   records = _records(cfg)
-  assert [r["step"] for r in records] == list(range(1, 9))
-  assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"} <= set(records[0])
-  assert [r["step"] for r in records if "val_loss" in r] == [4, 8]
+  assert [r["step"] for r in records] == list(range(0, 9))
+  assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "wall_s"} <= set(records[1])
+  assert [r["step"] for r in records if "val_loss" in r] == [0, 4, 8]
+  # Step 0 is the initial loss: the forward pass of step 1 sees the same parameters and batch.
+  assert records[0]["loss"] == pytest.approx(records[1]["loss"], rel=1e-6) and records[0]["lr"] == 0.0
   assert summary["val_losses"]["val"] == records[-1]["val_loss"]
   assert json.load(open(f"{cfg.out}/config.json"))["train"]["recipe"] == "s3r_ec_dx"
   assert open(f"{cfg.out}/loss.png", "rb").read(4) == b"\x89PNG"
@@ -55,7 +57,8 @@ def test_resume_reproduces_the_uninterrupted_losses_bit_for_bit(finished_run, tm
   shutil.rmtree(f"{copy.out}/checkpoints/8")
   summary = loop.train(copy, log=_quiet)
   resumed = _records(copy)
-  assert [r["step"] for r in resumed] == list(range(1, 9))
+  assert [r["step"] for r in resumed] == list(range(0, 9))
+  assert resumed[5]["wall_s"] > resumed[4]["wall_s"]  # the clock continues from the checkpoint
   for key in ("loss", "grad_norm", "lr", "val_loss", "val_loss_c4"):
     assert [r.get(key) for r in resumed] == [r.get(key) for r in full], key
   assert summary["val_losses"]["val"] == full[-1]["val_loss"]
@@ -77,15 +80,67 @@ def test_evaluate_checkpoint_matches_the_final_validation_loss(finished_run, cor
   assert set(other) == {"val"} and math.isfinite(other["val"])
 
 
-def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, corpus_dir, cache_dir):
-  cfg = _config(tmp_path, corpus_dir, cache_dir, lr=1e30, warmup=0, ckpt_every=1)
-  with pytest.raises(loop.TrainingDiverged, match=r"non-finite .* at step (\d+)") as info:
+def _poison(out, step: int) -> None:
+  """Overwrites checkpoint `step` of run `out` with NaN parameters (what a numerical fault leaves)."""
+  ckpt = checkpoint.Checkpointer(f"{out}/checkpoints", create=False)
+  meta = ckpt.read_meta(step)
+  cfg = TrainConfig.from_dict(meta["train_config"])
+  setup = loop.build(cfg, len(json.loads(meta["tokenizer"])["model"]["vocab"]), loop.make_mesh(cfg))
+  state, meta = ckpt.restore(setup.abstract_state, step)
+  state = state._replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+  ckpt.save(step, state, meta)
+  ckpt.close()
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_metrics_and_plot(finished_run, tmp_path):
+  cfg, _ = finished_run
+  copy = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "copy"), "resume": True})
+  shutil.copytree(cfg.out, copy.out)
+  shutil.rmtree(f"{copy.out}/checkpoints/8")
+  (tmp_path / "copy" / "loss.png").unlink()
+  _poison(copy.out, 4)
+  with pytest.raises(loop.TrainingDiverged, match=r"non-finite loss at step 5 .* the latest is .*checkpoints/4"):
+    loop.train(copy, log=_quiet)
+  assert [r["step"] for r in _records(copy)] == list(range(0, 5))  # nothing before the fault lost
+  assert (tmp_path / "copy" / "loss.png").exists()  # the plot is still written
+
+
+def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished_run, tmp_path):
+  from s3r.train.optimizer import schedule
+
+  cfg, _ = finished_run
+  longer = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "longer"), "resume": True, "steps": 12})
+  shutil.copytree(cfg.out, longer.out)
+  loop.train(longer, log=_quiet)
+  records, full = _records(longer), _records(cfg)
+  assert [r["step"] for r in records] == list(range(0, 13))
+  assert [r["loss"] for r in records[:9]] == [r["loss"] for r in full]  # steps before the extension kept
+  stretched = schedule(longer.optimizer_config())
+  for r in records[9:]:
+    assert r["lr"] == pytest.approx(float(stretched(r["step"] - 1)), rel=1e-6)
+
+
+def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs(tmp_path, corpus_dir, cache_dir,
+                                                                                  monkeypatch):
+  from s3r.train import setup
+
+  monkeypatch.setattr(setup, "free_device_memory", lambda: 1024)
+  cfg = _config(tmp_path, corpus_dir, cache_dir)
+  with pytest.raises(setup.ResourceError, match=r"needs about .* GiB per device .* lower --batch or --seq"):
     loop.train(cfg, log=_quiet)
-  bad_step = int(info.value.args[0].split("at step ")[1].split()[0])
-  ckpt = checkpoint.Checkpointer(f"{cfg.out}/checkpoints", create=False)
-  assert ckpt.latest_step() == bad_step - 1
-  assert str(ckpt.directory / str(bad_step - 1)) in str(info.value)
-  setup = loop.build(cfg, 300, loop.make_mesh(cfg))
-  state, _ = ckpt.restore(setup.abstract_state)
-  assert all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(state.params))
-  assert all(math.isfinite(r["loss"]) for r in _records(cfg))
+  assert not (tmp_path / "run").exists()  # the run directory it created is removed again
+
+
+def test_eval_resolves_names_under_the_data_root_and_warns_about_training_documents(finished_run, corpus_dir,
+                                                                                    monkeypatch):
+  cfg, _ = finished_run
+  monkeypatch.setenv("S3R_DATA", str(corpus_dir.parent))
+  warnings = []
+  losses = loop.evaluate_checkpoint(cfg.out, data=corpus_dir.name, log=_quiet, warn=warnings.append)
+  assert losses["val"] == pytest.approx(_records(cfg)[-1]["val_loss"], rel=1e-6)  # its own corpus: its val set
+  other = corpus_dir.parent / "mixed.txt"
+  other.write_text(corpus_dir.joinpath("part0.txt").read_text())
+  loop.evaluate_checkpoint(cfg.out, data="mixed.txt", log=_quiet, warn=warnings.append)
+  assert len(warnings) == 1 and "are training documents of this run" in warnings[0]
+  n = int(warnings[0].split(" of the ")[0])
+  assert 0 < n < 40  # part0 holds 40 documents, most of them (not all) training documents

@@ -1,0 +1,126 @@
+"""The compiled pieces of a run: mesh, model, shardings, jitted init/train/eval steps, and the
+ahead-of-time compiled train step with its memory estimate.
+
+PRNG keys: key(seed) is split into init (parameters), train (quantizer randomness, folded
+with the step number) and eval (forward-only passes need a key for stochastic recipes but
+draw nothing from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from s3r import data as s3r_data
+from s3r import model as s3r_model
+from s3r.train import checkpoint, sharding
+from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.optimizer import make_optimizer, schedule
+from s3r.train.step import TrainState, init_state, make_eval_step, make_train_step
+
+
+class ResourceError(RuntimeError):
+  """The run does not fit the machine (memory, disk): reported in one line, exit code 3."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """The compiled pieces of a run, built from its config and vocabulary."""
+
+  model_cfg: s3r_model.ModelConfig
+  mesh: jax.sharding.Mesh
+  batch_sharding: NamedSharding
+  abstract_state: TrainState  # ShapeDtypeStructs with shardings
+  init_state: Callable  # init_key -> TrainState
+  train_step: Callable  # (state, batch, train_key) -> (state, metrics); donates state
+  eval_step: Callable  # (params, batch, eval_key) -> loss
+  keys: dict  # "init", "train", "eval"
+
+
+def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
+  """The mesh of `cfg.mesh`, checked against the devices and the batch size (ConfigError if not)."""
+  try:
+    mesh = sharding.make_mesh(sharding.parse_mesh(cfg.mesh, jax.device_count()))
+    sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  return mesh
+
+
+def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_overrides) -> Setup:
+  """Model, shardings and the jitted init/train/eval functions of `cfg` on `mesh`.
+
+  `model_overrides` replace fields of the model config (e.g. n_layers=2 for `s3r comm`)."""
+  model_cfg = dataclasses.replace(cfg.model_config(vocab_size), **model_overrides)
+  batch_sh = sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+  tx = make_optimizer(cfg.optimizer_config())
+  graphdef = s3r_model.graphdef(model_cfg)
+  fresh = lambda key: init_state(s3r_model.init_params(model_cfg, key), tx)
+  shapes = jax.eval_shape(fresh, jax.random.key(0))
+  state_sh = sharding.state_shardings(mesh, model_cfg, shapes, tx)
+  replicated = NamedSharding(mesh, P())
+  constrained = lambda fn: sharding.with_activation_sharding(fn, mesh)
+  train_step = jax.jit(constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()))),
+                       in_shardings=(state_sh, batch_sh, replicated), out_shardings=(state_sh, replicated),
+                       donate_argnums=0)
+  eval_step = jax.jit(constrained(make_eval_step(graphdef)), in_shardings=(state_sh.params, batch_sh, replicated),
+                      out_shardings=replicated)
+  init_key, train_key, eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
+  return Setup(model_cfg=model_cfg, mesh=mesh, batch_sharding=batch_sh,
+               abstract_state=checkpoint.abstract_like(shapes, state_sh),
+               init_state=jax.jit(fresh, out_shardings=state_sh), train_step=train_step, eval_step=eval_step,
+               keys={"init": init_key, "train": train_key, "eval": eval_key})
+
+
+def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
+  return s3r_data.prepare(cfg.data, vocab_size=cfg.vocab, cache_dir=cfg.cache_dir,
+                          max_train_docs=cfg.max_train_docs, log=log)
+
+
+def compile_train_step(setup: Setup, cfg: TrainConfig, log):
+  """The train step compiled ahead of time (so that step times exclude compilation), refused with a
+  ResourceError when its memory estimate exceeds what one device has free."""
+  t0 = time.time()
+  batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32, sharding=setup.batch_sharding)
+  compiled = setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"]).compile()
+  log(f"compiled the train step in {time.time() - t0:.1f}s")
+  need, free = step_memory_bytes(compiled), free_device_memory()
+  if need is not None and free is not None and need > free:
+    raise ResourceError(f"the train step needs about {need / 2**30:.1f} GiB per device and {free / 2**30:.1f} GiB "
+                        f"is free; lower --batch or --seq, or add devices (--mesh)")
+  return compiled
+
+
+def step_memory_bytes(compiled) -> int | None:
+  """Bytes one device needs to run `compiled` (arguments + outputs - donated aliases + temporaries)."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # not every backend reports it
+    return None
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+
+
+def free_device_memory() -> int | None:
+  """Free memory of the first local device: its allocator's limit minus use, or the host's
+  available memory on CPU (None if unknown)."""
+  device = jax.local_devices()[0]
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+      return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return None
+  try:
+    with open("/proc/meminfo") as f:
+      fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+  except (OSError, KeyError, ValueError):
+    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
+    return pages * os.sysconf("SC_PAGE_SIZE") if pages else None

@@ -1,0 +1,54 @@
+"""TrainConfig: preset defaults, warm-up scaling, refusal of absurd values with the flag named."""
+
+import math
+
+import pytest
+
+from s3r.model import PRESETS, param_count
+from s3r.train.config import ConfigError, TrainConfig, default_warmup
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_vocab_and_seq_default_to_the_presets_own(name):
+  cfg = TrainConfig(out="run", preset=name)
+  assert (cfg.vocab, cfg.seq) == (PRESETS[name].vocab_size, PRESETS[name].max_seq_len)
+  assert param_count(cfg.model_config(cfg.vocab)) == param_count(PRESETS[name])
+
+
+def test_tiny_preset_trains_the_documented_164160_parameter_model():
+  cfg = TrainConfig(out="run", preset="tiny")
+  assert param_count(cfg.model_config(cfg.vocab)) == 164_160 and cfg.vocab == 512 and cfg.seq == 128
+
+
+def test_flags_override_the_preset_defaults():
+  cfg = TrainConfig(out="run", preset="tiny", vocab=300, seq=32)
+  assert (cfg.vocab, cfg.seq) == (300, 32)
+
+
+@pytest.mark.parametrize("steps, warmup", [(20, 2), (5, 0), (300, 30), (10_000, 30)])
+def test_default_warmup_scales_with_short_runs(steps, warmup):
+  assert default_warmup(steps) == warmup == TrainConfig(out="run", steps=steps).warmup
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("lr", 1e300, "--lr"), ("lr", math.nan, "--lr"), ("lr", math.inf, "--lr"), ("lr", 0.0, "--lr"),
+    ("lr", -1e-3, "--lr"), ("steps", 0, "--steps"), ("steps", -3, "--steps"), ("batch", 0, "--batch"),
+    ("seq", 0, "--seq"), ("seq", 1 << 30, "--seq"), ("warmup", 50, "--warmup"), ("vocab", 10, "--vocab"),
+    ("max_train_docs", 0, "--max-train-docs"), ("eval_every", -1, "--eval-every"), ("seed", -1, "--seed"),
+    ("preset", "huge", "--preset"), ("recipe", "fp4", "--recipe"),
+])
+def test_absurd_values_are_refused_naming_the_flag(field, value, flag):
+  with pytest.raises(ConfigError) as e:
+    TrainConfig(**{"out": "run", "steps": 20, field: value})
+  assert str(e.value).startswith(flag + " ") and f"TrainConfig.{field}" in str(e.value)
+
+
+def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():
+  saved = TrainConfig(out="run", preset="tiny", steps=60)
+  assert saved.resume_mismatches(saved, at_step=60) == []
+  longer = TrainConfig(**{**saved.to_dict(), "steps": 80, "eval_every": 7, "cache_dir": "elsewhere"})
+  assert longer.resume_mismatches(saved, at_step=60) == []
+  shorter = TrainConfig(**{**saved.to_dict(), "steps": 40})
+  assert any("--steps" in m for m in shorter.resume_mismatches(saved, at_step=60))
+  other = TrainConfig(**{**saved.to_dict(), "recipe": "int8_sr", "lr": 1e-3})
+  assert [m.split(":")[0] for m in other.resume_mismatches(saved, at_step=60)] == ["--recipe", "--lr"]
