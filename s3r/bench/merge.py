@@ -15,7 +15,8 @@ import importlib
 import json
 import pathlib
 
-from s3r.bench import common
+from s3r import paper
+from s3r.results import log, metadata_lines
 
 MERGEABLE = ("ffn", "quantizer")  # benches whose results are one entry per shape
 
@@ -46,7 +47,7 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
         raise SystemExit(f"shape {r['shape']} is in both {seen[r['shape']]} and {f}")
       seen[r["shape"]] = f
       results.append(r)
-  order = {s: i for i, s in enumerate(common.SHAPES)}
+  order = {s: i for i, s in enumerate(paper.FFN_SHAPES)}
   results.sort(key=lambda r: order.get(r["shape"], len(order)))
   parts = [{"file": f, "complete": d.get("complete", True), "meta": d["meta"], "settings": d["settings"]}
            for d, f in zip(docs, files)]
@@ -80,11 +81,11 @@ def run(args: argparse.Namespace) -> dict:
   heads = [f"Merged by `s3r bench merge` from {len(docs)} runs of the same settings (shapes aside):", ""]
   for p in doc["merged_from"]:
     heads += [f"## part: {p['file']}" + ("" if p["complete"] else " (stopped before its last shape)"), "",
-              common.metadata_markdown(doc["bench"], p["meta"], p["settings"]).split("\n", 2)[2]]
+              metadata_lines(p["meta"], p["settings"])]
   paths["md"].write_text(f"# s3r bench {doc['bench']} (merged)\n\n" + "\n".join(heads) + "\n"
                          + mod.markdown(doc["results"], names))
   if not args.no_chart:
     paths["png"] = out.with_suffix(".png")
     mod.chart(doc["results"], names, paths["png"])
-  common.log(f"[merge] {len(doc['results'])} shapes -> {', '.join(str(p) for p in paths.values())}")
+  log(f"[merge] {len(doc['results'])} shapes -> {', '.join(str(p) for p in paths.values())}")
   return {"doc": doc, "paths": paths}

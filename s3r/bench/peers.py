@@ -31,7 +31,8 @@ import functools
 
 import numpy as np
 
-from s3r.bench import common
+from s3r.bench import options, timing
+from s3r.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = "W1,W2"
 DEFAULT_OURS = "bf16,int8_rtne,int8_sr,s3r,s3r_ec,s3r_ec_dx"
@@ -185,7 +186,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--keys", type=int, default=4, help="keys averaged in the gradient error (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
   p.add_argument("--no-timing", action="store_true", help="only measure gradient errors")
-  p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
+  p.add_argument("--out-dir", default=str(RESULTS_DIR),
                  help="where bench_peers_<platform>.{json,md,png} go (default %(default)s)")
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
@@ -193,51 +194,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
   from s3r.bench import ffn
-  shapes = common.parse_shapes(args.shapes)
-  ours = common.parse_list(args.ours, list(RECIPES), "recipes")
-  timed_ours = common.parse_list(args.timed_ours, list(RECIPES), "recipes")
+  shapes = options.parse_shapes(args.shapes)
+  ours = parse_list(args.ours, list(RECIPES), "recipes")
+  timed_ours = parse_list(args.timed_ours, list(RECIPES), "recipes")
   if REFERENCE not in timed_ours:
     timed_ours.append(REFERENCE)
-  peers = common.parse_list(args.peers, list(PEERS), "peers")
+  peers = parse_list(args.peers, list(PEERS), "peers")
   status = available()
   skipped = {p: status[p] for p in peers if status[p]}
   usable = [p for p in peers if not status[p]]
   for p, why in skipped.items():
-    common.log(f"[peers] skipping {p}: {why}")
-  run_ = common.Run("peers", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, ours=",".join(ours),
+    log(f"[peers] skipping {p}: {why}")
+  run_ = Run("peers", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, ours=",".join(ours),
                     timed_ours=",".join(timed_ours), peers=",".join(peers), repeats=args.repeats,
                     warmup=args.warmup, keys=args.keys, seed=args.seed, timing=not args.no_timing)
   results = []
   for shape in shapes:
     hidden, ffn_dim = shapes[shape]
-    tokens = common.tokens_for(shape, args.tokens)
-    common.log(f"[peers] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {common.loadavg()}")
+    tokens = options.tokens_for(shape, args.tokens)
+    log(f"[peers] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {loadavg()}")
     inputs = ffn.make_inputs(tokens, hidden, ffn_dim, args.seed)
     fns = {n: make_fwd_bwd(n) for n in dict.fromkeys([*ours, *timed_ours, *usable])}
     timings = {}
     if not args.no_timing:
       configs = {n: (fns[n], inputs) for n in dict.fromkeys([*timed_ours, *usable])}
-      timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=common.log)
-      common.log("  " + ", ".join(f"{n} {t.median * 1e3:.1f} ms" for n, t in timings.items()))
+      timings = timing.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=log)
+      log("  " + ", ".join(f"{n} {t.median * 1e3:.1f} ms" for n, t in timings.items()))
     exact = exact_grads(*inputs[:5])
     errors = {}
     for n in dict.fromkeys([*ours, *usable]):
       errors[n] = gradient_errors(fns[n], inputs, exact, args.keys)
-      common.log(f"  {n}: dX err {errors[n]['dx_rel_err']:.4f}, dW err {errors[n]['dw_rel_err']:.4f}")
+      log(f"  {n}: dX err {errors[n]['dx_rel_err']:.4f}, dW err {errors[n]['dw_rel_err']:.4f}")
     rows = {}
     for n in dict.fromkeys([*ours, *timed_ours, *usable]):
       row = {"kind": "peer" if n in PEERS else "s3r", "errors": errors.get(n)}
       if n in timings:
         row["timing"] = timings[n].as_dict()
         row["time_vs_" + REFERENCE] = timings[n].median / timings[REFERENCE].median
-        row["time_vs_" + REFERENCE + "_paired"] = common.paired_ratio(timings[n], timings[REFERENCE])
+        row["time_vs_" + REFERENCE + "_paired"] = timing.paired_ratio(timings[n], timings[REFERENCE])
       rows[n] = row
     results.append({"shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "configs": rows})
     del fns, inputs, exact
   out = {"skipped": skipped, "shapes": results}
   paths = run_.write(out, markdown(out),
                      chart=None if (args.no_chart or args.no_timing) else functools.partial(chart, out))
-  common.log(f"[peers] wrote {', '.join(str(p) for p in paths.values())}")
+  log(f"[peers] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": out, "paths": paths}
 
 
@@ -253,11 +254,11 @@ def markdown(out: dict) -> str:
       t = row.get("timing")
       e = row.get("errors") or {}
       f4 = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
-      rows.append([res["shape"], res["tokens"], n, common.fmt_ms(t["median_s"]) if t else "",
-                   common.fmt_ms(t["iqr_s"]) if t else "", common.fmt_ratio(row.get("time_vs_" + REFERENCE)),
+      rows.append([res["shape"], res["tokens"], n, fmt_ms(t["median_s"]) if t else "",
+                   fmt_ms(t["iqr_s"]) if t else "", fmt_ratio(row.get("time_vs_" + REFERENCE)),
                    f4(e.get("dx_rel_err")), f4(e.get("dw_rel_err")), f4(e.get("dx_rel_err_of_mean")),
                    f4(e.get("dw_rel_err_of_mean"))])
-  lines.append(common.markdown_table(head, rows, align=["l", "r", "l"] + ["r"] * 7))
+  lines.append(markdown_table(head, rows, align=["l", "r", "l"] + ["r"] * 7))
   keys = next((r["errors"]["keys"] for s in out["shapes"] for r in s["configs"].values() if r.get("errors")), None)
   lines += ["", f"Errors: ||ĝ - g|| / ||g|| against the exact f32 gradient of the unquantized block, mean over "
             f"{keys} keys; 'err of key-mean' uses the mean gradient over the keys (bias indicator). "
@@ -269,5 +270,5 @@ def chart(out: dict, path) -> None:
   shapes = out["shapes"]
   names = [n for n in shapes[0]["configs"] if shapes[0]["configs"][n].get("timing")]
   series = {n: [s["configs"][n].get("time_vs_" + REFERENCE) for s in shapes] for n in names}
-  common.bar_chart(path, [f"{s['shape']}\nT={s['tokens']}" for s in shapes], series, hline=1.0,
+  bar_chart(path, [f"{s['shape']}\nT={s['tokens']}" for s in shapes], series, hline=1.0,
                    ylabel=f"time / time({REFERENCE})", title="SwiGLU FFN fwd+bwd vs s3r_ec_dx (same run)")

@@ -21,7 +21,8 @@ import os
 import re
 import tempfile
 
-from s3r.bench import common, static
+from s3r.bench import options, static
+from s3r.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 _SIZE_LABELS = {"weight": "[H,D]", "t_d": "[T,D]", "t_h": "[T,H]"}
@@ -101,24 +102,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--iters", type=int, default=3, help="traced calls per recipe (default %(default)s)")
   p.add_argument("--top", type=int, default=25, help="fusions listed per recipe (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
-  p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
+  p.add_argument("--out-dir", default=str(RESULTS_DIR),
                  help="where bench_profile_<platform>.{json,md} go (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> dict:
   if not enable_traceme():
-    common.log(f"[profile] warning: the JAX backend already exists; set XLA_FLAGS={TRACEME_FLAG} before starting")
+    log(f"[profile] warning: the JAX backend already exists; set XLA_FLAGS={TRACEME_FLAG} before starting")
   from s3r import RECIPES
   from s3r.bench import ffn
-  (label, (hidden, ffn_dim)), = common.parse_shapes(args.shape).items()
-  tokens = common.tokens_for(label, args.tokens)
-  recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
-  run_ = common.Run("profile", args.out_dir, shape=label, tokens=tokens, recipes=",".join(recipes), iters=args.iters)
+  (label, (hidden, ffn_dim)), = options.parse_shapes(args.shape).items()
+  tokens = options.tokens_for(label, args.tokens)
+  recipes = parse_list(args.recipes, list(RECIPES), "recipes")
+  run_ = Run("profile", args.out_dir, shape=label, tokens=tokens, recipes=",".join(recipes), iters=args.iters)
   inputs = ffn.make_inputs(tokens, hidden, ffn_dim, args.seed)
   sizes = {"weight": hidden * ffn_dim, "t_d": tokens * ffn_dim, "t_h": tokens * hidden}
   results = {}
   for r in recipes:
-    common.log(f"[profile] {label} T={tokens}: {r}")
+    log(f"[profile] {label} T={tokens}: {r}")
     fn = ffn.make_fwd_bwd(r)
     desc = describe_fusions(fn.lower(*inputs).compile().as_text(), sizes)
     times, wall = profile_call(fn, inputs, args.iters)
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
                   "fusions": [{"name": n, "cpu_s": t, **desc[n]} for n, t in rows]}
   paths = run_.write({"shape": label, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "recipes": results},
                      markdown(label, hidden, ffn_dim, tokens, results, args.top))
-  common.log(f"[profile] wrote {', '.join(str(p) for p in paths.values())}")
+  log(f"[profile] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
 
 
@@ -141,11 +142,11 @@ def markdown(label, hidden, ffn_dim, tokens, results, top) -> str:
   cats = sorted({c for r in results.values() for c in r["categories"]})
   rows = [[r, f"{v['wall_s'] * 1e3:.1f}", f"{v['thunk_cpu_s'] * 1e3:.1f}",
            *[f"{v['categories'].get(c, 0) * 1e3:.1f}" for c in cats]] for r, v in results.items()]
-  out.append(common.markdown_table(["recipe", "wall ms", "thunk CPU ms", *cats], rows))
+  out.append(markdown_table(["recipe", "wall ms", "thunk CPU ms", *cats], rows))
   for r, v in results.items():
     out += ["", f"### {r}: top {top} fusions", ""]
     rows = [[f["name"], f"{f['cpu_s'] * 1e3:.2f}", f"{100 * f['cpu_s'] / v['thunk_cpu_s']:.1f}%", f["category"],
              f["shape"], f["ops"], ", ".join(f["operands"])] for f in v["fusions"][:top]]
-    out.append(common.markdown_table(["fusion", "CPU ms", "share", "category", "output", "ops inside", "operands"],
+    out.append(markdown_table(["fusion", "CPU ms", "share", "category", "output", "ops inside", "operands"],
                                      rows, align=["l", "r", "r", "l", "l", "l", "l"]))
   return "\n".join(out) + "\n"

@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import functools
 
-from s3r.bench import common
+from s3r.bench import options, timing
+from s3r.results import RESULTS_DIR, Run, bar_chart, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = "W1,W2,W3,W4"
 DEFAULT_RECIPES = "int8_rtne,int8_sr,s3r,s3r_ec,s3r_ec_dx"
@@ -43,7 +44,9 @@ def quantize_gradient(recipe, g_BxSxN, sx_BxS, sw_N, key):
   Returns (q_dx int8, q_dw int8 or None when shared, Δ, (r, c, m) or None when uncorrected).
   """
   import jax.numpy as jnp
-  from s3r.quant import ec, quantize_gradient as core_quantize_gradient
+
+  from s3r.quant import ec
+  from s3r.quant import quantize_gradient as core_quantize_gradient
   from s3r.quant.recipes import recipe as lookup
 
   r = lookup(recipe)
@@ -93,33 +96,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--number", type=int, default=3, help="back-to-back calls averaged in one sample (default %(default)s)")
   p.add_argument("--warmup", type=int, default=2, help="untimed calls after the compiling call (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
-  p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
+  p.add_argument("--out-dir", default=str(RESULTS_DIR),
                  help="where bench_quantizer_<platform>.{json,md,png} go (default %(default)s)")
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
-  shapes = common.parse_shapes(args.shapes)
+  shapes = options.parse_shapes(args.shapes)
   quantized = [n for n, r in RECIPES.items() if r.quantized]
-  recipes = common.parse_list(args.recipes, quantized, "INT8 recipes")
+  recipes = parse_list(args.recipes, quantized, "INT8 recipes")
   names = config_names(recipes)
-  run_ = common.Run("quantizer", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, recipes=",".join(recipes),
+  run_ = Run("quantizer", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, recipes=",".join(recipes),
                     repeats=args.repeats, number=args.number, warmup=args.warmup, seed=args.seed)
   results = []
   for shape in shapes:
     _, n = shapes[shape]
-    common.log(f"[quantizer] {shape}: G [{args.tokens}, {n}], load {common.loadavg()}")
+    log(f"[quantizer] {shape}: G [{args.tokens}, {n}], load {loadavg()}")
     inputs = make_inputs(args.tokens, n, args.seed)
     configs = {name: (make_quantizer(name), inputs) for name in names}
-    timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, number=args.number)
+    timings = timing.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, number=args.number)
     del configs, inputs
     results.append(_summarize(shape, args.tokens, n, timings))
-    common.log("  " + ", ".join(f"{k} {t.median * 1e3:.2f} ms" for k, t in timings.items()))
+    log("  " + ", ".join(f"{k} {t.median * 1e3:.2f} ms" for k, t in timings.items()))
     run_.write(results, markdown(results, names), complete=False)  # a run cut short keeps its shapes
   paths = run_.write(results, markdown(results, names),
                      chart=None if args.no_chart else functools.partial(chart, results, names))
-  common.log(f"[quantizer] wrote {', '.join(str(p) for p in paths.values())}")
+  log(f"[quantizer] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
 
 
@@ -135,7 +138,7 @@ def _summarize(shape, tokens, n, timings) -> dict:
     for ref in ("floor", "floor_2pass", "int8_rtne"):
       if ref in timings:
         row[f"time_vs_{ref}"] = t.median / timings[ref].median
-        row[f"time_vs_{ref}_paired"] = common.paired_ratio(t, timings[ref])
+        row[f"time_vs_{ref}_paired"] = timing.paired_ratio(t, timings[ref])
     rows[name] = row
   return {"shape": shape, "tokens": tokens, "n": n, "elements": elems, "configs": rows}
 
@@ -151,9 +154,9 @@ def markdown(results, names) -> str:
       t = row["timing"]
       rows.append([res["shape"], f"[{res['tokens']}, {res['n']}]", name, f"{t['median_s'] * 1e3:.2f}",
                    f"{t['iqr_s'] * 1e3:.2f}", f"{row['ns_per_element']:.2f}", f"{row['gb_per_s']:.1f}",
-                   common.fmt_ratio(row.get("time_vs_floor")), common.fmt_ratio(row.get("time_vs_floor_2pass")),
-                   common.fmt_ratio(row.get("time_vs_int8_rtne"))])
-  out.append(common.markdown_table(head, rows, align=["l", "l", "l"] + ["r"] * 7))
+                   fmt_ratio(row.get("time_vs_floor")), fmt_ratio(row.get("time_vs_floor_2pass")),
+                   fmt_ratio(row.get("time_vs_int8_rtne"))])
+  out.append(markdown_table(head, rows, align=["l", "l", "l"] + ["r"] * 7))
   out += ["", "floor: `g.astype(int8)` (read G once, write int8 once); floor_2pass: adds the read-only global "
           "max|G| pass a per-tensor step needs (fused, G not materialized). s3r_ec / s3r_ec_dx also output the EC factors r, c, m.", ""]
   return "\n".join(out)
@@ -162,5 +165,5 @@ def markdown(results, names) -> str:
 def chart(results, names, path) -> None:
   groups = [r["shape"] for r in results]
   series = {n: [r["configs"][n].get("time_vs_floor") for r in results] for n in names}
-  common.bar_chart(path, groups, series, ylabel="time / memory floor", hline=1.0,
+  bar_chart(path, groups, series, ylabel="time / memory floor", hline=1.0,
                    title="Backward quantizer alone: time relative to g.astype(int8)")

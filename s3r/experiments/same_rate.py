@@ -17,8 +17,8 @@ import itertools
 import json
 import pathlib
 
-from s3r.bench import common
 from s3r.experiments.table1 import PAPER_GAP, _paired, _paired_cell, _welch, _welch_cell
+from s3r.results import json_default, markdown_table, metadata_markdown, run_metadata
 
 # a - b takes a before b in this order: the recipe the paper expects to be worse comes first.
 _ORDER = ("int8_rtne", "s3r", "int8_sr", "s3r_ec_dx", "s3r_ec", "bf16")
@@ -72,12 +72,12 @@ def contrasts(by_rate: dict) -> list[dict]:
 
 
 def _markdown(meta: dict, sources: list[str], rows: list[dict]) -> str:
-  head = common.metadata_markdown("same-rate contrasts", meta, {}).replace("# s3r bench ", "# s3r ", 1)
+  head = metadata_markdown("s3r same-rate contrasts", meta, {})
   lines = [head, (f"Sources: {', '.join(f'`{s}`' for s in sources)}. Final validation loss on enwiki shard 9; "
                   "a - b over the seeds both recipes finished (paired: mean ± sd of the per-seed difference and "
                   "the paired t (p)); Welch's t (p) over each recipe's seeds; the paper's difference of its gaps "
                   "to BF16.\n"),
-           common.markdown_table(
+           markdown_table(
                ["a - b", "seeds", "difference of means", "Welch t (p)", "paired", "paper"],
                [[f"`{r['a']}` at {r['lr_a']:g} - `{r['b']}` at {r['lr_b']:g}",
                  ",".join(map(str, (r["paired"] or {}).get("seeds", []))) or "–", f"{r['mean_diff']:+.3f}",
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--out", type=pathlib.Path, required=True, help="output stem: writes <out>.json and <out>.md")
   args = p.parse_args(argv)
   rows = contrasts(load_rows(args.tables))
-  meta = common.run_metadata()
+  meta = run_metadata()
   doc = {"meta": meta, "sources": [str(t) for t in args.tables], "contrasts": rows}
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
+  args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
   args.out.with_suffix(".md").write_text(_markdown(meta, doc["sources"], rows))
   print(f"wrote {args.out}.json and {args.out}.md ({len(rows)} contrasts)")
   return doc

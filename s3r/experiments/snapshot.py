@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from s3r.bench import common
+from s3r.results import run_metadata
 from s3r.train import report
 
 
@@ -27,7 +27,7 @@ def snapshot(run_dir: str, out: str, *, wall_s: float | None = None) -> dict:
   last = vals[-1] if vals else {}
   steady = [r["step_time_s"] for r in records[len(records) // 10:]]  # skip the first 10% (warm-up)
   doc = {
-      "meta": common.run_metadata(),
+      "meta": run_metadata(),
       "run": str(run),
       "config": json.loads((run / "config.json").read_text()),
       "steps": records[-1]["step"],

@@ -29,8 +29,8 @@ import subprocess
 import sys
 import time
 
-from s3r.bench import common
 from s3r.experiments import table1
+from s3r.results import git_info, log
 
 DEFAULT_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_bcast", "s3r_ec_dx_bcast",
                    "s3r_ec_bcast")
@@ -178,13 +178,13 @@ def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> d
     raise RuntimeError(f"run {name} failed with exit code {rc}; see {out / 'sweep.log'}")
   summary = table1.summarize_run(out, recipe=recipe, lr=lr, seed=seed, status="done" if rc == 0 else "diverged",
                                  wall_s=time.time() - t0)
-  summary["git"] = common.git_info()  # the code the run trained with (the sweep runs its own checkout)
+  summary["git"] = git_info()  # the code the run trained with (the sweep runs its own checkout)
   cfg.summary_dir.mkdir(parents=True, exist_ok=True)
   (cfg.summary_dir / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
 
 
-def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=common.log) -> dict:
+def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=log) -> dict:
   """Runs what is missing (up to `max_runs`), rewriting the tables after each run."""
   done = 0
   while max_runs is None or done < max_runs:

@@ -16,12 +16,10 @@ import pathlib
 import numpy as np
 from scipy import stats
 
-from s3r.bench import common
+from s3r.paper import PAPER_GAP
+from s3r.results import json_default, markdown_table, metadata_markdown, run_metadata
 from s3r.train import report
 
-# Table I of the paper (12-layer Llama, C4, 2000 steps): final validation loss gap to BF16.
-PAPER_GAP = {"bf16": 0.0, "int8_rtne": 0.214, "int8_sr": 0.037, "s3r": 0.163, "s3r_ec_dx": 0.032, "s3r_ec": 0.027,
-             "s3r_bcast": 1.347, "s3r_ec_dx_bcast": 0.202, "s3r_ec_bcast": 0.109}
 CURVE_EVERY = 5  # keep every 5th step of the training-loss curve in a summary
 
 
@@ -168,10 +166,10 @@ def write_tables(cfg, summaries: dict) -> dict:
   out = pathlib.Path(cfg.results_dir)
   out.mkdir(parents=True, exist_ok=True)
   stem = out / cfg.name
-  meta = common.run_metadata()
+  meta = run_metadata()
   doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
          "contrasts": build_contrasts(rows), "note": _rate_note(cfg), "gap_curves": gap_curves(cfg, summaries, rows)}
-  stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
+  stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
   stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"]))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
@@ -210,7 +208,7 @@ def _paired_cell(d) -> str:
 
 
 def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
-  head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
+  head = metadata_markdown(f"s3r sweep {cfg.name}", meta, {})
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
   tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
   lines = [head, f"Scale: preset `{cost['preset']}` ({params} parameters), {cost['steps']} steps "
@@ -225,18 +223,18 @@ def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
                        f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
                        _fmt(r["gap_to_bf16"]), _welch_cell(r["welch_vs_bf16"]), _welch_cell(r["welch_vs_int8_sr"]),
                        _paired_cell(r["paired_vs_bf16"]), _fmt(r["paper_gap"])])
-  lines.append(common.markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
+  lines.append(markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
                                       "t vs bf16 (p)", "t vs int8_sr (p)", "paired vs bf16", "paper gap"], table_rows))
   lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
              for recipe, r in rows.items()]
-  lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
+  lines.append("\nSeed-0 validation loss per learning rate:\n\n" + markdown_table(["recipe", "lr: val"], lr_rows))
   if contrasts:
     c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", _welch_cell(c["welch"]),
                _paired_cell(c.get("paired")), "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"]
               for c in contrasts]
     lines.append("\nContrasts (difference in mean validation loss; Welch's t (p) between the two recipes' seeds; "
                  "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
-                 + common.markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows))
+                 + markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows))
   return "\n".join(lines)
 
 

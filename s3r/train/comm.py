@@ -4,7 +4,7 @@ For every (mesh, recipe) it builds the train step of `s3r train` (the same shard
 same RULES table), compiles it for the mesh (on CPU: simulated host devices), and sums the
 collectives of the per-device program by kind (all-reduce, reduce-scatter, all-gather,
 all-to-all, collective-permute) and element type (f32, bf16, s32, s8, ...); see
-`s3r.train.hlo_collectives` for what a collective's "bytes" are. Nothing is executed.
+`s3r.analysis.collectives` for what a collective's "bytes" are. Nothing is executed.
 
 Writes results/comm.json (metadata, settings, every collective of every program above
 `--list-min-kib`) and results/comm.md (the tables). Run:
@@ -68,7 +68,8 @@ def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, bat
   import numpy as np
 
   from s3r.model import PRESETS, param_count
-  from s3r.train import hlo_collectives, loop
+  from s3r.analysis import collectives
+  from s3r.train import loop
   from s3r.train.config import TrainConfig
 
   cfg = TrainConfig(out="unused", preset=preset, recipe=recipe, steps=10, warmup=1, batch=batch, seq=seq,
@@ -78,12 +79,12 @@ def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, bat
   tokens = jax.ShapeDtypeStruct((batch, seq + 1), np.int32, sharding=setup.batch_sharding)
   t0 = time.time()
   hlo = setup.train_step.lower(setup.abstract_state, tokens, setup.keys["train"]).compile().as_text()
-  colls = hlo_collectives.collectives(hlo)
+  colls = collectives.collectives(hlo)
   return {
       "recipe": recipe, "mesh": dict(setup.mesh.shape), "mesh_spec": mesh_spec,
       "n_layers": setup.model_cfg.n_layers, "param_count": param_count(setup.model_cfg),
       "compile_s": round(time.time() - t0, 2),
-      "bytes": hlo_collectives.volume(colls), "wire_bytes": hlo_collectives.volume(colls, wire=True),
+      "bytes": collectives.volume(colls), "wire_bytes": collectives.volume(colls, wire=True),
       "collectives": [{"kind": c.kind, "dtype": c.dtype, "shapes": [list(s) for s in c.shapes],
                        "group_size": c.group_size, "bytes": c.bytes, "op_name": c.op_name} for c in colls],
   }
@@ -107,7 +108,7 @@ def weight_sized_f32_reductions(result: dict, min_elements: int) -> list[dict]:
 
 def tables_markdown(results: list[dict]) -> str:
   """One table per mesh: MiB per kind x element type, one row per recipe."""
-  from s3r.bench.common import markdown_table
+  from s3r.results import markdown_table
 
   out = []
   for mesh_spec in dict.fromkeys(r["mesh_spec"] for r in results):
@@ -141,8 +142,8 @@ def run(args: argparse.Namespace) -> dict:
   sizes = {math.prod(int(p.split("=")[1]) for p in m.split(",")) for m in meshes}
   ensure_host_devices(max(sizes))
 
-  from s3r.bench.common import run_metadata
   from s3r.quant import RECIPES
+  from s3r.results import run_metadata
 
   bad = [r for r in recipes if r.removesuffix(UNGATHERED) not in RECIPES]
   if bad:
@@ -187,7 +188,7 @@ def report_markdown(doc: dict) -> str:
       "collective (the all-reduced array, the gathered result, the reduce-scatter operand), summed by "
       "kind and element type; \"sent (ring)\" is what one device sends with ring algorithms (2(n-1)/n of an "
       "all-reduced buffer, (n-1)/n of a gathered or scattered one). Nothing is run; see "
-      "`s3r/train/hlo_collectives.py` and docs/scaling.md.",
+      "`s3r/analysis/collectives.py` and docs/scaling.md.",
       "",
       "",
   ]

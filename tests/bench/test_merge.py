@@ -36,10 +36,10 @@ def test_merge_joins_the_shapes_of_two_runs_in_paper_order_and_keeps_each_runs_m
 
 
 def test_progress_writes_are_marked_incomplete_until_the_last_shape(tmp_path, monkeypatch):
-  from s3r.bench import common
+  from s3r.results import Run
   writes = []
-  real = common.Run.write
-  monkeypatch.setattr(common.Run, "write", lambda self, *a, **k: writes.append(k.get("complete", True))
+  real = Run.write
+  monkeypatch.setattr(Run, "write", lambda self, *a, **k: writes.append(k.get("complete", True))
                       or real(self, *a, **k))
   _ffn_run(tmp_path, "32x64,64x128")
   assert writes == [False, False, True]

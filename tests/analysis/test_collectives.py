@@ -1,8 +1,8 @@
-"""Reading collectives and their bytes from compiled HLO text (s3r.train.hlo_collectives)."""
+"""Reading collectives and their bytes from compiled HLO text (s3r.analysis.collectives)."""
 
 import pytest
 
-from s3r.train.hlo_collectives import collectives, volume
+from s3r.analysis.collectives import collectives, volume
 
 HLO = """
 ENTRY %main {
