@@ -21,7 +21,8 @@ import os
 import re
 import tempfile
 
-from s3r.bench import options, static
+from s3r.analysis import hlo
+from s3r.bench import options
 from s3r.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
@@ -42,7 +43,7 @@ def enable_traceme() -> bool:
 
 def describe_fusions(hlo_text: str, sizes: dict[str, int]) -> dict[str, dict]:
   """Top-level instruction name -> {shape, ops, operands, category} for fusions and calls."""
-  comps = static.parse_hlo(hlo_text)
+  comps = hlo.parse_hlo(hlo_text)
   out = {}
   for c in comps.values():
     for ins in c.instrs:
