@@ -131,7 +131,7 @@ def run_metadata() -> dict[str, Any]:
     "cpu_count": os.cpu_count(),
     "cpu_affinity": affinity,
     "hostname": _platform.node(),
-    "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "loadavg_before": loadavg(),
   }
 

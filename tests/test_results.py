@@ -11,8 +11,11 @@ from s3r.results import REPO_ROOT, Run, bar_chart, command_line, markdown_table
 def test_results_files_record_required_metadata(tmp_path, monkeypatch):
   monkeypatch.setattr("sys.argv", ["s3r", "bench", "ffn", "--shapes", "W1"])
   run = Run("unit", tmp_path, title="s3r unit results", alpha=1, beta="x")
-  paths = run.write({"rows": [1, 2]}, markdown_table(["a", "b"], [[1, 2]]),
-                    chart=lambda p: bar_chart(p, ["g1", "g2"], {"s": [1.0, None]}, ylabel="y", title="t"))
+  paths = run.write(
+    {"rows": [1, 2]},
+    markdown_table(["a", "b"], [[1, 2]]),
+    chart=lambda p: bar_chart(p, ["g1", "g2"], {"s": [1.0, None]}, ylabel="y", title="t"),
+  )
   assert set(paths) == {"json", "md", "png"}
   assert paths["json"].name == f"bench_unit_{run.meta['platform']}.json"
   doc = json.loads(paths["json"].read_text())
@@ -28,7 +31,13 @@ def test_results_files_record_required_metadata(tmp_path, monkeypatch):
   assert doc["settings"] == {"alpha": 1, "beta": "x"}
   assert doc["results"] == {"rows": [1, 2]}
   md = paths["md"].read_text()
-  for needle in ("s3r bench ffn --shapes W1", meta["git"]["revision"], "load average", meta["jax_version"], "| a | b |"):
+  for needle in (
+    "s3r bench ffn --shapes W1",
+    meta["git"]["revision"],
+    "load average",
+    meta["jax_version"],
+    "| a | b |",
+  ):
     assert needle in md
   assert md.startswith("# s3r unit results\n\n- command: ")
   assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -37,8 +46,6 @@ def test_results_files_record_required_metadata(tmp_path, monkeypatch):
 def test_markdown_table_escapes_and_aligns():
   table = markdown_table(["name", "value"], [["a|b", 1.5], ["c", None]])
   assert table.splitlines() == ["| name | value |", "| --- | --: |", "| a\\|b | 1.5 |", "| c |  |"]
-
-
 
 
 def test_command_names_a_script_and_its_path_arguments_relative_to_the_repository_root(monkeypatch):

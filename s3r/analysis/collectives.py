@@ -95,8 +95,18 @@ def _entries(ins: Instr, kind: str, start: bool) -> list[Collective]:
   out = []
   for dt, shapes in by_dtype.items():
     size = sum(math.prod(s) for s in shapes) * DTYPE_BYTES[dt]
-    out.append(Collective(name=ins.name, kind=kind, dtype=dt, shapes=tuple(shapes), group_size=n,
-                          op_name=ins.op_name, bytes=size, wire_bytes=size * _wire_factor(kind, n, ins.attrs)))
+    out.append(
+      Collective(
+        name=ins.name,
+        kind=kind,
+        dtype=dt,
+        shapes=tuple(shapes),
+        group_size=n,
+        op_name=ins.op_name,
+        bytes=size,
+        wire_bytes=size * _wire_factor(kind, n, ins.attrs),
+      )
+    )
   return out
 
 

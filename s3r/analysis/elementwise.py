@@ -14,13 +14,15 @@ from collections import Counter
 
 from s3r.analysis.hlo import DTYPE_BYTES, Computation, execution_counts, parse_hlo
 
-ELEMENTWISE = frozenset("""
+ELEMENTWISE = frozenset(
+  """
 add subtract multiply divide remainder power atan2 and or xor not shift-left shift-right-logical
 shift-right-arithmetic maximum minimum abs negate sign floor ceil round-nearest-even round-nearest-afz
 convert bitcast-convert compare select clamp exponential exponential-minus-one log log-plus-one sqrt rsqrt
 cbrt tanh logistic sine cosine tan erf is-finite popcnt count-leading-zeros clz iota reduce-precision
 real imag
-""".split())
+""".split()
+)
 REDUCES = frozenset(["reduce", "reduce-window"])
 
 
@@ -71,17 +73,36 @@ def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
         if ins.elements == elements or per_element_body:
           by_op[ins.opcode] += mult
       elif ins.opcode in REDUCES:
-        n_in = sum(1 for o in ins.operands[: max(1, len(ins.operands) // 2)]
-                   if o in shapes and shapes[o].elements == elements)
+        n_in = sum(
+          1 for o in ins.operands[: max(1, len(ins.operands) // 2)] if o in shapes and shapes[o].elements == elements
+        )
         if n_in:
           by_op[ins.opcode] += mult * n_in
           shape_only += mult * n_in
-      if c.name not in fused and ins.elements == elements and ins.opcode not in (
-          "parameter", "constant", "bitcast", "reshape", "get-tuple-element", "tuple", "broadcast"):
+      if (
+        c.name not in fused
+        and ins.elements == elements
+        and ins.opcode not in ("parameter", "constant", "bitcast", "reshape", "get-tuple-element", "tuple", "broadcast")
+      ):
         written[ins.dtype] += mult * elements * DTYPE_BYTES.get(ins.dtype, 4)
-        writers.append({"computation": c.name, "name": ins.name, "opcode": ins.opcode, "dtype": ins.dtype,
-                        "dims": list(ins.dims), "executions": mult})
+        writers.append(
+          {
+            "computation": c.name,
+            "name": ins.name,
+            "opcode": ins.opcode,
+            "dtype": ins.dtype,
+            "dims": list(ins.dims),
+            "executions": mult,
+          }
+        )
   ew = sum(v for k, v in by_op.items() if k in ELEMENTWISE)
   red = sum(v for k, v in by_op.items() if k in REDUCES)
-  return {"elementwise": ew, "reduce": red, "ops_per_element": ew + red, "by_opcode": dict(sorted(by_op.items())),
-          "shape_only_ops_per_element": shape_only, "written_bytes": dict(written), "writers": writers}
+  return {
+    "elementwise": ew,
+    "reduce": red,
+    "ops_per_element": ew + red,
+    "by_opcode": dict(sorted(by_op.items())),
+    "shape_only_ops_per_element": shape_only,
+    "written_bytes": dict(written),
+    "writers": writers,
+  }

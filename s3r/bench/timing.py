@@ -49,14 +49,22 @@ class Timing:
     return float(np.min(self.samples)) if self.samples else float("nan")
 
   def as_dict(self) -> dict[str, Any]:
-    return {"median_s": self.median, "iqr_s": self.iqr, "q25_s": self.q25, "q75_s": self.q75,
-            "min_s": self.min, "repeats": len(self.samples), "samples_s": self.samples,
-            "compile_s": self.compile_s}
+    return {
+      "median_s": self.median,
+      "iqr_s": self.iqr,
+      "q25_s": self.q25,
+      "q75_s": self.q75,
+      "min_s": self.min,
+      "repeats": len(self.samples),
+      "samples_s": self.samples,
+      "compile_s": self.compile_s,
+    }
 
 
 def block(tree):
   """Waits for every array in `tree` (jax.block_until_ready without importing jax here)."""
   import jax
+
   return jax.block_until_ready(tree)
 
 
@@ -80,9 +88,16 @@ def balanced_orders(n: int) -> list[list[int]]:
   return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
-def time_interleaved(configs: Mapping[str, tuple[Callable, tuple]], *, repeats: int = 5,
-                     warmup: int = 1, number: int = 1, prime: int = 1, seed: int = 0,
-                     log: Callable[[str], None] | None = None) -> dict[str, Timing]:
+def time_interleaved(
+  configs: Mapping[str, tuple[Callable, tuple]],
+  *,
+  repeats: int = 5,
+  warmup: int = 1,
+  number: int = 1,
+  prime: int = 1,
+  seed: int = 0,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Timing]:
   """Times `fn(*args)` for every (fn, args) in `configs`, interleaving the repeats.
 
   Each fn should already be jitted. The first call (compile + run) is timed separately as

@@ -9,7 +9,6 @@ Writes into --out (default results/):
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import jax
@@ -18,26 +17,40 @@ from s3r.experiments import gradients
 from s3r.paper import PAPER_TABLE2
 from s3r.results import (
   bar_chart,
-  json_default,
   loadavg,
   log,
   markdown_table,
   metadata_markdown,
   parse_list,
   run_metadata,
+  write_json,
 )
 
-TABLE2_RECIPES = ("int8_sr", "s3r", "s3r_ec_dw", "s3r_ec", "s3r_bcast", "s3r_ec_dw_bcast", "s3r_ec_bcast",
-                  "s3r_split_dx2d_dwbcast", "s3r_split_dxbcast_dw2d", "int8_rtne", "s3r_ec_dx", "s3r_ec_dx_bcast")
+TABLE2_RECIPES = (
+  "int8_sr",
+  "s3r",
+  "s3r_ec_dw",
+  "s3r_ec",
+  "s3r_bcast",
+  "s3r_ec_dw_bcast",
+  "s3r_ec_bcast",
+  "s3r_split_dx2d_dwbcast",
+  "s3r_split_dxbcast_dw2d",
+  "int8_rtne",
+  "s3r_ec_dx",
+  "s3r_ec_dx_bcast",
+)
 MOMENT_RECIPES = ("int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
 
 
 def register(subparsers) -> None:
   p = subparsers.add_parser(
-      "diagnose", help="gradient errors per recipe on a checkpoint (Table II), underflow, AdamW share",
-      description="Relative gradient errors of every recipe against the exact backward of the same INT8 "
-                  "forward graph, on one batch of a trained run's validation data.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    "diagnose",
+    help="gradient errors per recipe on a checkpoint (Table II), underflow, AdamW share",
+    description="Relative gradient errors of every recipe against the exact backward of the same INT8 "
+    "forward graph, on one batch of a trained run's validation data.",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
   p.add_argument("run", metavar="RUN_DIR", help="a run directory written by `s3r train` (bf16 recommended)")
   p.add_argument("--keys", type=int, default=16, help="quantizer keys per recipe (root-mean-square over them)")
   p.add_argument("--batch", type=int, default=8, help="sequences in the diagnostic batch")
@@ -57,27 +70,37 @@ def run(args) -> int:
   loaded = load_run(args.run)
   cfg, params, nu, batch = loaded["model_cfg"], loaded["params"], loaded["nu"], loaded["val_batch"][: args.batch]
   batch = jax.numpy.asarray(batch)
-  log(f"diagnose: run {args.run} (step {loaded['step']}, recipe {cfg.recipe}), batch {batch.shape}, "
-             f"{args.keys} keys")
+  log(f"diagnose: run {args.run} (step {loaded['step']}, recipe {cfg.recipe}), batch {batch.shape}, {args.keys} keys")
   errors = gradients.relative_errors(cfg, params, batch, recipes, n_keys=args.keys, log=log)
   log("second-moment share of rounding variance")
-  moments = {r: gradients.rounding_variance_share(cfg, params, nu, batch, r, n_keys=args.keys)
-             for r in MOMENT_RECIPES}
+  moments = {r: gradients.rounding_variance_share(cfg, params, nu, batch, r, n_keys=args.keys) for r in MOMENT_RECIPES}
   log("underflow under RTNE")
-  underflow = {"init": gradients.underflow_fractions(cfg, loaded["init_params"], batch),
-               f"step_{loaded['step']}": gradients.underflow_fractions(cfg, params, batch)}
+  underflow = {
+    "init": gradients.underflow_fractions(cfg, loaded["init_params"], batch),
+    f"step_{loaded['step']}": gradients.underflow_fractions(cfg, params, batch),
+  }
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   meta["loadavg_after"] = loadavg()
-  settings = {"run": str(args.run), "step": loaded["step"], "run_recipe": cfg.recipe, "keys": args.keys,
-              "batch": list(batch.shape), "model": cfg.to_dict()}
-  doc = {"meta": meta, "settings": settings, "relative_error": errors, "paper_table2": PAPER_TABLE2,
-         "second_moment_share": moments}
-  (out / "table2.json").write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+  settings = {
+    "run": str(args.run),
+    "step": loaded["step"],
+    "run_recipe": cfg.recipe,
+    "keys": args.keys,
+    "batch": list(batch.shape),
+    "model": cfg.to_dict(),
+  }
+  doc = {
+    "meta": meta,
+    "settings": settings,
+    "relative_error": errors,
+    "paper_table2": PAPER_TABLE2,
+    "second_moment_share": moments,
+  }
+  write_json(out / "table2.json", doc)
   (out / "table2.md").write_text(_table2_markdown(meta, settings, errors, moments))
   _table2_chart(out / "table2.png", errors)
-  (out / "underflow.json").write_text(json.dumps({"meta": meta, "settings": settings, "fraction_rounded_to_zero":
-                                                  underflow}, indent=1) + "\n")
+  write_json(out / "underflow.json", {"meta": meta, "settings": settings, "fraction_rounded_to_zero": underflow})
   _underflow_chart(out / "underflow.png", underflow)
   log(f"wrote {out / 'table2.md'}, {out / 'table2.png'}, {out / 'underflow.png'}")
   return 0
@@ -93,21 +116,26 @@ def _table2_markdown(meta, settings, errors, moments) -> str:
   table = markdown_table(["recipe", *[gradients.METRIC_LABELS[m] for m in gradients.METRICS]], rows)
   share_rows = [[f"`{r}`", f"{m['all_params']:.4f}", f"{m['max']:.4f}"] for r, m in moments.items()]
   share = markdown_table(["recipe", "Σvar / Σν, all params", "max over tensors"], share_rows)
-  return (head + "\nRelative gradient error sqrt(mean_k ||ĝ_k − g||²)/||g|| against the exact backward of the "
-          "same INT8 forward graph; the paper's value in parentheses.\n\n" + table +
-          "\nShare of AdamW's second moment ν (checkpoint) explained by the rounding variance of one batch's "
-          "gradient (paper: at most 0.094):\n\n" + share)
+  return (
+    head + "\nRelative gradient error sqrt(mean_k ||ĝ_k − g||²)/||g|| against the exact backward of the "
+    "same INT8 forward graph; the paper's value in parentheses.\n\n"
+    + table
+    + "\nShare of AdamW's second moment ν (checkpoint) explained by the rounding variance of one batch's "
+    "gradient (paper: at most 0.094):\n\n" + share
+  )
 
 
 def _table2_chart(path, errors) -> None:
   recipes = list(errors)
   series = {gradients.METRIC_LABELS[m]: [errors[r][m] for r in recipes] for m in gradients.METRICS}
-  bar_chart(path, recipes, series, title="Relative gradient error vs exact backward (lower is better)",
-                   ylabel="relative error")
+  bar_chart(
+    path, recipes, series, title="Relative gradient error vs exact backward (lower is better)", ylabel="relative error"
+  )
 
 
 def _underflow_chart(path, underflow) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

@@ -26,7 +26,14 @@ def test_instructions_keep_type_operands_attributes_and_op_name():
   comps = hlo.parse_hlo(TEXT)
   assert set(comps) == {"body", "main"} and comps["main"].entry and not comps["body"].entry
   n = comps["main"].instrs[-1]
-  assert (n.name, n.opcode, n.dtype, n.dims, n.operands, n.op_name) == ("n", "negate", "f32", (4, 8), ["x"], "jit(f)/neg")
+  assert (n.name, n.opcode, n.dtype, n.dims, n.operands, n.op_name) == (
+    "n",
+    "negate",
+    "f32",
+    (4, 8),
+    ["x"],
+    "jit(f)/neg",
+  )
   t = comps["body"].instrs[-1]
   assert t.dtype is None and t.elements == 0 and hlo.array_types(t.type_text) == [("s32", ()), ("f32", (4, 8))]
   assert "metadata" not in t.attrs

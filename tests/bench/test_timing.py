@@ -27,9 +27,9 @@ def test_time_interleaved_times_each_config_once_per_round_in_balanced_orders():
   out = timing.time_interleaved(fns, repeats=8, warmup=1, number=2, prime=0)
   assert list(out) == list(names)  # results in the caller's order
   assert all(len(t.samples) == 8 for t in out.values())
-  timed = order[2 * len(names):]  # after the compile call + warm-up of each config
+  timed = order[2 * len(names) :]  # after the compile call + warm-up of each config
   assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))  # `number` calls back to back
-  rounds = [timed[i:i + 2 * len(names):2] for i in range(0, len(timed), 2 * len(names))]
+  rounds = [timed[i : i + 2 * len(names) : 2] for i in range(0, len(timed), 2 * len(names))]
   assert all(sorted(r) == list(names) for r in rounds)  # every config once per round
   pairs = collections.Counter((r[k], r[k + 1]) for r in rounds for k in range(len(names) - 1))
   assert len(pairs) == 12 and set(pairs.values()) == {2}  # 8 rounds = the 4-round design twice
@@ -37,15 +37,15 @@ def test_time_interleaved_times_each_config_once_per_round_in_balanced_orders():
   again = []
   fns2 = {n: ((lambda n=n: again.append(n) or 0), ()) for n in names}
   timing.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0, seed=1)
-  assert again[2 * len(names):] != timed
+  assert again[2 * len(names) :] != timed
   again.clear()
   timing.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0)
   assert again == order
   # by default one untimed call of the same configuration precedes each sample
   order.clear()
   timing.time_interleaved(fns, repeats=2, warmup=0, number=2)
-  timed = order[len(names):]
-  assert all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
+  timed = order[len(names) :]
+  assert all(timed[i : i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
   t = out["a"]
   assert t.q25 <= t.median <= t.q75 and t.iqr >= 0
   assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
