@@ -64,13 +64,6 @@ def loadavg() -> list[float] | None:
     return None
 
 
-def platform_name() -> str:
-  """The default JAX backend: 'cpu', 'gpu' or 'tpu' (used in results file names)."""
-  import jax
-
-  return jax.default_backend()
-
-
 def repo_relative(arg: str) -> str:
   """`arg` relative to the repository root if it is an absolute path inside it, else unchanged."""
   path = pathlib.Path(arg)

@@ -34,7 +34,6 @@ And for the SwiGLU FFN block (as in `s3r bench ffn`) at the paper shapes: XLA's
 from __future__ import annotations
 
 import argparse
-import json
 
 from s3r.analysis import jaxpr as jaxpr_analysis
 from s3r.analysis.elementwise import gradient_sized_ops
@@ -194,7 +193,3 @@ def markdown(results: dict, recipes: list[str]) -> str:
     out.append(markdown_table(["shape", "T", *recipes], rows))
     out += ["", "(x): relative to int8_rtne.", ""]
   return "\n".join(out)
-
-
-def dumps(results) -> str:
-  return json.dumps(results, indent=1)

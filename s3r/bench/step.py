@@ -52,16 +52,6 @@ def make_stepper(preset: str, recipe: str, batch: int, seq: int, vocab: int | No
   return one_step, info
 
 
-def available() -> str | None:
-  """None if s3r.model and s3r.train.step are importable, else why not."""
-  try:
-    from s3r import model  # noqa: F401
-    from s3r.train import optimizer, step  # noqa: F401
-  except ImportError as e:
-    return f"s3r.model / s3r.train not available ({e})"
-  return None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--preset", default="cpu-small", help="model preset (s3r.model.PRESETS; default %(default)s)")
   p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes (default %(default)s)")
@@ -77,14 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-  why = available()
-  if why:
-    log(f"[step] skipped: {why}")
-    return {"skipped": why}
   from s3r import RECIPES
   recipes = parse_list(args.recipes, list(RECIPES), "recipes")
-  run_ = Run("step", args.out_dir, preset=args.preset, recipes=",".join(recipes), batch=args.batch,
-                    seq=args.seq, vocab=args.vocab, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+  run_ = Run("step", args.out_dir, preset=args.preset, recipes=",".join(recipes), batch=args.batch, seq=args.seq,
+              vocab=args.vocab, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
   configs, info = {}, None
   for r in recipes:
     fn, info = make_stepper(args.preset, r, args.batch, args.seq, args.vocab, args.seed)

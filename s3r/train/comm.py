@@ -51,18 +51,14 @@ def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, bat
   """The collectives of one compiled train step of `preset` (with `layers` blocks) on `mesh_spec`.
 
   `recipe + UNGATHERED` (e.g. "s3r_ec+ungathered") is an ablation: the S3R-EC factors and Ŵ
-  are not pinned to be gathered (`s3r.quant.ec._unsharded_along` is a no-op while tracing), so
+  are not pinned to be gathered (traced inside `s3r.quant.ec.gathered_factors(False)`), so
   XLA chooses the placement itself, as before the factor formulation was enforced.
   """
   if recipe.endswith(UNGATHERED):
     from s3r.quant import ec
 
-    pinned = ec._unsharded_along
-    ec._unsharded_along = lambda x, dim: x
-    try:
+    with ec.gathered_factors(False):
       result = measure(recipe.removesuffix(UNGATHERED), mesh_spec, preset=preset, layers=layers, batch=batch, seq=seq)
-    finally:
-      ec._unsharded_along = pinned
     return {**result, "recipe": recipe}
   import jax
   import numpy as np
@@ -100,12 +96,6 @@ def _columns(results: list[dict]) -> list[tuple[str, str]]:
   return sorted(present, key=order)
 
 
-def weight_sized_f32_reductions(result: dict, min_elements: int) -> list[dict]:
-  """The f32 all-reduce / reduce-scatter buffers of at least `min_elements` elements."""
-  return [c for c in result["collectives"] if c["kind"] in ("all-reduce", "reduce-scatter") and c["dtype"] == "f32"
-          and any(math.prod(s) >= min_elements for s in c["shapes"])]
-
-
 def tables_markdown(results: list[dict]) -> str:
   """One table per mesh: MiB per kind x element type, one row per recipe."""
   from s3r.results import markdown_table
@@ -129,8 +119,8 @@ def tables_markdown(results: list[dict]) -> str:
       cell = lambda r, k, d: r["bytes"].get(k, {}).get(d, 0) - base["bytes"].get(k, {}).get(d, 0)
       used = [(k, d) for k, d in cols if any(abs(cell(r, k, d)) > 0 for r in deltas)]
       body = [[f"`{r['recipe']}` - `s3r`"] + [f"{cell(r, k, d) / MIB:+.3f}" for k, d in used] for r in deltas]
-      out.append(f"What S3R-EC adds to `s3r` on this mesh (MiB; `+ungathered`: the factors left to XLA's "
-                 f"placement, which reduces weight-sized f32 partials):\n\n"
+      out.append("What S3R-EC adds to `s3r` on this mesh (MiB; `+ungathered`: the factors left to XLA's "
+                 "placement, which reduces weight-sized f32 partials):\n\n"
                  + markdown_table(["recipe"] + [f"{k} {d}" for k, d in used], body))
   return "\n".join(out)
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 import json
 
 import jax
-import pytest
 
-from s3r.bench import cli, step
+from s3r.bench import cli
 
 
-@pytest.mark.skipif(step.available() is not None, reason="s3r.model / s3r.train not available")
-def test_step_bench_tiny(tmp_path):
+def test_step_bench_times_a_real_training_step_of_the_tiny_preset(tmp_path):
   args = cli.build_parser().parse_args(["step", "--preset", "tiny", "--recipes", "s3r_ec_dx", "--batch", "2",
                                         "--seq", "16", "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
   assert args.func(args) == 0
