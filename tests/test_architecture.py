@@ -59,7 +59,9 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
         pkg = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
         base = ".".join([*pkg, base] if base else pkg)
       out += [(node.lineno, f"{base}.{a.name}" if base == "s3r" else base) for a in node.names]
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"s3r(\.\w+)+:\w+", node.value):
+    elif (
+      isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"s3r(\.\w+)+:\w+", node.value)
+    ):
       out.append((node.lineno, node.value.split(":")[0]))  # "module:function", imported on demand (cli.COMMANDS)
   return out
 

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> dict:
     def f(x, w, g, key):
       y, vjp = jax.vjp(lambda a, b: layer(a, b, key), x, w)
       return y, vjp(g)
+
     return jax.jit(f)
 
   layers = {r: (lambda a, b, key, r=r: s3r.qmatmul(a, b, key=key, recipe=r)) for r in recipes}
@@ -85,16 +86,27 @@ def run(args: argparse.Namespace) -> dict:
   timings = timing.time_interleaved(configs, repeats=args.repeats, log=log)
   base = {name: timings[name] for name in ("bf16", FAST_BF16, "int8_sr") if name in timings}
   names = list(configs)
-  results = {r: {**timings[r].as_dict(),
-                 **{f"speedup_vs_{b}": timing.paired_ratio(base[b], timings[r]) for b in base}} for r in names}
+  results = {
+    r: {**timings[r].as_dict(), **{f"speedup_vs_{b}": timing.paired_ratio(base[b], timings[r]) for b in base}}
+    for r in names
+  }
   cols = [b for b in ("bf16", FAST_BF16, "int8_sr") if b in base]
-  rows = [[f"`{r}`", fmt_ms(timings[r].median), fmt_ms(timings[r].iqr),
-           *[fmt_ratio(results[r].get(f"speedup_vs_{b}")) for b in cols]] for r in names]
-  body = (f"## x[{t},{k}] @ w[{k},{n}], forward + backward\n\n" +
-          markdown_table(["recipe", "median ms", "IQR ms", *[f"speedup vs {b}" for b in cols]], rows) +
-          f"\nSpeedups are medians of per-round paired ratios (same round, interleaved). `{FAST_BF16}` is "
-          "a reference bf16 layer with the same saved-transpose layout trick as the INT8 path "
-          "(`s3r.bench.matmul.fast_layout_bf16`), the fairest bf16 baseline on XLA:CPU.\n")
+  rows = [
+    [
+      f"`{r}`",
+      fmt_ms(timings[r].median),
+      fmt_ms(timings[r].iqr),
+      *[fmt_ratio(results[r].get(f"speedup_vs_{b}")) for b in cols],
+    ]
+    for r in names
+  ]
+  body = (
+    f"## x[{t},{k}] @ w[{k},{n}], forward + backward\n\n"
+    + markdown_table(["recipe", "median ms", "IQR ms", *[f"speedup vs {b}" for b in cols]], rows)
+    + f"\nSpeedups are medians of per-round paired ratios (same round, interleaved). `{FAST_BF16}` is "
+    "a reference bf16 layer with the same saved-transpose layout trick as the INT8 path "
+    "(`s3r.bench.matmul.fast_layout_bf16`), the fairest bf16 baseline on XLA:CPU.\n"
+  )
   paths = run_.write(results, body)
   log(f"wrote {paths['md']}")
   print(body)

@@ -65,21 +65,33 @@ def analyze_layer(recipe: str, tokens: int, k: int, n: int) -> dict:
   """Static costs of one qmatmul layer x [T, K] @ w [K, N], forward + backward."""
   import jax
   import jax.numpy as jnp
+
   if len({tokens * n, tokens * k, k * n}) < 3:
     raise ValueError(f"T*N must differ from T*K and K*N to identify gradient-sized arrays; got T={tokens} K={k} N={n}")
-  args = (jax.ShapeDtypeStruct((tokens, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.float32),
-          jax.ShapeDtypeStruct((tokens, n), jnp.bfloat16), jax.random.key(0))
+  args = (
+    jax.ShapeDtypeStruct((tokens, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct((k, n), jnp.float32),
+    jax.ShapeDtypeStruct((tokens, n), jnp.bfloat16),
+    jax.random.key(0),
+  )
   f = layer_fwd_bwd(recipe)
   jaxpr = jax.make_jaxpr(f)(*args)
   compiled = jax.jit(f).lower(*args).compile()
   ops = gradient_sized_ops(compiled.as_text(), tokens * n)
   rnd = jaxpr_analysis.random_draws(jaxpr)
   mem = _memory(compiled)
-  return {"recipe": recipe, "tokens": tokens, "k": k, "n": n, "ops": ops, "random": rnd,
-          "int8_gradient_bytes": ops["written_bytes"].get("s8", 0),
-          "f32_gradient_sized_bytes": ops["written_bytes"].get("f32", 0),
-          "u32_gradient_sized_bytes": ops["written_bytes"].get("u32", 0),
-          "memory": mem}
+  return {
+    "recipe": recipe,
+    "tokens": tokens,
+    "k": k,
+    "n": n,
+    "ops": ops,
+    "random": rnd,
+    "int8_gradient_bytes": ops["written_bytes"].get("s8", 0),
+    "f32_gradient_sized_bytes": ops["written_bytes"].get("f32", 0),
+    "u32_gradient_sized_bytes": ops["written_bytes"].get("u32", 0),
+    "memory": mem,
+  }
 
 
 def _memory(compiled) -> dict | None:
@@ -89,8 +101,13 @@ def _memory(compiled) -> dict | None:
     return None
   if m is None:
     return None
-  keys = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-          "generated_code_size_in_bytes")
+  keys = (
+    "temp_size_in_bytes",
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "alias_size_in_bytes",
+    "generated_code_size_in_bytes",
+  )
   return {k: int(getattr(m, k)) for k in keys if hasattr(m, k)}
 
 
@@ -100,9 +117,15 @@ def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int) -> dict | No
   import jax.numpy as jnp
 
   from s3r.bench import ffn
-  args = (jax.ShapeDtypeStruct((tokens, hidden), jnp.bfloat16), jax.ShapeDtypeStruct((hidden, ffn_dim), jnp.float32),
-          jax.ShapeDtypeStruct((hidden, ffn_dim), jnp.float32), jax.ShapeDtypeStruct((ffn_dim, hidden), jnp.float32),
-          jax.ShapeDtypeStruct((tokens, hidden), jnp.bfloat16), jax.random.key(0))
+
+  args = (
+    jax.ShapeDtypeStruct((tokens, hidden), jnp.bfloat16),
+    jax.ShapeDtypeStruct((hidden, ffn_dim), jnp.float32),
+    jax.ShapeDtypeStruct((hidden, ffn_dim), jnp.float32),
+    jax.ShapeDtypeStruct((ffn_dim, hidden), jnp.float32),
+    jax.ShapeDtypeStruct((tokens, hidden), jnp.bfloat16),
+    jax.random.key(0),
+  )
   return _memory(ffn.make_fwd_bwd(recipe).lower(*args).compile())
 
 
@@ -112,30 +135,52 @@ def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int) -> dict | No
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes (default %(default)s)")
   p.add_argument("--tokens", type=int, default=1024, help="T of the one-layer analysis (default %(default)s)")
-  p.add_argument("--k", type=int, default=1536, help="K (input features) of the one-layer analysis (default %(default)s)")
-  p.add_argument("--n", type=int, default=2048, help="N (output features) of the one-layer analysis (default %(default)s)")
-  p.add_argument("--memory-shapes", default=DEFAULT_MEMORY_SHAPES,
-                 help="shapes (W1..W9, 'all', HxD) for the FFN memory_analysis, or 'none' (default %(default)s)")
-  p.add_argument("--memory-tokens", type=int, default=None,
-                 help="tokens for the FFN memory analysis (default: the ffn bench's per-shape default)")
-  p.add_argument("--out-dir", default=str(RESULTS_DIR),
-                 help="where bench_static_<platform>.{json,md} go (default %(default)s)")
+  p.add_argument(
+    "--k", type=int, default=1536, help="K (input features) of the one-layer analysis (default %(default)s)"
+  )
+  p.add_argument(
+    "--n", type=int, default=2048, help="N (output features) of the one-layer analysis (default %(default)s)"
+  )
+  p.add_argument(
+    "--memory-shapes",
+    default=DEFAULT_MEMORY_SHAPES,
+    help="shapes (W1..W9, 'all', HxD) for the FFN memory_analysis, or 'none' (default %(default)s)",
+  )
+  p.add_argument(
+    "--memory-tokens",
+    type=int,
+    default=None,
+    help="tokens for the FFN memory analysis (default: the ffn bench's per-shape default)",
+  )
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_static_<platform>.{json,md} go (default %(default)s)"
+  )
 
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
+
   recipes = parse_list(args.recipes, list(RECIPES), "recipes")
   mshapes = {} if args.memory_shapes == "none" else options.parse_shapes(args.memory_shapes)
-  run_ = Run("static", args.out_dir, recipes=",".join(recipes), tokens=args.tokens, k=args.k, n=args.n,
-                    memory_shapes=",".join(mshapes), memory_tokens=args.memory_tokens)
+  run_ = Run(
+    "static",
+    args.out_dir,
+    recipes=",".join(recipes),
+    tokens=args.tokens,
+    k=args.k,
+    n=args.n,
+    memory_shapes=",".join(mshapes),
+    memory_tokens=args.memory_tokens,
+  )
   layer = {}
   for r in recipes:
     log(f"[static] layer T={args.tokens} K={args.k} N={args.n}: {r}")
     layer[r] = analyze_layer(r, args.tokens, args.k, args.n)
   base = layer.get("int8_rtne")
   for r, res in layer.items():
-    res["extra_ops_per_element_vs_int8_rtne"] = (res["ops"]["ops_per_element"] - base["ops"]["ops_per_element"]
-                                                 if base and RECIPES[r].quantized else None)
+    res["extra_ops_per_element_vs_int8_rtne"] = (
+      res["ops"]["ops_per_element"] - base["ops"]["ops_per_element"] if base and RECIPES[r].quantized else None
+    )
   memory = []
   for shape in mshapes:
     hidden, ffn_dim = mshapes[shape]
@@ -157,28 +202,51 @@ def markdown(results: dict, recipes: list[str]) -> str:
   t, k, n = any_r["tokens"], any_r["k"], any_r["n"]
   el = t * n
   out = [f"## One quantized layer x [{t}, {k}] @ w [{k}, {n}], forward + backward (compiled HLO, jaxpr)", ""]
-  head = ["recipe", "ops/elem", "extra ops/elem vs int8_rtne", "[T,N]-shaped ops/elem", "random words", "words/elem",
-          "int8 grad bytes/elem", "f32 [T,N] temps written (bytes/elem)", "u32 [T,N] written (bytes/elem)",
-          "temp MiB (layer)"]
+  head = [
+    "recipe",
+    "ops/elem",
+    "extra ops/elem vs int8_rtne",
+    "[T,N]-shaped ops/elem",
+    "random words",
+    "words/elem",
+    "int8 grad bytes/elem",
+    "f32 [T,N] temps written (bytes/elem)",
+    "u32 [T,N] written (bytes/elem)",
+    "temp MiB (layer)",
+  ]
   rows = []
   for r in recipes:
     res = layer[r]
     extra = res["extra_ops_per_element_vs_int8_rtne"]
     mem = res["memory"] or {}
-    rows.append([r, res["ops"]["ops_per_element"], "" if extra is None else f"{extra:+d}",
-                 res["ops"]["shape_only_ops_per_element"], res["random"]["words"],
-                 f"{res['random']['words'] / el:.4g}", f"{res['int8_gradient_bytes'] / el:g}",
-                 f"{res['f32_gradient_sized_bytes'] / el:g}", f"{res['u32_gradient_sized_bytes'] / el:g}",
-                 f"{mem.get('temp_size_in_bytes', float('nan')) / 2**20:.1f}"])
+    rows.append(
+      [
+        r,
+        res["ops"]["ops_per_element"],
+        "" if extra is None else f"{extra:+d}",
+        res["ops"]["shape_only_ops_per_element"],
+        res["random"]["words"],
+        f"{res['random']['words'] / el:.4g}",
+        f"{res['int8_gradient_bytes'] / el:g}",
+        f"{res['f32_gradient_sized_bytes'] / el:g}",
+        f"{res['u32_gradient_sized_bytes'] / el:g}",
+        f"{mem.get('temp_size_in_bytes', float('nan')) / 2**20:.1f}",
+      ]
+    )
   out.append(markdown_table(head, rows))
   paper_ops = ", ".join(f"{LABELS[r]} {lo:+d}..{hi:+d}" for r, (lo, hi) in PAPER_EXTRA_OPS.items())
-  out += ["", f"Paper (TPU v5p VPU ops over INT8 RTNE): {paper_ops}. "
-          "Here: HLO instructions on [T, N]-sized arrays (method in `s3r/bench/static.py`). "
-          "Per-recipe opcode breakdown in the JSON.", ""]
+  out += [
+    "",
+    f"Paper (TPU v5p VPU ops over INT8 RTNE): {paper_ops}. "
+    "Here: HLO instructions on [T, N]-sized arrays (method in `s3r/bench/static.py`). "
+    "Per-recipe opcode breakdown in the JSON.",
+    "",
+  ]
   out += ["### Opcodes of the [T, N]-sized ops (count per element, fwd+bwd)", ""]
   ops = sorted({o for r in recipes for o in layer[r]["ops"]["by_opcode"]})
-  out.append(markdown_table(["opcode", *recipes], [[o, *[layer[r]["ops"]["by_opcode"].get(o, 0) for r in recipes]]
-                                                           for o in ops]))
+  out.append(
+    markdown_table(["opcode", *recipes], [[o, *[layer[r]["ops"]["by_opcode"].get(o, 0) for r in recipes]] for o in ops])
+  )
   if results["ffn_memory"]:
     out += ["", "## SwiGLU FFN block fwd+bwd: XLA temp memory (compiled.memory_analysis(), MiB)", ""]
     rows = []
@@ -188,7 +256,9 @@ def markdown(results: dict, recipes: list[str]) -> str:
       for r in recipes:
         m = row["recipes"][r]
         v = None if m is None else m.get("temp_size_in_bytes")
-        cells.append("n/a" if v is None else (f"{v / 2**20:.1f}" + (f" ({v / base:.2f}x)" if base and r != "int8_rtne" else "")))
+        cells.append(
+          "n/a" if v is None else (f"{v / 2**20:.1f}" + (f" ({v / base:.2f}x)" if base and r != "int8_rtne" else ""))
+        )
       rows.append([row["shape"], row["tokens"], *cells])
     out.append(markdown_table(["shape", "T", *recipes], rows))
     out += ["", "(x): relative to int8_rtne.", ""]

@@ -47,8 +47,13 @@ def make_stepper(preset: str, recipe: str, batch: int, seq: int, vocab: int | No
     holder["state"], metrics = step_fn(holder["state"], tokens, train_key)
     return metrics
 
-  info = {"params": s3r_model.param_count(cfg), "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
-          "n_layers": cfg.n_layers, "d_ff": cfg.d_ff}
+  info = {
+    "params": s3r_model.param_count(cfg),
+    "vocab_size": cfg.vocab_size,
+    "d_model": cfg.d_model,
+    "n_layers": cfg.n_layers,
+    "d_ff": cfg.d_ff,
+  }
   return one_step, info
 
 
@@ -61,16 +66,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--repeats", type=int, default=10, help="timed steps per recipe, interleaved (default %(default)s)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after the compiling step (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
-  p.add_argument("--out-dir", default=str(RESULTS_DIR),
-                 help="where bench_step_<platform>.{json,md,png} go (default %(default)s)")
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_step_<platform>.{json,md,png} go (default %(default)s)"
+  )
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
+
   recipes = parse_list(args.recipes, list(RECIPES), "recipes")
-  run_ = Run("step", args.out_dir, preset=args.preset, recipes=",".join(recipes), batch=args.batch, seq=args.seq,
-              vocab=args.vocab, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+  run_ = Run(
+    "step",
+    args.out_dir,
+    preset=args.preset,
+    recipes=",".join(recipes),
+    batch=args.batch,
+    seq=args.seq,
+    vocab=args.vocab,
+    repeats=args.repeats,
+    warmup=args.warmup,
+    seed=args.seed,
+  )
   configs, info = {}, None
   for r in recipes:
     fn, info = make_stepper(args.preset, r, args.batch, args.seq, args.vocab, args.seed)
@@ -95,20 +112,38 @@ def run(args: argparse.Namespace) -> dict:
 
 def markdown(res: dict) -> str:
   m = res["model"]
-  out = [f"## Training step, preset `{res['preset']}` ({m['params']:,} parameters, {m['n_layers']} layers, "
-         f"d_model {m['d_model']}, d_ff {m['d_ff']}, vocab {m['vocab_size']}), B={res['batch']}, S={res['seq']}", ""]
+  out = [
+    f"## Training step, preset `{res['preset']}` ({m['params']:,} parameters, {m['n_layers']} layers, "
+    f"d_model {m['d_model']}, d_ff {m['d_ff']}, vocab {m['vocab_size']}), B={res['batch']}, S={res['seq']}",
+    "",
+  ]
   rows = []
   for r, row in res["recipes"].items():
     t = row["timing"]
-    rows.append([r, fmt_ms(t["median_s"]), fmt_ms(t["iqr_s"]), f"{row['tokens_per_s']:,.0f}",
-                 fmt_ratio(row.get("speedup_vs_bf16")), fmt_ratio(row.get("speedup_vs_int8_sr"))])
-  out.append(markdown_table(["recipe", "median ms", "IQR ms", "tokens/s", "speedup vs bf16",
-                                    "speedup vs int8_sr"], rows))
+    rows.append(
+      [
+        r,
+        fmt_ms(t["median_s"]),
+        fmt_ms(t["iqr_s"]),
+        f"{row['tokens_per_s']:,.0f}",
+        fmt_ratio(row.get("speedup_vs_bf16")),
+        fmt_ratio(row.get("speedup_vs_int8_sr")),
+      ]
+    )
+  out.append(
+    markdown_table(["recipe", "median ms", "IQR ms", "tokens/s", "speedup vs bf16", "speedup vs int8_sr"], rows)
+  )
   return "\n".join(out) + "\n"
 
 
 def chart(res: dict, path) -> None:
   names = list(res["recipes"])
   series = {n: [res["recipes"][n].get("speedup_vs_bf16")] for n in names}
-  bar_chart(path, [res["preset"]], series, ylabel="speedup vs bf16", hline=1.0,
-                   title=f"Training step ({res['preset']}, B={res['batch']}, S={res['seq']})")
+  bar_chart(
+    path,
+    [res["preset"]],
+    series,
+    ylabel="speedup vs bf16",
+    hline=1.0,
+    title=f"Training step ({res['preset']}, B={res['batch']}, S={res['seq']})",
+  )

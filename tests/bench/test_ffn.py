@@ -1,4 +1,5 @@
 """`s3r bench ffn` end to end at a tiny shape (1 repeat); numbers are not checked, only structure."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ from s3r.bench import cli, ffn, options
 
 
 def test_ffn_bench_writes_json_md_png(tmp_path):
-  args = cli.build_parser().parse_args(["ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1",
-                                        "--warmup", "0", "--out-dir", str(tmp_path)])
+  args = cli.build_parser().parse_args(
+    ["ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
+  )
   assert args.func(args) == 0
   stem = tmp_path / f"bench_ffn_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())

@@ -1,4 +1,5 @@
 """Static costs: random words from the jaxpr and op counts from the compiled HLO."""
+
 from __future__ import annotations
 
 import math
