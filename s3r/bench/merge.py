@@ -16,7 +16,7 @@ import json
 import pathlib
 
 from s3r import paper
-from s3r.results import log, metadata_lines
+from s3r.results import log, metadata_lines, repo_relative
 
 MERGEABLE = ("ffn", "quantizer")  # benches whose results are one entry per shape
 
@@ -52,7 +52,7 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
   order = {s: i for i, s in enumerate(paper.FFN_SHAPES)}
   results.sort(key=lambda r: order.get(r["shape"], len(order)))
   parts = [
-    {"file": f, "complete": d.get("complete", True), "meta": d["meta"], "settings": d["settings"]}
+    {"file": repo_relative(f), "complete": d.get("complete", True), "meta": d["meta"], "settings": d["settings"]}
     for d, f in zip(docs, files)
   ]
   settings = {**first["settings"], "shapes": ",".join(r["shape"] for r in results)}
