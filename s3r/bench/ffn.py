@@ -23,7 +23,9 @@ import functools
 
 import numpy as np
 
-from s3r.bench import common
+from s3r import paper
+from s3r.bench import options, timing
+from s3r.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = "W1,W2,W3,W4"
 
@@ -31,6 +33,7 @@ DEFAULT_SHAPES = "W1,W2,W3,W4"
 def make_ffn(recipe: str):
   """The SwiGLU block f(x, wg, wu, wd, key) -> y with every projection through s3r.qmatmul."""
   import jax
+
   from s3r import qmatmul
 
   def ffn(x, wg, wu, wd, key):
@@ -64,6 +67,7 @@ def make_inputs(tokens: int, hidden: int, ffn_dim: int, seed: int = 0, examples:
   """(x, wg, wu, wd, dy, key): bf16 activations and upstream gradient, f32 weights (≈ init scale)."""
   import jax
   import jax.numpy as jnp
+
   ks = jax.random.split(jax.random.key(seed), 6)
   lead = (tokens,) if examples == 1 else (examples, tokens // examples)
   x = jax.random.normal(ks[0], (*lead, hidden), jnp.float32).astype(jnp.bfloat16)
@@ -75,60 +79,90 @@ def make_inputs(tokens: int, hidden: int, ffn_dim: int, seed: int = 0, examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                 help=f"comma-separated paper shapes W1..W9, 'all', or custom HxD such as 256x1024 (default {DEFAULT_SHAPES}; "
-                      "(H, D_ffn): " + ", ".join(f"{k}={v}" for k, v in common.SHAPES.items()) + ")")
-  p.add_argument("--tokens", type=int, default=None,
-                 help="tokens T per call for every shape (default per shape: "
-                      + ", ".join(f"{k}:{v}" for k, v in common.DEFAULT_TOKENS.items()) + ")")
-  p.add_argument("--examples", type=int, default=1,
-                 help="split the T tokens into this many examples, x [B, T/B, H] (default 1: x [T, H])")
-  p.add_argument("--recipes", default=",".join(common.BENCH_RECIPES),
-                 help="comma-separated recipes (default %(default)s); any name in s3r.RECIPES")
+  p.add_argument(
+    "--shapes",
+    default=DEFAULT_SHAPES,
+    help=f"comma-separated paper shapes W1..W9, 'all', or custom HxD such as 256x1024 (default {DEFAULT_SHAPES}; "
+    "(H, D_ffn): " + ", ".join(f"{k}={v}" for k, v in paper.FFN_SHAPES.items()) + ")",
+  )
+  p.add_argument(
+    "--tokens",
+    type=int,
+    default=None,
+    help="tokens T per call for every shape (default per shape: "
+    + ", ".join(f"{k}:{v}" for k, v in options.DEFAULT_TOKENS.items())
+    + ")",
+  )
+  p.add_argument(
+    "--examples",
+    type=int,
+    default=1,
+    help="split the T tokens into this many examples, x [B, T/B, H] (default 1: x [T, H])",
+  )
+  p.add_argument(
+    "--recipes",
+    default=",".join(options.BENCH_RECIPES),
+    help="comma-separated recipes (default %(default)s); any name in s3r.RECIPES",
+  )
   p.add_argument("--repeats", type=int, default=5, help="timed calls per recipe, interleaved (default %(default)s)")
-  p.add_argument("--number", type=int, default=1,
-                 help="back-to-back calls averaged in one sample (default %(default)s; raise it on a GPU, "
-                      "where one small call is shorter than its dispatch)")
+  p.add_argument(
+    "--number",
+    type=int,
+    default=1,
+    help="back-to-back calls averaged in one sample (default %(default)s; raise it on a GPU, "
+    "where one small call is shorter than its dispatch)",
+  )
   p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
-  p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
-                 help="where bench_ffn_<platform>.{json,md,png} go (default %(default)s)")
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_ffn_<platform>.{json,md,png} go (default %(default)s)"
+  )
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
 def run(args: argparse.Namespace) -> dict:
   from s3r import RECIPES
-  shapes = common.parse_shapes(args.shapes)
-  recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
-  run_ = common.Run("ffn", args.out_dir, shapes=",".join(shapes), tokens=args.tokens, examples=args.examples,
-                    recipes=",".join(recipes), repeats=args.repeats, number=args.number, warmup=args.warmup,
-                    seed=args.seed)
+
+  shapes = options.parse_shapes(args.shapes)
+  recipes = parse_list(args.recipes, list(RECIPES), "recipes")
+  run_ = Run(
+    "ffn",
+    args.out_dir,
+    shapes=",".join(shapes),
+    tokens=args.tokens,
+    examples=args.examples,
+    recipes=",".join(recipes),
+    repeats=args.repeats,
+    number=args.number,
+    warmup=args.warmup,
+    seed=args.seed,
+  )
   results = []
   for shape in shapes:
     hidden, ffn_dim = shapes[shape]
-    tokens = common.tokens_for(shape, args.tokens)
+    tokens = options.tokens_for(shape, args.tokens)
     if tokens % args.examples:
       raise SystemExit(f"--examples {args.examples} must divide the token count {tokens}")
-    common.log(f"[ffn] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {common.loadavg()}")
+    log(f"[ffn] {shape} (H={hidden}, D_ffn={ffn_dim}), T={tokens}, load {loadavg()}")
     inputs = make_inputs(tokens, hidden, ffn_dim, args.seed, args.examples)
     configs = {r: (make_fwd_bwd(r), inputs) for r in recipes}
-    timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, number=args.number,
-                                      log=common.log)
+    timings = timing.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, number=args.number, log=log)
     del configs, inputs
     results.append(_summarize(shape, hidden, ffn_dim, tokens, timings))
-    common.log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
+    log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
     run_.write(results, markdown(results, recipes), complete=False)  # a run cut short keeps its shapes
-  paths = run_.write(results, markdown(results, recipes),
-                     chart=None if args.no_chart else functools.partial(chart, results, recipes))
-  common.log(f"[ffn] wrote {', '.join(str(p) for p in paths.values())}")
+  paths = run_.write(
+    results, markdown(results, recipes), chart=None if args.no_chart else functools.partial(chart, results, recipes)
+  )
+  log(f"[ffn] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
 
 
-def _summarize(shape, hidden, ffn_dim, tokens, timings: dict[str, common.Timing]) -> dict:
+def _summarize(shape, hidden, ffn_dim, tokens, timings: dict[str, timing.Timing]) -> dict:
   def ratio(a, b):  # t(a) / t(b) as ratio of medians and as paired (per-round) median
     if a not in timings or b not in timings:
       return None, None
-    return timings[a].median / timings[b].median, common.paired_ratio(timings[a], timings[b])
+    return timings[a].median / timings[b].median, timing.paired_ratio(timings[a], timings[b])
 
   rows = {}
   for r, t in timings.items():
@@ -144,40 +178,73 @@ def _summarize(shape, hidden, ffn_dim, tokens, timings: dict[str, common.Timing]
       row["overhead_vs_s3r_pct_paired"] = None if paired is None else 100 * (paired - 1)
     rows[r] = row
   flops = 3 * 3 * 2 * tokens * hidden * ffn_dim  # three projections, fwd + two bwd products each
-  return {"shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "gemm_flops": flops,
-          "recipes": rows}
+  return {"shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "gemm_flops": flops, "recipes": rows}
 
 
 def markdown(results: list[dict], recipes: list[str]) -> str:
   out = ["## One SwiGLU FFN block, forward + backward (median ms; speedups from the same run)", ""]
-  head = ["shape", "(H, D_ffn)", "T", "recipe", "median ms", "IQR ms", "speedup vs bf16", "speedup vs int8_sr",
-          "time / int8_rtne", "EC overhead vs s3r"]
+  head = [
+    "shape",
+    "(H, D_ffn)",
+    "T",
+    "recipe",
+    "median ms",
+    "IQR ms",
+    "speedup vs bf16",
+    "speedup vs int8_sr",
+    "time / int8_rtne",
+    "EC overhead vs s3r",
+  ]
   rows = []
   for res in results:
     for r in recipes:
       row = res["recipes"][r]
       t = row["timing"]
       ov = row.get("overhead_vs_s3r_pct")
-      rows.append([res["shape"], f"({res['hidden']}, {res['ffn_dim']})", res["tokens"], r, common.fmt_ms(t["median_s"]),
-                   common.fmt_ms(t["iqr_s"]), common.fmt_ratio(row["speedup_vs_bf16"]),
-                   common.fmt_ratio(row["speedup_vs_int8_sr"]), common.fmt_ratio(row["time_vs_int8_rtne"]),
-                   "" if ov is None else f"{ov:+.1f}%"])
-  out.append(common.markdown_table(head, rows))
+      rows.append(
+        [
+          res["shape"],
+          f"({res['hidden']}, {res['ffn_dim']})",
+          res["tokens"],
+          r,
+          fmt_ms(t["median_s"]),
+          fmt_ms(t["iqr_s"]),
+          fmt_ratio(row["speedup_vs_bf16"]),
+          fmt_ratio(row["speedup_vs_int8_sr"]),
+          fmt_ratio(row["time_vs_int8_rtne"]),
+          "" if ov is None else f"{ov:+.1f}%",
+        ]
+      )
+  out.append(markdown_table(head, rows))
   out += ["", "Ratios are ratios of medians; the JSON also has the paired (per-round) medians.", ""]
-  ref = [res for res in results if res["shape"] in common.PAPER_TABLE_III]
+  ref = [res for res in results if res["shape"] in paper.PAPER_TABLE_III]
   if ref:
     out += ["## Reference: paper Table III (TPU v5p), speed vs BF16 and S3R-EC overhead over S3R", ""]
     rows = []
     for res in ref:
-      p = common.PAPER_TABLE_III[res["shape"]]
-      rows.append([res["shape"], f"{p['int8_rtne']:.2f}", f"{p['int8_sr']:.2f}", f"{p['s3r']:.2f}",
-                   f"{p['s3r_ec_pct']:+.1f}%", f"{p['s3r_ec_dx_pct']:+.1f}%"])
-    out.append(common.markdown_table(["shape", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx"], rows))
+      p = paper.PAPER_TABLE_III[res["shape"]]
+      rows.append(
+        [
+          res["shape"],
+          f"{p['int8_rtne']:.2f}",
+          f"{p['int8_sr']:.2f}",
+          f"{p['s3r']:.2f}",
+          f"{p['s3r_ec_pct']:+.1f}%",
+          f"{p['s3r_ec_dx_pct']:+.1f}%",
+        ]
+      )
+    out.append(markdown_table(["shape", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx"], rows))
   return "\n".join(out)
 
 
 def chart(results: list[dict], recipes: list[str], path) -> None:
   groups = [f"{r['shape']}\nT={r['tokens']}" for r in results]
   series = {rc: [r["recipes"][rc]["speedup_vs_bf16"] for r in results] for rc in recipes}
-  common.bar_chart(path, groups, series, ylabel="speedup vs bf16 (t_bf16 / t)", hline=1.0,
-                   title="SwiGLU FFN block fwd+bwd: speed vs BF16 (same run)")
+  bar_chart(
+    path,
+    groups,
+    series,
+    ylabel="speedup vs bf16 (t_bf16 / t)",
+    hline=1.0,
+    title="SwiGLU FFN block fwd+bwd: speed vs BF16 (same run)",
+  )

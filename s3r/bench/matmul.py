@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from s3r.bench import common
+from s3r.bench import timing
+from s3r.results import Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
 
 RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
 FAST_BF16 = "bf16_fast_layout"  # reference row: bf16 with the same saved-transpose trick as the INT8 path
@@ -62,8 +63,8 @@ def run(args: argparse.Namespace) -> dict:
     t, k, n = (int(v) for v in args.shape.split(","))
   except ValueError:
     raise SystemExit(f"s3r bench matmul: --shape must be T,K,N (three integers), got {args.shape!r}") from None
-  recipes = common.parse_list(args.recipes, list(s3r.RECIPES), "recipe")
-  run_ = common.Run("matmul", args.out, shape=[t, k, n], recipes=recipes, repeats=args.repeats)
+  recipes = parse_list(args.recipes, list(s3r.RECIPES), "recipe")
+  run_ = Run("matmul", args.out, shape=[t, k, n], recipes=recipes, repeats=args.repeats)
   x = jax.random.normal(jax.random.key(0), (t, k), jnp.bfloat16)
   w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32) * 0.02
   g = jax.random.normal(jax.random.key(2), (t, n), jnp.bfloat16)
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> dict:
     def f(x, w, g, key):
       y, vjp = jax.vjp(lambda a, b: layer(a, b, key), x, w)
       return y, vjp(g)
+
     return jax.jit(f)
 
   layers = {r: (lambda a, b, key, r=r: s3r.qmatmul(a, b, key=key, recipe=r)) for r in recipes}
@@ -80,21 +82,32 @@ def run(args: argparse.Namespace) -> dict:
     mm = fast_layout_bf16()
     layers[FAST_BF16] = lambda a, b, key: mm(a, b)
   configs = {name: (fwd_bwd(layer), (x, w, g, key)) for name, layer in layers.items()}
-  common.log(f"bench matmul: x[{t},{k}] @ w[{k},{n}], {len(recipes)} recipes, {args.repeats} rounds")
-  timings = common.time_interleaved(configs, repeats=args.repeats, log=common.log)
+  log(f"bench matmul: x[{t},{k}] @ w[{k},{n}], {len(recipes)} recipes, {args.repeats} rounds")
+  timings = timing.time_interleaved(configs, repeats=args.repeats, log=log)
   base = {name: timings[name] for name in ("bf16", FAST_BF16, "int8_sr") if name in timings}
   names = list(configs)
-  results = {r: {**timings[r].as_dict(),
-                 **{f"speedup_vs_{b}": common.paired_ratio(base[b], timings[r]) for b in base}} for r in names}
+  results = {
+    r: {**timings[r].as_dict(), **{f"speedup_vs_{b}": timing.paired_ratio(base[b], timings[r]) for b in base}}
+    for r in names
+  }
   cols = [b for b in ("bf16", FAST_BF16, "int8_sr") if b in base]
-  rows = [[f"`{r}`", common.fmt_ms(timings[r].median), common.fmt_ms(timings[r].iqr),
-           *[common.fmt_ratio(results[r].get(f"speedup_vs_{b}")) for b in cols]] for r in names]
-  body = (f"## x[{t},{k}] @ w[{k},{n}], forward + backward\n\n" +
-          common.markdown_table(["recipe", "median ms", "IQR ms", *[f"speedup vs {b}" for b in cols]], rows) +
-          f"\nSpeedups are medians of per-round paired ratios (same round, interleaved). `{FAST_BF16}` is "
-          "a reference bf16 layer with the same saved-transpose layout trick as the INT8 path "
-          "(`s3r.bench.matmul.fast_layout_bf16`), the fairest bf16 baseline on XLA:CPU.\n")
+  rows = [
+    [
+      f"`{r}`",
+      fmt_ms(timings[r].median),
+      fmt_ms(timings[r].iqr),
+      *[fmt_ratio(results[r].get(f"speedup_vs_{b}")) for b in cols],
+    ]
+    for r in names
+  ]
+  body = (
+    f"## x[{t},{k}] @ w[{k},{n}], forward + backward\n\n"
+    + markdown_table(["recipe", "median ms", "IQR ms", *[f"speedup vs {b}" for b in cols]], rows)
+    + f"\nSpeedups are medians of per-round paired ratios (same round, interleaved). `{FAST_BF16}` is "
+    "a reference bf16 layer with the same saved-transpose layout trick as the INT8 path "
+    "(`s3r.bench.matmul.fast_layout_bf16`), the fairest bf16 baseline on XLA:CPU.\n"
+  )
   paths = run_.write(results, body)
-  common.log(f"wrote {paths['md']}")
+  log(f"wrote {paths['md']}")
   print(body)
   return results

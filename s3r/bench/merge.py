@@ -15,7 +15,8 @@ import importlib
 import json
 import pathlib
 
-from s3r.bench import common
+from s3r import paper
+from s3r.results import log, metadata_lines, repo_relative
 
 MERGEABLE = ("ffn", "quantizer")  # benches whose results are one entry per shape
 
@@ -34,8 +35,10 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
   same = lambda d: {k: v for k, v in d["settings"].items() if k != "shapes"}
   results, seen, requested = [], {}, []
   for doc, f in zip(docs, files):
-    for key, got, want in (("bench", doc.get("bench"), first["bench"]),
-                           ("platform", doc["meta"].get("platform"), first["meta"].get("platform"))):
+    for key, got, want in (
+      ("bench", doc.get("bench"), first["bench"]),
+      ("platform", doc["meta"].get("platform"), first["meta"].get("platform")),
+    ):
       if got != want:
         raise SystemExit(f"{f}: {key} {got!r} differs from {files[0]}'s {want!r}")
     if same(doc) != same(first):
@@ -46,19 +49,27 @@ def merge_docs(docs: list[dict], files: list[str]) -> dict:
         raise SystemExit(f"shape {r['shape']} is in both {seen[r['shape']]} and {f}")
       seen[r["shape"]] = f
       results.append(r)
-  order = {s: i for i, s in enumerate(common.SHAPES)}
+  order = {s: i for i, s in enumerate(paper.FFN_SHAPES)}
   results.sort(key=lambda r: order.get(r["shape"], len(order)))
-  parts = [{"file": f, "complete": d.get("complete", True), "meta": d["meta"], "settings": d["settings"]}
-           for d, f in zip(docs, files)]
+  parts = [
+    {"file": repo_relative(f), "complete": d.get("complete", True), "meta": d["meta"], "settings": d["settings"]}
+    for d, f in zip(docs, files)
+  ]
   settings = {**first["settings"], "shapes": ",".join(r["shape"] for r in results)}
-  return {"bench": first["bench"], "complete": all(s in seen for s in requested), "merged_from": parts,
-          "settings": settings, "results": results}
+  return {
+    "bench": first["bench"],
+    "complete": all(s in seen for s in requested),
+    "merged_from": parts,
+    "settings": settings,
+    "results": results,
+  }
 
 
 def _names(doc: dict) -> list[str]:
   recipes = doc["settings"]["recipes"].split(",")
   if doc["bench"] == "quantizer":
     from s3r.bench.quantizer import config_names
+
     return config_names(recipes)
   return recipes
 
@@ -69,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
       docs.append(json.loads(pathlib.Path(f).read_text()))
     except (OSError, ValueError) as e:
-      raise SystemExit(f"{f}: cannot read a results JSON ({e})")
+      raise SystemExit(f"{f}: cannot read a results JSON ({e})") from None
   doc = merge_docs(docs, list(args.parts))
   mod = importlib.import_module(f"s3r.bench.{doc['bench']}")  # its markdown() and chart()
   names = _names(doc)
@@ -79,12 +90,16 @@ def run(args: argparse.Namespace) -> dict:
   paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
   heads = [f"Merged by `s3r bench merge` from {len(docs)} runs of the same settings (shapes aside):", ""]
   for p in doc["merged_from"]:
-    heads += [f"## part: {p['file']}" + ("" if p["complete"] else " (stopped before its last shape)"), "",
-              common.metadata_markdown(doc["bench"], p["meta"], p["settings"]).split("\n", 2)[2]]
-  paths["md"].write_text(f"# s3r bench {doc['bench']} (merged)\n\n" + "\n".join(heads) + "\n"
-                         + mod.markdown(doc["results"], names))
+    heads += [
+      f"## part: {p['file']}" + ("" if p["complete"] else " (stopped before its last shape)"),
+      "",
+      metadata_lines(p["meta"], p["settings"]),
+    ]
+  paths["md"].write_text(
+    f"# s3r bench {doc['bench']} (merged)\n\n" + "\n".join(heads) + "\n" + mod.markdown(doc["results"], names)
+  )
   if not args.no_chart:
     paths["png"] = out.with_suffix(".png")
     mod.chart(doc["results"], names, paths["png"])
-  common.log(f"[merge] {len(doc['results'])} shapes -> {', '.join(str(p) for p in paths.values())}")
+  log(f"[merge] {len(doc['results'])} shapes -> {', '.join(str(p) for p in paths.values())}")
   return {"doc": doc, "paths": paths}

@@ -14,15 +14,17 @@ from __future__ import annotations
 import argparse
 import functools
 
-from s3r.bench import common
+from s3r.bench import options, timing
+from s3r.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
 
-DEFAULT_RECIPES = ",".join(common.BENCH_RECIPES)
+DEFAULT_RECIPES = ",".join(options.BENCH_RECIPES)
 
 
 def make_stepper(preset: str, recipe: str, batch: int, seq: int, vocab: int | None, seed: int = 0):
   """A zero-argument callable that runs one training step (and keeps the state), plus info."""
   import jax
   import jax.numpy as jnp
+
   from s3r import model as s3r_model
   from s3r.train import optimizer as opt
   from s3r.train import step as train_step_mod
@@ -45,19 +47,14 @@ def make_stepper(preset: str, recipe: str, batch: int, seq: int, vocab: int | No
     holder["state"], metrics = step_fn(holder["state"], tokens, train_key)
     return metrics
 
-  info = {"params": s3r_model.param_count(cfg), "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
-          "n_layers": cfg.n_layers, "d_ff": cfg.d_ff}
+  info = {
+    "params": s3r_model.param_count(cfg),
+    "vocab_size": cfg.vocab_size,
+    "d_model": cfg.d_model,
+    "n_layers": cfg.n_layers,
+    "d_ff": cfg.d_ff,
+  }
   return one_step, info
-
-
-def available() -> str | None:
-  """None if s3r.model and s3r.train.step are importable, else why not."""
-  try:
-    from s3r import model  # noqa: F401
-    from s3r.train import optimizer, step  # noqa: F401
-  except ImportError as e:
-    return f"s3r.model / s3r.train not available ({e})"
-  return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,27 +66,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--repeats", type=int, default=10, help="timed steps per recipe, interleaved (default %(default)s)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after the compiling step (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
-  p.add_argument("--out-dir", default=str(common.RESULTS_DIR),
-                 help="where bench_step_<platform>.{json,md,png} go (default %(default)s)")
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_step_<platform>.{json,md,png} go (default %(default)s)"
+  )
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
 def run(args: argparse.Namespace) -> dict:
-  why = available()
-  if why:
-    common.log(f"[step] skipped: {why}")
-    return {"skipped": why}
   from s3r import RECIPES
-  recipes = common.parse_list(args.recipes, list(RECIPES), "recipes")
-  run_ = common.Run("step", args.out_dir, preset=args.preset, recipes=",".join(recipes), batch=args.batch,
-                    seq=args.seq, vocab=args.vocab, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+
+  recipes = parse_list(args.recipes, list(RECIPES), "recipes")
+  run_ = Run(
+    "step",
+    args.out_dir,
+    preset=args.preset,
+    recipes=",".join(recipes),
+    batch=args.batch,
+    seq=args.seq,
+    vocab=args.vocab,
+    repeats=args.repeats,
+    warmup=args.warmup,
+    seed=args.seed,
+  )
   configs, info = {}, None
   for r in recipes:
     fn, info = make_stepper(args.preset, r, args.batch, args.seq, args.vocab, args.seed)
     configs[r] = (fn, ())
-  common.log(f"[step] {args.preset} {info}, B={args.batch}, S={args.seq}, load {common.loadavg()}")
-  timings = common.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=common.log)
-  common.log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
+  log(f"[step] {args.preset} {info}, B={args.batch}, S={args.seq}, load {loadavg()}")
+  timings = timing.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=log)
+  log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
   tokens = args.batch * args.seq
   rows = {}
   for r, t in timings.items():
@@ -97,30 +102,48 @@ def run(args: argparse.Namespace) -> dict:
     for ref in ("bf16", "int8_sr"):
       if ref in timings:
         row[f"speedup_vs_{ref}"] = timings[ref].median / t.median
-        row[f"speedup_vs_{ref}_paired"] = common.paired_ratio(timings[ref], t)
+        row[f"speedup_vs_{ref}_paired"] = timing.paired_ratio(timings[ref], t)
     rows[r] = row
   results = {"preset": args.preset, "model": info, "batch": args.batch, "seq": args.seq, "recipes": rows}
   paths = run_.write(results, markdown(results), chart=None if args.no_chart else functools.partial(chart, results))
-  common.log(f"[step] wrote {', '.join(str(p) for p in paths.values())}")
+  log(f"[step] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
 
 
 def markdown(res: dict) -> str:
   m = res["model"]
-  out = [f"## Training step, preset `{res['preset']}` ({m['params']:,} parameters, {m['n_layers']} layers, "
-         f"d_model {m['d_model']}, d_ff {m['d_ff']}, vocab {m['vocab_size']}), B={res['batch']}, S={res['seq']}", ""]
+  out = [
+    f"## Training step, preset `{res['preset']}` ({m['params']:,} parameters, {m['n_layers']} layers, "
+    f"d_model {m['d_model']}, d_ff {m['d_ff']}, vocab {m['vocab_size']}), B={res['batch']}, S={res['seq']}",
+    "",
+  ]
   rows = []
   for r, row in res["recipes"].items():
     t = row["timing"]
-    rows.append([r, common.fmt_ms(t["median_s"]), common.fmt_ms(t["iqr_s"]), f"{row['tokens_per_s']:,.0f}",
-                 common.fmt_ratio(row.get("speedup_vs_bf16")), common.fmt_ratio(row.get("speedup_vs_int8_sr"))])
-  out.append(common.markdown_table(["recipe", "median ms", "IQR ms", "tokens/s", "speedup vs bf16",
-                                    "speedup vs int8_sr"], rows))
+    rows.append(
+      [
+        r,
+        fmt_ms(t["median_s"]),
+        fmt_ms(t["iqr_s"]),
+        f"{row['tokens_per_s']:,.0f}",
+        fmt_ratio(row.get("speedup_vs_bf16")),
+        fmt_ratio(row.get("speedup_vs_int8_sr")),
+      ]
+    )
+  out.append(
+    markdown_table(["recipe", "median ms", "IQR ms", "tokens/s", "speedup vs bf16", "speedup vs int8_sr"], rows)
+  )
   return "\n".join(out) + "\n"
 
 
 def chart(res: dict, path) -> None:
   names = list(res["recipes"])
   series = {n: [res["recipes"][n].get("speedup_vs_bf16")] for n in names}
-  common.bar_chart(path, [res["preset"]], series, ylabel="speedup vs bf16", hline=1.0,
-                   title=f"Training step ({res['preset']}, B={res['batch']}, S={res['seq']})")
+  bar_chart(
+    path,
+    [res["preset"]],
+    series,
+    ylabel="speedup vs bf16",
+    hline=1.0,
+    title=f"Training step ({res['preset']}, B={res['batch']}, S={res['seq']})",
+  )

@@ -11,7 +11,7 @@ Dimension letters: B batch, S sequence, D model width.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +23,12 @@ from s3r.train.step import cross_entropy
 
 REFERENCE = "int8_exact_bwd"
 METRICS = ("dx_first", "dx_last", "dw_first", "embed")
-METRIC_LABELS = {"dx_first": "dX error, block 0 input", "dx_last": "dX error, last block input",
-                 "dw_first": "dW error, block 0", "embed": "embedding grad error"}
+METRIC_LABELS = {
+  "dx_first": "dX error, block 0 input",
+  "dx_last": "dX error, last block input",
+  "dw_first": "dW error, block 0",
+  "embed": "embedding grad error",
+}
 
 
 def _with_recipe(cfg: s3r_model.ModelConfig, recipe: str) -> s3r_model.ModelConfig:
@@ -77,8 +81,7 @@ def rounding_variance_share(cfg, params, nu, batch_BxS1, recipe, *, n_keys: int 
   tensor, Σ var / Σ ν, plus the maximum over tensors and the share over all parameters.
   """
   graphdef = s3r_model.graphdef(_with_recipe(cfg, recipe))
-  grad_fn = jax.jit(jax.grad(lambda p, b, k: cross_entropy(
-      s3r_model.apply(graphdef, p, b[:, :-1], key=k), b[:, 1:])))
+  grad_fn = jax.jit(jax.grad(lambda p, b, k: cross_entropy(s3r_model.apply(graphdef, p, b[:, :-1], key=k), b[:, 1:])))
   keys = jax.random.split(jax.random.key(seed), n_keys)
   samples = [jax.tree.map(lambda g: np.asarray(g, np.float64), grad_fn(params, batch_BxS1, k)) for k in keys]
   mean = jax.tree.map(lambda *g: sum(g) / n_keys, *samples)

@@ -10,6 +10,7 @@ t-test, and Welch's test. Output: `<out>.json` and `<out>.md`.
   python -m s3r.experiments.same_rate results/table1_long.json results/table1_long_ratecheck.json \
       --out results/table1_long_same_rate
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,9 @@ import itertools
 import json
 import pathlib
 
-from s3r.bench import common
-from s3r.experiments.table1 import PAPER_GAP, _paired, _paired_cell, _welch, _welch_cell
+from s3r.experiments import stats
+from s3r.paper import PAPER_GAP
+from s3r.results import markdown_table, metadata_markdown, run_metadata, write_json
 
 # a - b takes a before b in this order: the recipe the paper expects to be worse comes first.
 _ORDER = ("int8_rtne", "s3r", "int8_sr", "s3r_ec_dx", "s3r_ec", "bf16")
@@ -45,10 +47,18 @@ def load_rows(paths: list[pathlib.Path]) -> dict[float, dict[str, dict[int, floa
 def _contrast(a: str, lr_a: float, va: dict, b: str, lr_b: float, vb: dict) -> dict:
   """Fields as in `table1.build_contrasts`; the paper's difference only between two recipes."""
   pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
-  return {"a": a, "lr_a": lr_a, "b": b, "lr_b": lr_b, "seeds_a": sorted(va), "seeds_b": sorted(vb),
-          "mean_diff": sum(va.values()) / len(va) - sum(vb.values()) / len(vb),
-          "welch": _welch(list(va.values()), list(vb.values())), "paired": _paired(va, vb),
-          "paper_diff": None if a == b or pa is None or pb is None else pa - pb}
+  return {
+    "a": a,
+    "lr_a": lr_a,
+    "b": b,
+    "lr_b": lr_b,
+    "seeds_a": sorted(va),
+    "seeds_b": sorted(vb),
+    "mean_diff": sum(va.values()) / len(va) - sum(vb.values()) / len(vb),
+    "welch": stats.welch(list(va.values()), list(vb.values())),
+    "paired": stats.paired(va, vb),
+    "paper_diff": None if a == b or pa is None or pb is None else pa - pb,
+  }
 
 
 def contrasts(by_rate: dict) -> list[dict]:
@@ -72,18 +82,31 @@ def contrasts(by_rate: dict) -> list[dict]:
 
 
 def _markdown(meta: dict, sources: list[str], rows: list[dict]) -> str:
-  head = common.metadata_markdown("same-rate contrasts", meta, {}).replace("# s3r bench ", "# s3r ", 1)
-  lines = [head, (f"Sources: {', '.join(f'`{s}`' for s in sources)}. Final validation loss on enwiki shard 9; "
-                  "a - b over the seeds both recipes finished (paired: mean ± sd of the per-seed difference and "
-                  "the paired t (p)); Welch's t (p) over each recipe's seeds; the paper's difference of its gaps "
-                  "to BF16.\n"),
-           common.markdown_table(
-               ["a - b", "seeds", "difference of means", "Welch t (p)", "paired", "paper"],
-               [[f"`{r['a']}` at {r['lr_a']:g} - `{r['b']}` at {r['lr_b']:g}",
-                 ",".join(map(str, (r["paired"] or {}).get("seeds", []))) or "–", f"{r['mean_diff']:+.3f}",
-                 _welch_cell(r["welch"]), _paired_cell(r["paired"]),
-                 "–" if r["paper_diff"] is None else f"{r['paper_diff']:+.3f}"] for r in rows],
-               ["l", "l", "r", "r", "r", "r"])]
+  head = metadata_markdown("s3r same-rate contrasts", meta, {})
+  lines = [
+    head,
+    (
+      f"Sources: {', '.join(f'`{s}`' for s in sources)}. Final validation loss on enwiki shard 9; "
+      "a - b over the seeds both recipes finished (paired: mean ± sd of the per-seed difference and "
+      "the paired t (p)); Welch's t (p) over each recipe's seeds; the paper's difference of its gaps "
+      "to BF16.\n"
+    ),
+    markdown_table(
+      ["a - b", "seeds", "difference of means", "Welch t (p)", "paired", "paper"],
+      [
+        [
+          f"`{r['a']}` at {r['lr_a']:g} - `{r['b']}` at {r['lr_b']:g}",
+          ",".join(map(str, (r["paired"] or {}).get("seeds", []))) or "–",
+          f"{r['mean_diff']:+.3f}",
+          stats.welch_cell(r["welch"]),
+          stats.paired_cell(r["paired"]),
+          "–" if r["paper_diff"] is None else f"{r['paper_diff']:+.3f}",
+        ]
+        for r in rows
+      ],
+      ["l", "l", "r", "r", "r", "r"],
+    ),
+  ]
   return "\n".join(lines) + "\n"
 
 
@@ -93,10 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--out", type=pathlib.Path, required=True, help="output stem: writes <out>.json and <out>.md")
   args = p.parse_args(argv)
   rows = contrasts(load_rows(args.tables))
-  meta = common.run_metadata()
+  meta = run_metadata()
   doc = {"meta": meta, "sources": [str(t) for t in args.tables], "contrasts": rows}
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
+  write_json(args.out.with_suffix(".json"), doc)
   args.out.with_suffix(".md").write_text(_markdown(meta, doc["sources"], rows))
   print(f"wrote {args.out}.json and {args.out}.md ({len(rows)} contrasts)")
   return doc

@@ -7,43 +7,42 @@ copies the loss plot beside it. `make train` calls it for the Quickstart run.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
 import sys
 
 import numpy as np
 
-from s3r.bench import common
+from s3r.experiments.runs import read_run
+from s3r.results import repo_relative, run_metadata, write_json
 from s3r.train import report
 
 
 def snapshot(run_dir: str, out: str, *, wall_s: float | None = None) -> dict:
-  run = pathlib.Path(run_dir)
-  records = report.read_metrics(run / report.METRICS_FILE)
+  run = read_run(run_dir)
+  records = run.records
   if not records:
-    raise SystemExit(f"snapshot: no metrics in {run}")
-  vals = [r for r in records if "val_loss" in r]
-  last = vals[-1] if vals else {}
-  steady = [r["step_time_s"] for r in records[len(records) // 10:]]  # skip the first 10% (warm-up)
+    raise SystemExit(f"snapshot: no metrics in {run.path}")
+  steady = records[len(records) // 10 :]  # skip the first 10% (warm-up)
   doc = {
-      "meta": common.run_metadata(),
-      "run": str(run),
-      "config": json.loads((run / "config.json").read_text()),
-      "steps": records[-1]["step"],
-      "final_val_losses": {k: v for k, v in last.items() if k.startswith("val_loss")},
-      "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
-      "median_step_s": float(np.median(steady)), "median_tokens_per_s": float(np.median(
-          [r["tokens_per_s"] for r in records[len(records) // 10:]])),
-      "wall_s": wall_s,
-      "val_curve": [[r["step"], r["val_loss"]] for r in vals],
-      "loss_curve": [[r["step"], r["loss"]] for r in records if r["step"] % 10 == 0 or r["step"] == 1],
+    "meta": run_metadata(),
+    "run": repo_relative(str(run.path)),
+    "config": run.config,
+    "steps": records[-1]["step"],
+    "final_val_losses": run.final_val_losses,
+    "first_loss": records[0]["loss"],
+    "final_loss": records[-1]["loss"],
+    "median_step_s": float(np.median([r["step_time_s"] for r in steady])),
+    "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in steady])),
+    "wall_s": wall_s,
+    "val_curve": run.val_curve,
+    "loss_curve": run.loss_curve(10),
   }
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  out_path.write_text(json.dumps(doc, indent=1) + "\n")
-  if (run / report.PLOT_FILE).exists():
-    shutil.copy(run / report.PLOT_FILE, out_path.with_suffix(".png"))
+  write_json(out_path, doc)
+  if (run.path / report.PLOT_FILE).exists():
+    shutil.copy(run.path / report.PLOT_FILE, out_path.with_suffix(".png"))
   return doc
 
 

@@ -9,95 +9,53 @@ differences removes the seed-to-seed variance the recipes share. Both tests are 
 
 from __future__ import annotations
 
-import json
-import math
+import dataclasses
 import pathlib
 
 import numpy as np
-from scipy import stats
 
-from s3r.bench import common
-from s3r.train import report
-
-# Table I of the paper (12-layer Llama, C4, 2000 steps): final validation loss gap to BF16.
-PAPER_GAP = {"bf16": 0.0, "int8_rtne": 0.214, "int8_sr": 0.037, "s3r": 0.163, "s3r_ec_dx": 0.032, "s3r_ec": 0.027,
-             "s3r_bcast": 1.347, "s3r_ec_dx_bcast": 0.202, "s3r_ec_bcast": 0.109}
-CURVE_EVERY = 5  # keep every 5th step of the training-loss curve in a summary
-
-
-def summarize_run(out: pathlib.Path, *, recipe: str, lr: float, seed: int, status: str, wall_s: float) -> dict:
-  """A small JSON-able record of one finished run (what the tables and the figure need)."""
-  records = report.read_metrics(out / report.METRICS_FILE) if (out / report.METRICS_FILE).exists() else []
-  vals = [r for r in records if "val_loss" in r]
-  last = vals[-1] if vals else {}
-  val_losses = {("val" if k == "val_loss" else k.removeprefix("val_loss_")): v
-                for k, v in last.items() if k.startswith("val_loss")}
-  config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
-  step_times = [r["step_time_s"] for r in records[1:]]
-  return {
-      "run": out.name, "recipe": recipe, "lr": lr, "seed": seed, "status": status, "wall_s": wall_s,
-      "steps": records[-1]["step"] if records else 0, "val_losses": val_losses if status == "done" else {},
-      "median_step_s": float(np.median(step_times)) if step_times else None,
-      "param_count": config.get("param_count"), "train_config": config.get("train"),
-      "curve": [[r["step"], r["loss"]] for r in records if r["step"] % CURVE_EVERY == 0 or r["step"] == 1],
-      "val_curve": [[r["step"], r["val_loss"]] for r in vals],
-  }
-
-
-def _stats(values: list[float]) -> tuple[float, float]:
-  arr = np.asarray(values, float)
-  return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else float("nan")
-
-
-def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
-  if len(a) < 2 or len(b) < 2:
-    return None
-  t, p = stats.ttest_ind(a, b, equal_var=False)
-  return float(t), float(p)
-
-
-def _paired(a: dict, b: dict) -> dict | None:
-  """Per-seed differences a[s] - b[s] over the seeds both have: mean, sample sd and the paired t (p).
-  With one common seed only the difference itself (a partial sweep still compares like with like)."""
-  seeds = sorted(set(a) & set(b))
-  if not seeds:
-    return None
-  diff = np.asarray([a[s] - b[s] for s in seeds], float)
-  out = {"seeds": seeds, "mean": float(diff.mean()), "sd": float(diff.std(ddof=1)) if len(seeds) > 1 else None,
-         "t": None, "p": None}
-  if out["sd"] and out["sd"] > 1e-9 * (1 + abs(out["mean"])):  # one seed, or equal differences: no t
-    t, p = stats.ttest_1samp(diff, 0.0)
-    out.update(t=float(t), p=float(p))
-  return out
+from s3r.experiments import stats
+from s3r.experiments.protocol import best_lr
+from s3r.paper import PAPER_GAP
+from s3r.results import markdown_table, metadata_markdown, run_metadata, write_json
 
 
 def build_table(cfg, summaries: dict) -> dict:
   """Rows per recipe with the best rate, the seeds' losses and the statistics."""
-  from s3r.experiments.sweep import best_lr
-
   rows = {}
   for recipe in cfg.recipes:
     best, _ = best_lr(cfg, recipe, summaries)
-    seed0 = {s["lr"]: s["val_losses"].get("val") for s in summaries.values() if s["recipe"] == recipe
-             and s["seed"] == 0}
-    runs = [] if best is None else [summaries[n] for n in (cfg.run_name(recipe, best, s) for s in range(cfg.seeds))
-                                    if n in summaries]
+    seed0 = {
+      s["lr"]: s["val_losses"].get("val") for s in summaries.values() if s["recipe"] == recipe and s["seed"] == 0
+    }
+    runs = (
+      []
+      if best is None
+      else [summaries[n] for n in (cfg.run_name(recipe, best, s) for s in range(cfg.seeds)) if n in summaries]
+    )
     done = [s for s in runs if s["status"] == "done"]
-    row = {"best_lr": best, "seed0_by_lr": dict(sorted(seed0.items())), "seeds_done": len(done),
-           "diverged": len(runs) - len(done)}
+    row = {
+      "best_lr": best,
+      "seed0_by_lr": dict(sorted(seed0.items())),
+      "seeds_done": len(done),
+      "diverged": len(runs) - len(done),
+    }
     row["val_by_seed"] = {s["seed"]: s["val_losses"]["val"] for s in done if "val" in s["val_losses"]}
     for split in ("val", "c4"):
       values = [s["val_losses"][split] for s in done if split in s["val_losses"]]
       row[split] = values
-      row[f"{split}_mean"], row[f"{split}_std"] = _stats(values) if values else (None, None)
+      row[f"{split}_mean"], row[f"{split}_std"] = stats.mean_sd(values) if values else (None, None)
     rows[recipe] = row
   ref, sr = rows.get("bf16"), rows.get("int8_sr")
   for recipe, row in rows.items():
-    row["gap_to_bf16"] = (row["val_mean"] - ref["val_mean"]) if ref and ref["val_mean"] is not None \
-        and row["val_mean"] is not None else None
-    row["welch_vs_bf16"] = _welch(row["val"], ref["val"]) if ref and recipe != "bf16" else None
-    row["welch_vs_int8_sr"] = _welch(row["val"], sr["val"]) if sr and recipe != "int8_sr" else None
-    row["paired_vs_bf16"] = _paired(row["val_by_seed"], ref["val_by_seed"]) if ref and recipe != "bf16" else None
+    row["gap_to_bf16"] = (
+      (row["val_mean"] - ref["val_mean"])
+      if ref and ref["val_mean"] is not None and row["val_mean"] is not None
+      else None
+    )
+    row["welch_vs_bf16"] = stats.welch(row["val"], ref["val"]) if ref and recipe != "bf16" else None
+    row["welch_vs_int8_sr"] = stats.welch(row["val"], sr["val"]) if sr and recipe != "int8_sr" else None
+    row["paired_vs_bf16"] = stats.paired(row["val_by_seed"], ref["val_by_seed"]) if ref and recipe != "bf16" else None
     row["paper_gap"] = PAPER_GAP.get(recipe)
   return rows
 
@@ -105,12 +63,12 @@ def build_table(cfg, summaries: dict) -> dict:
 # The pairs the paper's argument rests on: (a, b, what differs). Reported as a - b with Welch's t
 # and the paired t over the seeds both recipes finished.
 CONTRASTS = (
-    ("int8_rtne", "int8_sr", "round to nearest vs stochastic rounding"),
-    ("s3r", "s3r_ec_dx", "per-token thresholds without vs with the dX correction"),
-    ("s3r_ec_dx", "s3r_ec", "dX-only vs two-way correction"),
-    ("s3r_bcast", "s3r", "per-example vs per-token thresholds"),
-    ("s3r_bcast", "s3r_ec_dx_bcast", "per-example thresholds without vs with the dX correction"),
-    ("s3r_ec_dx_bcast", "s3r_ec_bcast", "per-example thresholds: dX-only vs two-way correction"),
+  ("int8_rtne", "int8_sr", "round to nearest vs stochastic rounding"),
+  ("s3r", "s3r_ec_dx", "per-token thresholds without vs with the dX correction"),
+  ("s3r_ec_dx", "s3r_ec", "dX-only vs two-way correction"),
+  ("s3r_bcast", "s3r", "per-example vs per-token thresholds"),
+  ("s3r_bcast", "s3r_ec_dx_bcast", "per-example thresholds without vs with the dX correction"),
+  ("s3r_ec_dx_bcast", "s3r_ec_bcast", "per-example thresholds: dX-only vs two-way correction"),
 )
 
 
@@ -122,16 +80,24 @@ def build_contrasts(rows: dict) -> list[dict]:
     if a not in rows or b not in rows or rows[a]["val_mean"] is None or rows[b]["val_mean"] is None:
       continue
     pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
-    out.append({"a": a, "b": b, "what": what, "diff": rows[a]["val_mean"] - rows[b]["val_mean"],
-                "welch": _welch(rows[a]["val"], rows[b]["val"]),
-                "paired": _paired(rows[a]["val_by_seed"], rows[b]["val_by_seed"]),
-                "paper_diff": None if pa is None or pb is None else pa - pb})
+    out.append(
+      {
+        "a": a,
+        "b": b,
+        "what": what,
+        "diff": rows[a]["val_mean"] - rows[b]["val_mean"],
+        "welch": stats.welch(rows[a]["val"], rows[b]["val"]),
+        "paired": stats.paired(rows[a]["val_by_seed"], rows[b]["val_by_seed"]),
+        "paper_diff": None if pa is None or pb is None else pa - pb,
+      }
+    )
   return out
 
 
 def gap_curves(cfg, summaries: dict, rows: dict) -> dict:
   """Validation-loss gap to bf16 at every evaluation, seed by seed (same seed: same initialization and
   data order): {recipe: {"steps": [...], "by_seed": {seed: [gap per step]}}} over finished runs."""
+
   def curves(recipe):
     lr = rows.get(recipe, {}).get("best_lr")
     runs = [summaries.get(cfg.run_name(recipe, lr, s)) for s in range(cfg.seeds)] if lr else []
@@ -145,8 +111,10 @@ def gap_curves(cfg, summaries: dict, rows: dict) -> dict:
     if not by_seed:
       continue
     steps = sorted(set.intersection(*(set(c) & set(ref[seed]) for seed, c in by_seed.items())))
-    out[recipe] = {"steps": steps, "by_seed": {seed: [c[st] - ref[seed][st] for st in steps]
-                                               for seed, c in sorted(by_seed.items())}}
+    out[recipe] = {
+      "steps": steps,
+      "by_seed": {seed: [c[st] - ref[seed][st] for st in steps] for seed, c in sorted(by_seed.items())},
+    }
   return out
 
 
@@ -155,23 +123,36 @@ def _cost(summaries: dict) -> dict:
   params = next((s["param_count"] for s in done if s.get("param_count")), None)
   tc = next((s["train_config"] for s in done if s.get("train_config")), None) or {}
   tokens = tc.get("steps", 0) * tc.get("batch", 0) * tc.get("seq", 0)
-  return {"runs": len(done), "total_wall_h": sum(s["wall_s"] for s in done) / 3600,
-          "mean_wall_min": (np.mean([s["wall_s"] for s in done]) / 60) if done else None,
-          "param_count": params, "tokens_per_run": tokens, "preset": tc.get("preset"), "steps": tc.get("steps"),
-          "batch": tc.get("batch"), "seq": tc.get("seq")}
+  return {
+    "runs": len(done),
+    "total_wall_h": sum(s["wall_s"] for s in done) / 3600,
+    "mean_wall_min": (np.mean([s["wall_s"] for s in done]) / 60) if done else None,
+    "param_count": params,
+    "tokens_per_run": tokens,
+    "preset": tc.get("preset"),
+    "steps": tc.get("steps"),
+    "batch": tc.get("batch"),
+    "seq": tc.get("seq"),
+  }
 
 
 def write_tables(cfg, summaries: dict) -> dict:
   """Writes <results>/<name>.json, .md and .png; returns the table rows."""
-  import dataclasses
   rows = build_table(cfg, summaries)
   out = pathlib.Path(cfg.results_dir)
   out.mkdir(parents=True, exist_ok=True)
   stem = out / cfg.name
-  meta = common.run_metadata()
-  doc = {"meta": meta, "sweep": dataclasses.asdict(cfg), "cost": _cost(summaries), "rows": rows,
-         "contrasts": build_contrasts(rows), "note": _rate_note(cfg), "gap_curves": gap_curves(cfg, summaries, rows)}
-  stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=common._json_default) + "\n")
+  meta = run_metadata()
+  doc = {
+    "meta": meta,
+    "sweep": dataclasses.asdict(cfg),
+    "cost": _cost(summaries),
+    "rows": rows,
+    "contrasts": build_contrasts(rows),
+    "note": _rate_note(cfg),
+    "gap_curves": gap_curves(cfg, summaries, rows),
+  }
+  write_json(stem.with_suffix(".json"), doc)
   stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"]))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
@@ -185,58 +166,83 @@ def _rate_note(cfg) -> str:
   grid = [r for r in cfg.recipes if r not in fixed]
   parts = []
   if grid:
-    parts.append(f"{', '.join(grid)}: best learning rate chosen on seed 0, which is also part of the mean "
-                 "(as in the paper)")
+    parts.append(
+      f"{', '.join(grid)}: best learning rate chosen on seed 0, which is also part of the mean (as in the paper)"
+    )
   if fixed:
     rates = ", ".join(f"{r}={cfg.fixed_lr(r):g}" for r in fixed)
     parts.append(f"learning rate fixed in the sweep config (chosen elsewhere), every seed at it: {rates}")
   return "; ".join(parts)
 
 
-def _fmt(x, digits=3):
-  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _welch_cell(w) -> str:
-  return "–" if not w else f"{w[0]:+.2f} ({w[1]:.3g})"
-
-
-def _paired_cell(d) -> str:
-  if not d:
-    return "–"
-  if d["sd"] is None:
-    return f"{d['mean']:+.3f} (seed {d['seeds'][0]} only)"
-  return f"{d['mean']:+.3f} ± {d['sd']:.3f}" + ("" if d["t"] is None else f", t {d['t']:+.2f} ({d['p']:.3g})")
-
-
 def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
-  head = common.metadata_markdown(f"sweep {cfg.name}", meta, {}).replace("# s3r bench sweep", "# s3r sweep", 1)
+  head = metadata_markdown(f"s3r sweep {cfg.name}", meta, {})
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
   tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
-  lines = [head, f"Scale: preset `{cost['preset']}` ({params} parameters), {cost['steps']} steps "
-           f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
-           f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
-           "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
-           f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`; paired: the per-seed "
-           "difference to `bf16` (same initialization and data order), mean ± sd, and the paired t (p).\n"]
+  lines = [
+    head,
+    f"Scale: preset `{cost['preset']}` ({params} parameters), {cost['steps']} steps "
+    f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
+    f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
+    "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
+    f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`; paired: the per-seed "
+    "difference to `bf16` (same initialization and data order), mean ± sd, and the paired t (p).\n",
+  ]
   table_rows = []
   for recipe, r in rows.items():
-    table_rows.append([f"`{recipe}`", _fmt(r["best_lr"], 4) if r["best_lr"] else "…", r["seeds_done"],
-                       f"{_fmt(r['val_mean'])} ± {_fmt(r['val_std'])}", f"{_fmt(r['c4_mean'])} ± {_fmt(r['c4_std'])}",
-                       _fmt(r["gap_to_bf16"]), _welch_cell(r["welch_vs_bf16"]), _welch_cell(r["welch_vs_int8_sr"]),
-                       _paired_cell(r["paired_vs_bf16"]), _fmt(r["paper_gap"])])
-  lines.append(common.markdown_table(["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16",
-                                      "t vs bf16 (p)", "t vs int8_sr (p)", "paired vs bf16", "paper gap"], table_rows))
-  lr_rows = [[f"`{recipe}`", ", ".join(f"{lr:g}: {_fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
-             for recipe, r in rows.items()]
-  lines.append("\nSeed-0 validation loss per learning rate:\n\n" + common.markdown_table(["recipe", "lr: val"], lr_rows))
+    table_rows.append(
+      [
+        f"`{recipe}`",
+        stats.fmt(r["best_lr"], 4) if r["best_lr"] else "…",
+        r["seeds_done"],
+        f"{stats.fmt(r['val_mean'])} ± {stats.fmt(r['val_std'])}",
+        f"{stats.fmt(r['c4_mean'])} ± {stats.fmt(r['c4_std'])}",
+        stats.fmt(r["gap_to_bf16"]),
+        stats.welch_cell(r["welch_vs_bf16"]),
+        stats.welch_cell(r["welch_vs_int8_sr"]),
+        stats.paired_cell(r["paired_vs_bf16"]),
+        stats.fmt(r["paper_gap"]),
+      ]
+    )
+  lines.append(
+    markdown_table(
+      [
+        "recipe",
+        "lr",
+        "seeds",
+        "val loss",
+        "C4 loss",
+        "gap to bf16",
+        "t vs bf16 (p)",
+        "t vs int8_sr (p)",
+        "paired vs bf16",
+        "paper gap",
+      ],
+      table_rows,
+    )
+  )
+  lr_rows = [
+    [f"`{recipe}`", ", ".join(f"{lr:g}: {stats.fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
+    for recipe, r in rows.items()
+  ]
+  lines.append("\nSeed-0 validation loss per learning rate:\n\n" + markdown_table(["recipe", "lr: val"], lr_rows))
   if contrasts:
-    c_rows = [[f"`{c['a']}` - `{c['b']}`", c["what"], f"{c['diff']:+.3f}", _welch_cell(c["welch"]),
-               _paired_cell(c.get("paired")), "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}"]
-              for c in contrasts]
-    lines.append("\nContrasts (difference in mean validation loss; Welch's t (p) between the two recipes' seeds; "
-                 "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
-                 + common.markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows))
+    c_rows = [
+      [
+        f"`{c['a']}` - `{c['b']}`",
+        c["what"],
+        f"{c['diff']:+.3f}",
+        stats.welch_cell(c["welch"]),
+        stats.paired_cell(c.get("paired")),
+        "–" if c["paper_diff"] is None else f"{c['paper_diff']:+.3f}",
+      ]
+      for c in contrasts
+    ]
+    lines.append(
+      "\nContrasts (difference in mean validation loss; Welch's t (p) between the two recipes' seeds; "
+      "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
+      + markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows)
+    )
   return "\n".join(lines)
 
 
@@ -245,6 +251,7 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
   (log steps, as the paper's Figure 3). Right: validation loss at each evaluation, mean ± sample
   sd over seeds, where the recipes' differences are visible."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -261,7 +268,7 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
     n = min(len(c) for c in curves)
     steps = curves[0][:n, 0]
     losses = np.stack([_ema(c[:n, 1]) for c in curves])
-    line, = ax.plot(steps, losses.mean(axis=0), label=f"{recipe} (lr {row['best_lr']:g}, {len(curves)} seeds)")
+    (line,) = ax.plot(steps, losses.mean(axis=0), label=f"{recipe} (lr {row['best_lr']:g}, {len(curves)} seeds)")
     if len(curves) > 1:
       ax.fill_between(steps, losses.min(axis=0), losses.max(axis=0), color=line.get_color(), alpha=0.2)
     vals = [np.asarray(s["val_curve"], float) for s in runs if s.get("val_curve")]
@@ -271,8 +278,9 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
       sd = v.std(axis=0, ddof=1) if len(vals) > 1 else np.zeros(m)
       offset = (i - (n_recipes - 1) / 2) * 2.0  # spread the markers of one evaluation step apart
       steps_v, mean = vals[0][:m, 0], v.mean(axis=0)
-      ax_val.errorbar(steps_v + offset, mean, yerr=sd, color=line.get_color(), marker="o",
-                      ms=3, capsize=2, lw=1, label=recipe)
+      ax_val.errorbar(
+        steps_v + offset, mean, yerr=sd, color=line.get_color(), marker="o", ms=3, capsize=2, lw=1, label=recipe
+      )
       keep = steps_v >= first_shown
       shown += [(lo, hi) for lo, hi in zip(mean[keep] - sd[keep], mean[keep] + sd[keep])]
   ax.set_xscale("log")
@@ -300,6 +308,7 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
 def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
   """Validation-loss gap to bf16 over training: one thin line per seed, the seed mean bold."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -307,8 +316,14 @@ def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
   ax.axhline(0.0, color="black", lw=0.8)
   for recipe, g in gaps.items():
     per_seed = np.asarray(list(g["by_seed"].values()), float)
-    line, = ax.plot(g["steps"], per_seed.mean(axis=0), marker="o", ms=3, lw=2,
-                    label=f"{recipe} ({len(per_seed)} seed{'s' if len(per_seed) > 1 else ''})")
+    (line,) = ax.plot(
+      g["steps"],
+      per_seed.mean(axis=0),
+      marker="o",
+      ms=3,
+      lw=2,
+      label=f"{recipe} ({len(per_seed)} seed{'s' if len(per_seed) > 1 else ''})",
+    )
     for curve in per_seed if len(per_seed) > 1 else ():
       ax.plot(g["steps"], curve, color=line.get_color(), lw=0.7, alpha=0.5)
   ax.set_xlabel("step")

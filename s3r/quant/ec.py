@@ -12,6 +12,10 @@ Dimension letters: B examples, S tokens per example, T = B*S, K input features, 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 
@@ -19,6 +23,22 @@ from s3r.quant import numerics
 
 _UNROLL_MAX_EXAMPLES = 64  # up to this many examples (B of the traced, global batch) the dW update is unrolled
 _FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
+_GATHER_FACTORS = contextvars.ContextVar("s3r_ec_gather_factors", default=True)
+
+
+@contextlib.contextmanager
+def gathered_factors(enabled: bool) -> Iterator[None]:
+  """Whether programs traced inside pin the S3R-EC factors and Ŵ to be gathered (default True).
+
+  `gathered_factors(False)` is an ablation for measuring collectives (`s3r comm`): XLA then
+  places the factors itself. It acts at trace time: a function already traced and cached by
+  `jax.jit` keeps the placement it was traced with.
+  """
+  token = _GATHER_FACTORS.set(bool(enabled))
+  try:
+    yield
+  finally:
+    _GATHER_FACTORS.reset(token)
 
 
 def _unsharded_along(x: jax.Array, dim: int) -> jax.Array:
@@ -28,10 +48,11 @@ def _unsharded_along(x: jax.Array, dim: int) -> jax.Array:
   its step) this all-gathers a small factor, or the int8 Ŵ, along that dimension before a
   product uses it. Without it XLA contracts the batch-sharded factors of the dW update into
   a weight-sized f32 partial sum that it then all-reduces (when B > _UNROLL_MAX_EXAMPLES),
-  and gathers Ŵ for the dX update only after converting it to f32. A no-op without a mesh.
+  and gathers Ŵ for the dX update only after converting it to f32. A no-op without a mesh, and
+  inside `gathered_factors(False)`.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
+  if mesh.empty or mesh.size == 1 or not _GATHER_FACTORS.get():
     return x
   spec = jax.sharding.PartitionSpec(*(None if d == dim else _FREE for d in range(x.ndim)))
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))

@@ -1,4 +1,5 @@
 """`s3r bench` registration: five sub-commands, each with --help and a func default."""
+
 from __future__ import annotations
 
 import argparse

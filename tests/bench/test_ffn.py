@@ -1,4 +1,5 @@
 """`s3r bench ffn` end to end at a tiny shape (1 repeat); numbers are not checked, only structure."""
+
 from __future__ import annotations
 
 import json
@@ -6,18 +7,19 @@ import json
 import jax
 import numpy as np
 
-from s3r.bench import cli, common, ffn
+from s3r.bench import cli, ffn, options
 
 
 def test_ffn_bench_writes_json_md_png(tmp_path):
-  args = cli.build_parser().parse_args(["ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1",
-                                        "--warmup", "0", "--out-dir", str(tmp_path)])
+  args = cli.build_parser().parse_args(
+    ["ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
+  )
   assert args.func(args) == 0
   stem = tmp_path / f"bench_ffn_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())
   (res,) = doc["results"]
   assert (res["shape"], res["hidden"], res["ffn_dim"], res["tokens"]) == ("64x128", 64, 128, 32)
-  assert list(res["recipes"]) == list(common.BENCH_RECIPES)
+  assert list(res["recipes"]) == list(options.BENCH_RECIPES)
   for name, row in res["recipes"].items():
     assert row["timing"]["repeats"] == 1 and row["timing"]["median_s"] > 0
     assert np.isfinite(row["speedup_vs_bf16"]) and np.isfinite(row["speedup_vs_int8_sr"])

@@ -1,4 +1,5 @@
 """`s3r bench merge`: two partial ffn runs join into one file; mismatched parts are refused."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,25 @@ from s3r.bench import cli
 
 
 def _ffn_run(out_dir, shapes, *extra):
-  args = cli.build_parser().parse_args(["ffn", "--shapes", shapes, "--tokens", "32", "--repeats", "1", "--warmup",
-                                        "0", "--recipes", "bf16,int8_rtne", "--no-chart", "--out-dir",
-                                        str(out_dir), *extra])
+  args = cli.build_parser().parse_args(
+    [
+      "ffn",
+      "--shapes",
+      shapes,
+      "--tokens",
+      "32",
+      "--repeats",
+      "1",
+      "--warmup",
+      "0",
+      "--recipes",
+      "bf16,int8_rtne",
+      "--no-chart",
+      "--out-dir",
+      str(out_dir),
+      *extra,
+    ]
+  )
   args.func(args)
   return out_dir / f"bench_ffn_{jax.default_backend()}.json"
 
@@ -36,11 +53,11 @@ def test_merge_joins_the_shapes_of_two_runs_in_paper_order_and_keeps_each_runs_m
 
 
 def test_progress_writes_are_marked_incomplete_until_the_last_shape(tmp_path, monkeypatch):
-  from s3r.bench import common
+  from s3r.results import Run
+
   writes = []
-  real = common.Run.write
-  monkeypatch.setattr(common.Run, "write", lambda self, *a, **k: writes.append(k.get("complete", True))
-                      or real(self, *a, **k))
+  real = Run.write
+  monkeypatch.setattr(Run, "write", lambda self, *a, **k: writes.append(k.get("complete", True)) or real(self, *a, **k))
   _ffn_run(tmp_path, "32x64,64x128")
   assert writes == [False, False, True]
 

@@ -1,4 +1,5 @@
 """Peers bench: without aqtp/qwix it says so and skips their rows; our rows still run."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,27 @@ def test_peers_missing_are_skipped(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "qwix", None)
   status = peers.available()
   assert all(status[p] and "pip install" in status[p] for p in peers.PEERS)
-  args = cli.build_parser().parse_args(["peers", "--shapes", "64x128", "--tokens", "32", "--ours", "s3r_ec_dx",
-                                        "--timed-ours", "s3r_ec_dx", "--repeats", "1", "--warmup", "0",
-                                        "--keys", "1", "--out-dir", str(tmp_path)])
+  args = cli.build_parser().parse_args(
+    [
+      "peers",
+      "--shapes",
+      "64x128",
+      "--tokens",
+      "32",
+      "--ours",
+      "s3r_ec_dx",
+      "--timed-ours",
+      "s3r_ec_dx",
+      "--repeats",
+      "1",
+      "--warmup",
+      "0",
+      "--keys",
+      "1",
+      "--out-dir",
+      str(tmp_path),
+    ]
+  )
   assert args.func(args) == 0
   stem = tmp_path / f"bench_peers_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())["results"]
@@ -31,6 +50,7 @@ def test_peers_missing_are_skipped(tmp_path, monkeypatch):
 
 def test_gradient_error_is_zero_for_the_exact_gradient():
   from s3r.bench import ffn
+
   inputs = ffn.make_inputs(8, 16, 32)
   exact = peers.exact_grads(*inputs[:5])
   err = peers.gradient_errors(lambda *a: exact, inputs, exact, keys=2)

@@ -1,4 +1,5 @@
 """`s3r bench profile` helpers: fusion descriptions and categories from a compiled FFN block."""
+
 from __future__ import annotations
 
 from s3r.bench import ffn, profile
@@ -20,4 +21,5 @@ def test_enable_traceme_sets_the_flag(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
   profile.enable_traceme()
   import os
+
   assert profile.TRACEME_FLAG in os.environ["XLA_FLAGS"] and "--xla_foo=1" in os.environ["XLA_FLAGS"]

@@ -1,4 +1,5 @@
 """The quantizer bench runs the same quantizer as qmatmul's backward, and writes its results."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,23 @@ def test_quantizer_outputs_per_recipe():
 
 
 def test_quantizer_bench_writes_results(tmp_path):
-  args = cli.build_parser().parse_args(["quantizer", "--shapes", "64x128", "--tokens", "32", "--repeats", "1",
-                                        "--number", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
+  args = cli.build_parser().parse_args(
+    [
+      "quantizer",
+      "--shapes",
+      "64x128",
+      "--tokens",
+      "32",
+      "--repeats",
+      "1",
+      "--number",
+      "1",
+      "--warmup",
+      "0",
+      "--out-dir",
+      str(tmp_path),
+    ]
+  )
   assert args.func(args) == 0
   stem = tmp_path / f"bench_quantizer_{jax.default_backend()}"
   (res,) = json.loads(stem.with_suffix(".json").read_text())["results"]

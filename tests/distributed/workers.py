@@ -39,7 +39,7 @@ def qmatmul_worker(out: pathlib.Path) -> None:
   the upstream gradient are sharded over all 8 devices, the weight as in s3r train (fsdp, tensor)."""
   from s3r.quant import qmatmul, thresholds
   from s3r.quant.matmul import gradient_codes
-  from s3r.train.hlo_collectives import collectives
+  from s3r.analysis.collectives import collectives
 
   x, w, g = _operands()
   key = jax.random.key(7)
@@ -81,7 +81,7 @@ def tp_worker(out: pathlib.Path) -> None:
   int8_rtne with W replicated and split (the same codes X̂ must serve both programs)."""
   from s3r.quant import qmatmul
   from s3r.quant.matmul import gradient_codes
-  from s3r.train.hlo_collectives import collectives
+  from s3r.analysis.collectives import collectives
 
   x, w, g = _operands()
   x, g = x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
@@ -160,7 +160,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   the sharding of one weight, the collectives of the compiled step, and (meshes marked with a
   trailing '+delta') the step Δ of every projection in the first step."""
   from s3r.train import loop
-  from s3r.train.hlo_collectives import collectives
+  from s3r.analysis.collectives import collectives
 
   from s3r.train.config import TrainConfig
 

@@ -10,7 +10,7 @@ from s3r import model as s3r_model
 from s3r.experiments import gradients
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny():
   cfg = s3r_model.preset("tiny")
   params = s3r_model.init_params(cfg, jax.random.key(0))

@@ -1,4 +1,5 @@
 """Same-rate contrasts pooled from several sweeps' Table I JSON files."""
+
 import json
 
 import pytest
@@ -7,14 +8,22 @@ from s3r.experiments import same_rate
 
 
 def _table(path, rows):
-  path.write_text(json.dumps({"rows": {r: {"best_lr": lr, "val_by_seed": {str(s): v for s, v in vals.items()}}
-                                        for r, (lr, vals) in rows.items()}}))
+  path.write_text(
+    json.dumps(
+      {
+        "rows": {
+          r: {"best_lr": lr, "val_by_seed": {str(s): v for s, v in vals.items()}} for r, (lr, vals) in rows.items()
+        }
+      }
+    )
+  )
   return path
 
 
 def test_contrasts_pair_recipes_only_at_the_same_rate_and_on_common_seeds(tmp_path):
-  main = _table(tmp_path / "a.json", {"bf16": (4e-3, {0: 5.0, 1: 5.1, 2: 5.2}),
-                                      "int8_sr": (2e-3, {0: 5.3, 1: 5.5, 2: 5.4})})
+  main = _table(
+    tmp_path / "a.json", {"bf16": (4e-3, {0: 5.0, 1: 5.1, 2: 5.2}), "int8_sr": (2e-3, {0: 5.3, 1: 5.5, 2: 5.4})}
+  )
   control = _table(tmp_path / "b.json", {"bf16": (2e-3, {0: 5.25, 1: 5.45})})
   rows = same_rate.contrasts(same_rate.load_rows([main, control]))
   pairs = [(r["a"], r["lr_a"], r["b"], r["lr_b"]) for r in rows]

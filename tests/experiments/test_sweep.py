@@ -4,22 +4,40 @@ import json
 import math
 
 import pytest
-from scipy import stats
+from scipy import stats as scipy_stats
 
-from s3r.experiments import sweep, table1
+from s3r.experiments import protocol, runs, stats, sweep, table1
+from s3r.paper import PAPER_GAP
 
 
 def _cfg(tmp_path, **kw):
-  base = dict(name="t", recipes=("bf16", "int8_sr", "s3r_bcast"), lrs=(1e-3, 2e-3, 4e-3), seeds=3,
-              runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "results"))
-  return sweep.SweepConfig(**{**base, **kw})
+  base = dict(
+    name="t",
+    recipes=("bf16", "int8_sr", "s3r_bcast"),
+    lrs=(1e-3, 2e-3, 4e-3),
+    seeds=3,
+    runs_dir=str(tmp_path / "runs"),
+    results_dir=str(tmp_path / "results"),
+  )
+  return protocol.SweepConfig(**{**base, **kw})
 
 
 def _summary(recipe, lr, seed, val, status="done"):
-  return {"run": f"{recipe}-lr{lr:.3g}-s{seed}", "recipe": recipe, "lr": lr, "seed": seed, "status": status,
-          "wall_s": 60.0, "steps": 10, "val_losses": {"val": val, "c4": val + 1} if status == "done" else {},
-          "median_step_s": 0.1, "param_count": 1000, "curve": [[1, 9.0], [5, 8.0], [10, 7.0]],
-          "val_curve": [[10, val]], "train_config": {"preset": "tiny", "steps": 10, "batch": 2, "seq": 8}}
+  return {
+    "run": f"{recipe}-lr{lr:.3g}-s{seed}",
+    "recipe": recipe,
+    "lr": lr,
+    "seed": seed,
+    "status": status,
+    "wall_s": 60.0,
+    "steps": 10,
+    "val_losses": {"val": val, "c4": val + 1} if status == "done" else {},
+    "median_step_s": 0.1,
+    "param_count": 1000,
+    "curve": [[1, 9.0], [5, 8.0], [10, 7.0]],
+    "val_curve": [[10, val]],
+    "train_config": {"preset": "tiny", "steps": 10, "batch": 2, "seq": 8},
+  }
 
 
 def _add(summaries, *items):
@@ -29,50 +47,58 @@ def _add(summaries, *items):
 
 def test_seed_zero_learning_rates_run_first_then_the_other_seeds_at_the_best_rate(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16",))
-  assert sweep.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0)]
+  assert protocol.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0)]
   s = {}
   _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
-  assert sweep.best_lr(cfg, "bf16", s) == (2e-3, [])
-  assert sweep.next_runs(cfg, s) == [("bf16", 2e-3, 1), ("bf16", 2e-3, 2)]
+  assert protocol.best_lr(cfg, "bf16", s) == (2e-3, [])
+  assert protocol.next_runs(cfg, s) == [("bf16", 2e-3, 1), ("bf16", 2e-3, 2)]
   _add(s, _summary("bf16", 2e-3, 1, 4.1), _summary("bf16", 2e-3, 2, 4.2))
-  assert sweep.next_runs(cfg, s) == []
+  assert protocol.next_runs(cfg, s) == []
 
 
 def test_a_recipe_gets_its_other_seeds_before_the_next_recipe_starts(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16", "s3r"))
   s = {}
   _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0), _summary("bf16", 4e-3, 0, 4.5))
-  assert sweep.next_runs(cfg, s) == [("bf16", 2e-3, 1), ("bf16", 2e-3, 2),
-                                     ("s3r", 1e-3, 0), ("s3r", 2e-3, 0), ("s3r", 4e-3, 0)]
+  assert protocol.next_runs(cfg, s) == [
+    ("bf16", 2e-3, 1),
+    ("bf16", 2e-3, 2),
+    ("s3r", 1e-3, 0),
+    ("s3r", 2e-3, 0),
+    ("s3r", 4e-3, 0),
+  ]
 
 
 def test_best_rate_at_the_bottom_of_the_grid_extends_the_grid_downward(tmp_path):
   cfg = _cfg(tmp_path, recipes=("s3r_bcast",))
   s = {}
-  _add(s, _summary("s3r_bcast", 1e-3, 0, 6.0), _summary("s3r_bcast", 2e-3, 0, 6.5),
-       _summary("s3r_bcast", 4e-3, 0, 7.0))
-  assert sweep.next_runs(cfg, s) == [("s3r_bcast", 5e-4, 0)]
+  _add(s, _summary("s3r_bcast", 1e-3, 0, 6.0), _summary("s3r_bcast", 2e-3, 0, 6.5), _summary("s3r_bcast", 4e-3, 0, 7.0))
+  assert protocol.next_runs(cfg, s) == [("s3r_bcast", 5e-4, 0)]
   _add(s, _summary("s3r_bcast", 5e-4, 0, 5.5))
-  assert sweep.next_runs(cfg, s) == [("s3r_bcast", 2.5e-4, 0)]
+  assert protocol.next_runs(cfg, s) == [("s3r_bcast", 2.5e-4, 0)]
   _add(s, _summary("s3r_bcast", 2.5e-4, 0, 5.8))  # worse: 5e-4 is the best and no longer the lowest
-  assert sweep.best_lr(cfg, "s3r_bcast", s) == (5e-4, [])
+  assert protocol.best_lr(cfg, "s3r_bcast", s) == (5e-4, [])
 
 
 def test_best_rate_at_the_top_of_the_grid_extends_the_grid_upward(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16",))
   s = {}
   _add(s, _summary("bf16", 1e-3, 0, 6.0), _summary("bf16", 2e-3, 0, 5.9), _summary("bf16", 4e-3, 0, 5.8))
-  assert sweep.next_runs(cfg, s) == [("bf16", 8e-3, 0)]
+  assert protocol.next_runs(cfg, s) == [("bf16", 8e-3, 0)]
   _add(s, _summary("bf16", 8e-3, 0, 6.1))
-  assert sweep.best_lr(cfg, "bf16", s) == (4e-3, [])
+  assert protocol.best_lr(cfg, "bf16", s) == (4e-3, [])
 
 
 def test_diverged_runs_lose_the_learning_rate_selection(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16",))
   s = {}
-  _add(s, _summary("bf16", 1e-3, 0, 5.0), _summary("bf16", 2e-3, 0, 4.0),
-       _summary("bf16", 4e-3, 0, math.nan, status="diverged"))
-  assert sweep.best_lr(cfg, "bf16", s) == (2e-3, [])
+  _add(
+    s,
+    _summary("bf16", 1e-3, 0, 5.0),
+    _summary("bf16", 2e-3, 0, 4.0),
+    _summary("bf16", 4e-3, 0, math.nan, status="diverged"),
+  )
+  assert protocol.best_lr(cfg, "bf16", s) == (2e-3, [])
 
 
 def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
@@ -93,8 +119,13 @@ def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
 
 def test_fixed_rates_skip_the_grid_and_run_every_seed_at_the_given_rate(tmp_path):
   cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), fixed_lrs={"int8_sr": 3e-3}, seeds=2)
-  assert sweep.next_runs(cfg, {}) == [("bf16", 1e-3, 0), ("bf16", 2e-3, 0), ("bf16", 4e-3, 0),
-                                      ("int8_sr", 3e-3, 0), ("int8_sr", 3e-3, 1)]
+  assert protocol.next_runs(cfg, {}) == [
+    ("bf16", 1e-3, 0),
+    ("bf16", 2e-3, 0),
+    ("bf16", 4e-3, 0),
+    ("int8_sr", 3e-3, 0),
+    ("int8_sr", 3e-3, 1),
+  ]
   s = {}
   # grid runs of the fixed recipe (e.g. left from another config) are ignored: 2e-3 would win
   _add(s, _summary("int8_sr", 2e-3, 0, 3.0), _summary("int8_sr", 3e-3, 0, 4.0), _summary("int8_sr", 3e-3, 1, 4.2))
@@ -107,21 +138,44 @@ def test_fixed_rate_recipes_run_seed_by_seed_so_a_partial_sweep_compares_equal_s
   cfg = _cfg(tmp_path, recipes=("bf16", "int8_rtne", "int8_sr"), fixed_lrs={"bf16": 4e-3, "int8_sr": 2e-3}, seeds=3)
   s = {}
   _add(s, _summary("bf16", 4e-3, 0, 4.0))
-  runs = sweep.next_runs(cfg, s)
+  runs = protocol.next_runs(cfg, s)
   assert runs[:3] == [("int8_rtne", 1e-3, 0), ("int8_rtne", 2e-3, 0), ("int8_rtne", 4e-3, 0)]  # the grid first
-  assert runs[3:] == [("int8_sr", 2e-3, 0), ("bf16", 4e-3, 1), ("int8_sr", 2e-3, 1), ("bf16", 4e-3, 2),
-                      ("int8_sr", 2e-3, 2)]
+  assert runs[3:] == [
+    ("int8_sr", 2e-3, 0),
+    ("bf16", 4e-3, 1),
+    ("int8_sr", 2e-3, 1),
+    ("bf16", 4e-3, 2),
+    ("int8_sr", 2e-3, 2),
+  ]
 
 
 def _args(**kw):
   import argparse
-  fields = ["config", "name", "recipes", "lrs", "fixed_lrs", "seeds", "steps", "warmup", "batch", "seq",
-            "eval_every", "eval_batches", "preset", "data", "runs_dir", "results_dir"]
+
+  fields = [
+    "config",
+    "name",
+    "recipes",
+    "lrs",
+    "fixed_lrs",
+    "seeds",
+    "steps",
+    "warmup",
+    "batch",
+    "seq",
+    "eval_every",
+    "eval_batches",
+    "preset",
+    "data",
+    "runs_dir",
+    "results_dir",
+  ]
   return argparse.Namespace(**{f: kw.get(f) for f in fields})
 
 
 def test_every_committed_sweep_config_parses(tmp_path):
   import pathlib
+
   configs = sorted(pathlib.Path(__file__).resolve().parents[2].joinpath("configs").glob("*.json"))
   assert configs
   for path in configs:
@@ -131,8 +185,9 @@ def test_every_committed_sweep_config_parses(tmp_path):
 
 def test_fixed_rates_from_flags_merge_with_the_config_file(tmp_path):
   path = tmp_path / "c.json"
-  path.write_text(json.dumps({"name": "c", "recipes": ["bf16", "s3r", "int8_sr"],
-                              "fixed_lrs": {"bf16": 0.004, "s3r": 0.002}}))
+  path.write_text(
+    json.dumps({"name": "c", "recipes": ["bf16", "s3r", "int8_sr"], "fixed_lrs": {"bf16": 0.004, "s3r": 0.002}})
+  )
   cfg = sweep.config_from_args(_args(config=str(path), fixed_lrs="s3r=0.001,int8_sr=0.003"))
   assert cfg.fixed_lrs == {"bf16": 0.004, "s3r": 0.001, "int8_sr": 0.003}
   # --recipes picks a subset: the file's rates for the other recipes are dropped, not an error
@@ -141,12 +196,16 @@ def test_fixed_rates_from_flags_merge_with_the_config_file(tmp_path):
 
 
 def test_fixed_rates_are_parsed_from_flags_and_checked(tmp_path):
-  assert sweep._parse_fixed_lrs("bf16=0.004, s3r=2e-3") == {"bf16": 0.004, "s3r": 0.002}
+  assert protocol.parse_fixed_lrs("bf16=0.004, s3r=2e-3") == {"bf16": 0.004, "s3r": 0.002}
   with pytest.raises(ValueError, match="recipe=rate"):
-    sweep._parse_fixed_lrs("bf16:0.004")
-  for bad in ({"s3r": 1e-3},  # not one of the sweep's recipes
-              {"bf16": -1.0}, {"bf16": math.inf}, {"bf16": True},
-              {"bf16": 0.0040001}):  # would share the run name bf16-lr0.004-s0 with 0.004
+    protocol.parse_fixed_lrs("bf16:0.004")
+  for bad in (
+    {"s3r": 1e-3},  # not one of the sweep's recipes
+    {"bf16": -1.0},
+    {"bf16": math.inf},
+    {"bf16": True},
+    {"bf16": 0.0040001},
+  ):  # would share the run name bf16-lr0.004-s0 with 0.004
     with pytest.raises(ValueError, match="SweepConfig.fixed_lrs"):
       _cfg(tmp_path, fixed_lrs=bad)
   cfg = _cfg(tmp_path, fixed_lrs={"bf16": 1})
@@ -159,15 +218,28 @@ def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
 
 
 def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corpus):
-  cfg = _cfg(tmp_path, recipes=("s3r_ec_dx",), lrs=(2e-3,), seeds=1, preset="tiny", steps=4, warmup=1,
-             batch=2, seq=32, eval_every=2, eval_batches=1, data=str(tiny_corpus))
+  cfg = _cfg(
+    tmp_path,
+    recipes=("s3r_ec_dx",),
+    lrs=(2e-3,),
+    seeds=1,
+    preset="tiny",
+    steps=4,
+    warmup=1,
+    batch=2,
+    seq=32,
+    eval_every=2,
+    eval_batches=1,
+    data=str(tiny_corpus),
+  )
   sweep.sweep(cfg, max_runs=1, log=lambda m: None)
-  summaries = sweep.load_summaries(cfg)
+  summaries = runs.load_summaries(cfg)
   (only,) = summaries.values()
   assert only["status"] == "done" and only["steps"] == 4 and math.isfinite(only["val_losses"]["val"])
-  assert sweep.next_runs(cfg, summaries) == []
+  assert protocol.next_runs(cfg, summaries) == []
   # the Quickstart recorder reads the same run directory
   from s3r.experiments import snapshot
+
   doc = snapshot.snapshot(str(tmp_path / "runs" / "t" / only["run"]), str(tmp_path / "quick.json"), wall_s=1.0)
   assert doc["steps"] == 4 and doc["final_val_losses"]["val_loss"] == only["val_losses"]["val"]
   assert (tmp_path / "quick.png").exists() and doc["meta"]["jax_version"]
@@ -184,7 +256,7 @@ def test_contrasts_report_the_difference_and_welch_t_between_the_papers_pairs(tm
   (c,) = doc["contrasts"]  # only int8_rtne - int8_sr has both recipes in this sweep
   assert (c["a"], c["b"]) == ("int8_rtne", "int8_sr") and c["diff"] == pytest.approx(0.3)
   assert c["welch"][0] == pytest.approx(0.3 / (0.1 * (2 / 3) ** 0.5))
-  assert c["paper_diff"] == pytest.approx(table1.PAPER_GAP["int8_rtne"] - table1.PAPER_GAP["int8_sr"])
+  assert c["paper_diff"] == pytest.approx(PAPER_GAP["int8_rtne"] - PAPER_GAP["int8_sr"])
   assert "`int8_rtne` - `int8_sr`" in (tmp_path / "results" / "t.md").read_text()
 
 
@@ -199,8 +271,8 @@ def test_paired_by_seed_difference_removes_the_variance_that_seeds_share(tmp_pat
   rows = table1.build_table(cfg, s)
   d = rows["int8_rtne"]["paired_vs_bf16"]
   assert d["seeds"] == [0, 1, 2] and d["mean"] == pytest.approx(0.05) and d["sd"] == pytest.approx(0.01)
-  assert d["t"] == pytest.approx(0.05 / (0.01 / 3 ** 0.5))
-  assert d["p"] == pytest.approx(2 * stats.t.sf(d["t"], df=2)) and d["p"] < 0.05
+  assert d["t"] == pytest.approx(0.05 / (0.01 / 3**0.5))
+  assert d["p"] == pytest.approx(2 * scipy_stats.t.sf(d["t"], df=2)) and d["p"] < 0.05
   assert rows["int8_rtne"]["welch_vs_bf16"][1] > 0.5
   (c,) = table1.build_contrasts(rows)
   assert c["paired"]["mean"] == pytest.approx(0.05)
@@ -218,7 +290,7 @@ def test_paired_difference_uses_only_the_seeds_both_recipes_finished(tmp_path):
   del s["int8_sr-lr0.001-s2"]  # one common seed: the same-seed difference, no spread and no test
   d = table1.build_table(cfg, s)["int8_sr"]["paired_vs_bf16"]
   assert d["seeds"] == [0] and d["mean"] == pytest.approx(0.1) and d["sd"] is None and d["t"] is None
-  assert table1._paired_cell(d) == "+0.100 (seed 0 only)"
+  assert stats.paired_cell(d) == "+0.100 (seed 0 only)"
 
 
 def test_gap_curves_subtract_the_same_seeds_bf16_at_every_evaluation(tmp_path):

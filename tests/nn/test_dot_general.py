@@ -11,7 +11,7 @@ from flax import nnx
 
 import s3r
 import s3r.nn as snn
-from s3r.quant import inspect
+from s3r.analysis import jaxpr as inspect
 
 X = jax.random.normal(jax.random.key(0), (2, 8, 16), jnp.bfloat16)
 

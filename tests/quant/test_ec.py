@@ -152,3 +152,18 @@ def test_error_correction_has_smaller_dx_error_than_uncorrected_s3r():
   assert _welch_larger(_dx_sq_errors("s3r"), _dx_sq_errors("s3r_ec"))
   assert _welch_larger(_dx_sq_errors("s3r"), _dx_sq_errors("s3r_ec_dx"))
   assert _welch_larger(_dx_sq_errors("s3r_bcast"), _dx_sq_errors("s3r_ec_bcast"))
+
+
+def test_gathered_factors_false_leaves_the_placement_of_the_dw_factors_to_xla():
+  mesh = jax.sharding.AbstractMesh((8,), ("data",))
+  args = (jnp.zeros((16, 4)), jnp.zeros((16, 8)), jnp.zeros((16,)), jnp.zeros((6, 64), jnp.int8))
+
+  def constraints():
+    with jax.sharding.use_abstract_mesh(mesh):
+      jaxpr = jax.make_jaxpr(lambda *a: ec.dw_correction(*a))(*args)  # a fresh function: traced anew
+    return sum(e.primitive.name == "sharding_constraint" for e in jaxpr.eqns)
+
+  assert constraints() == 2  # x̄ gathered along B, c along B
+  with ec.gathered_factors(False):
+    assert constraints() == 0
+  assert constraints() == 2  # the option ends with its context

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import s3r
-from s3r.quant import inspect
+from s3r.analysis import hlo, jaxpr as jaxpr_analysis
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
 INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
@@ -39,7 +39,7 @@ def test_fwd_and_bwd_have_three_int8_gemms_plus_one_ec_factor_product_when_corre
   # The three GEMMs of ALGORITHM.md §1 (forward, dX, dW) each have a token dimension. A recipe
   # that corrects dX adds one small int8 dot of the error's channel-mean digits (3 rows per
   # example) and a row of ones with Ŵ: [3B + 1, N] x [K, N] -> [3B + 1, K] (ec.dx_correction).
-  dots = inspect.int8_dots(_jaxpr(recipe))
+  dots = jaxpr_analysis.int8_dots(_jaxpr(recipe))
   assert all(d.outvars[0].aval.dtype == jnp.int32 for d in dots)
   gemms = [d for d in dots if _has_token_dim(d)]
   assert len(gemms) == 3
@@ -49,7 +49,7 @@ def test_fwd_and_bwd_have_three_int8_gemms_plus_one_ec_factor_product_when_corre
 
 
 def test_bf16_recipe_has_no_int8_dot():
-  assert inspect.int8_dots(_jaxpr("bf16")) == []
+  assert jaxpr_analysis.int8_dots(_jaxpr("bf16")) == []
 
 
 @pytest.mark.parametrize("recipe, words", [
@@ -61,12 +61,12 @@ def test_bf16_recipe_has_no_int8_dot():
     ("s3r_split_dx2d_dwbcast", math.ceil(B * S / 4) + math.ceil(B / 4)),
 ])
 def test_random_words_drawn_per_recipe(recipe, words):
-  assert inspect.random_words(_jaxpr(recipe)) == words
+  assert jaxpr_analysis.random_words(_jaxpr(recipe)) == words
 
 
 def _gradient_quantizations(jaxpr):
   """Conversions of a full-size [B, S, N] array to int8: one per quantization of G'."""
-  return [e for e in inspect.iter_eqns(jaxpr) if e.primitive.name == "convert_element_type"
+  return [e for e in jaxpr_analysis.iter_eqns(jaxpr) if e.primitive.name == "convert_element_type"
           and e.params["new_dtype"] == jnp.int8 and math.prod(e.invars[0].aval.shape) == B * S * N]
 
 
@@ -77,15 +77,15 @@ def test_upstream_gradient_is_quantized_once_except_for_split_recipes(recipe):
   assert len(_gradient_quantizations(jaxpr)) == expected
   # ...and, when shared, the very same int8 tensor feeds both backward GEMMs
   q_vars = {e.outvars[0] for e in _gradient_quantizations(jaxpr)}
-  reshaped = {e.outvars[0] for e in inspect.iter_eqns(jaxpr)
+  reshaped = {e.outvars[0] for e in jaxpr_analysis.iter_eqns(jaxpr)
               if e.primitive.name == "reshape" and e.invars[0] in q_vars}
-  consumers = [d for d in inspect.int8_dots(jaxpr) if set(d.invars) & (q_vars | reshaped)]
+  consumers = [d for d in jaxpr_analysis.int8_dots(jaxpr) if set(d.invars) & (q_vars | reshaped)]
   assert len(consumers) == 2
 
 
 def _compiled_buffers(recipe):
   f, args = _fwd_bwd(recipe)
-  return inspect.full_size_buffers(inspect.compiled_text(f, *args), B * S * N)
+  return hlo.full_size_buffers(hlo.compiled_text(f, *args), B * S * N)
 
 
 @pytest.mark.parametrize("recipe", ["s3r", "s3r_bcast", "s3r_ec_dx"])
@@ -105,7 +105,7 @@ def test_independent_sr_materializes_full_size_random_bits():
 
 def _weight_sized(recipe):
   f, args = _fwd_bwd(recipe)
-  return sorted(b[1] for b in inspect.full_size_buffers(inspect.compiled_text(f, *args), K * N))
+  return sorted(b[1] for b in hlo.full_size_buffers(hlo.compiled_text(f, *args), K * N))
 
 
 def test_dw_correction_adds_no_weight_sized_temporary_beyond_dw():

@@ -6,7 +6,7 @@ the JAX operation it came from (`op_name` metadata) and its byte counts:
 - `bytes`: the size of the collective's full buffer on one device: the all-reduced
   array (operand = result), the gathered result of an all-gather, the operand of a
   reduce-scatter (before scattering), the operand of an all-to-all or collective-permute.
-  This is the "volume" reported in results/comm.json and docs/scaling.md.
+  This is the "volume" reported by `s3r comm`.
 - `wire_bytes`: what one device sends with bandwidth-optimal (ring) algorithms over a group of
   n devices: 2(n-1)/n of the buffer for an all-reduce, (n-1)/n for an all-gather,
   reduce-scatter or all-to-all, the whole buffer for a permute (0 for a device that sends to itself).
@@ -21,14 +21,10 @@ import math
 import re
 from collections import defaultdict
 
-KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
-               "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+from s3r.analysis.hlo import DTYPE_BYTES, Instr, array_types, parse_hlo
 
-_LINE = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<type>\(.*?\)|\S+)\s+"
-                   r"(?P<op>all-reduce|reduce-scatter|all-gather|all-to-all|collective-permute)(?P<start>-start)?\(")
-_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _LIST_GROUPS = re.compile(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}")
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}")
@@ -63,10 +59,6 @@ def _group_size(line: str) -> int:
   return 1
 
 
-def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
-  return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _ARRAY.findall(type_text)]
-
-
 def _wire_factor(kind: str, n: int, line: str) -> float:
   if kind == "collective-permute":
     pairs = _PAIRS.search(line)
@@ -81,28 +73,41 @@ def _wire_factor(kind: str, n: int, line: str) -> float:
 def collectives(hlo_text: str) -> list[Collective]:
   """Every collective of the compiled program `hlo_text` (see the module docstring)."""
   found = []
-  for line in hlo_text.splitlines():
-    m = _LINE.match(line)
-    if not m:
-      continue
-    kind, arrays = m.group("op"), _arrays(m.group("type"))
-    if m.group("start") and kind in ("all-gather", "collective-permute") and len(arrays) > 1:
-      # async start: (operand(s), result(s)[, contexts]); keep the gathered result / the operand
-      arrays = [max(arrays, key=lambda a: math.prod(a[1]))] if kind == "all-gather" else arrays[:1]
-    if kind == "reduce-scatter":  # the operand is n times the result
-      n, dim = _group_size(line), int(_DIMS.search(line).group(1)) if _DIMS.search(line) else 0
-      arrays = [(dt, shape[:dim] + (shape[dim] * n,) + shape[dim + 1:]) for dt, shape in arrays]
-    n = _group_size(line)
-    op = _OP_NAME.search(line)
-    by_dtype = defaultdict(list)
-    for dt, shape in arrays:
-      by_dtype[dt].append(shape)
-    for dt, shapes in by_dtype.items():
-      size = sum(math.prod(s) for s in shapes) * DTYPE_BYTES[dt]
-      found.append(Collective(name=m.group("name"), kind=kind, dtype=dt, shapes=tuple(shapes), group_size=n,
-                              op_name=op.group(1) if op else "", bytes=size,
-                              wire_bytes=size * _wire_factor(kind, n, line)))
+  for comp in parse_hlo(hlo_text).values():
+    for ins in comp.instrs:
+      kind, start = ins.opcode.removesuffix("-start"), ins.opcode.endswith("-start")
+      if kind in KINDS:
+        found += _entries(ins, kind, start)
   return found
+
+
+def _entries(ins: Instr, kind: str, start: bool) -> list[Collective]:
+  arrays, n = array_types(ins.type_text), _group_size(ins.attrs)
+  if start and kind in ("all-gather", "collective-permute") and len(arrays) > 1:
+    # async start: (operand(s), result(s)[, contexts]); keep the gathered result / the operand
+    arrays = [max(arrays, key=lambda a: math.prod(a[1]))] if kind == "all-gather" else arrays[:1]
+  if kind == "reduce-scatter":  # the operand is n times the result
+    dim = int(m.group(1)) if (m := _DIMS.search(ins.attrs)) else 0
+    arrays = [(dt, shape[:dim] + (shape[dim] * n,) + shape[dim + 1 :]) for dt, shape in arrays]
+  by_dtype = defaultdict(list)
+  for dt, shape in arrays:
+    by_dtype[dt].append(shape)
+  out = []
+  for dt, shapes in by_dtype.items():
+    size = sum(math.prod(s) for s in shapes) * DTYPE_BYTES[dt]
+    out.append(
+      Collective(
+        name=ins.name,
+        kind=kind,
+        dtype=dt,
+        shapes=tuple(shapes),
+        group_size=n,
+        op_name=ins.op_name,
+        bytes=size,
+        wire_bytes=size * _wire_factor(kind, n, ins.attrs),
+      )
+    )
+  return out
 
 
 def volume(colls: list[Collective], *, wire: bool = False) -> dict[str, dict[str, float]]:

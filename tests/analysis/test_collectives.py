@@ -1,8 +1,8 @@
-"""Reading collectives and their bytes from compiled HLO text (s3r.train.hlo_collectives)."""
+"""Reading collectives and their bytes from compiled HLO text (s3r.analysis.collectives)."""
 
 import pytest
 
-from s3r.train.hlo_collectives import collectives, volume
+from s3r.analysis.collectives import collectives, volume
 
 HLO = """
 ENTRY %main {
@@ -20,9 +20,15 @@ ENTRY %main {
 
 def test_collectives_are_split_by_element_type_with_their_buffer_bytes_and_groups():
   found = {(c.name, c.dtype): c for c in collectives(HLO)}
-  assert sorted(found) == [("all-gather-start.6", "f32"), ("all-gather.3", "s8"), ("all-reduce.1", "s32"),
-                           ("all-reduce.2", "bf16"), ("all-reduce.2", "f32"), ("collective-permute.5", "f32"),
-                           ("reduce-scatter.4", "f32")]
+  assert sorted(found) == [
+    ("all-gather-start.6", "f32"),
+    ("all-gather.3", "s8"),
+    ("all-reduce.1", "s32"),
+    ("all-reduce.2", "bf16"),
+    ("all-reduce.2", "f32"),
+    ("collective-permute.5", "f32"),
+    ("reduce-scatter.4", "f32"),
+  ]
   ar = found[("all-reduce.1", "s32")]
   assert (ar.kind, ar.bytes, ar.group_size, ar.op_name) == ("all-reduce", 64 * 64 * 4, 2, "jit(step)/jvp()/dot_general")
   assert ar.wire_bytes == pytest.approx(ar.bytes)  # ring all-reduce over 2 devices: 2 (n-1)/n = 1

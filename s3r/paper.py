@@ -1,0 +1,51 @@
+"""The S3R paper's reference numbers and shapes, in one place (ALGORITHM.md §3, paper Tables I-III).
+
+Shapes: H is the model width, D_ffn the FFN hidden width of a SwiGLU block (W1..W9, Table III).
+Nothing here is measured: results files and tables print these values next to our measurements.
+"""
+
+from __future__ import annotations
+
+# The FFN shapes (H, D_ffn) of Table III.
+FFN_SHAPES: dict[str, tuple[int, int]] = {
+    "W1": (512, 2048), "W2": (1024, 4096), "W3": (2048, 8192), "W4": (3072, 12288),
+    "W5": (3840, 15360), "W6": (4096, 12288), "W7": (4096, 14336), "W8": (5120, 17920),
+    "W9": (8192, 28672),
+}  # fmt: skip
+
+# Table III (one SwiGLU FFN block fwd+bwd on TPU v5p): speed vs BF16 for INT8 RTNE, independent
+# SR and S3R, and the S3R-EC overheads in % of the S3R time.
+PAPER_TABLE_III: dict[str, dict[str, float]] = {
+  "W1": {"int8_rtne": 1.12, "int8_sr": 0.58, "s3r": 1.08, "s3r_ec_pct": 13.0, "s3r_ec_dx_pct": 14.8},
+  "W2": {"int8_rtne": 1.45, "int8_sr": 0.91, "s3r": 1.44, "s3r_ec_pct": 7.3, "s3r_ec_dx_pct": 9.6},
+  "W3": {"int8_rtne": 1.73, "int8_sr": 1.29, "s3r": 1.73, "s3r_ec_pct": -0.6, "s3r_ec_dx_pct": 1.7},
+  "W4": {"int8_rtne": 1.92, "int8_sr": 1.54, "s3r": 1.92, "s3r_ec_pct": 4.8, "s3r_ec_dx_pct": 4.1},
+  "W5": {"int8_rtne": 1.84, "int8_sr": 1.53, "s3r": 1.83, "s3r_ec_pct": 2.8, "s3r_ec_dx_pct": 3.3},
+  "W6": {"int8_rtne": 1.89, "int8_sr": 1.60, "s3r": 1.90, "s3r_ec_pct": 2.7, "s3r_ec_dx_pct": 3.1},
+  "W7": {"int8_rtne": 1.87, "int8_sr": 1.56, "s3r": 1.87, "s3r_ec_pct": 3.4, "s3r_ec_dx_pct": 3.1},
+  "W8": {"int8_rtne": 1.82, "int8_sr": 1.58, "s3r": 1.81, "s3r_ec_pct": 0.7, "s3r_ec_dx_pct": 2.7},
+  "W9": {"int8_rtne": 1.81, "int8_sr": 1.66, "s3r": 1.81, "s3r_ec_pct": 3.8, "s3r_ec_dx_pct": 2.2},
+}
+
+# Extra TPU v5p VPU operations per gradient element over INT8 RTNE (§3): (low, high) over the shapes.
+PAPER_EXTRA_OPS: dict[str, tuple[int, int]] = {"int8_sr": (120, 133), "s3r": (-2, 6), "s3r_ec": (15, 23)}
+
+# Table I (12-layer Llama, C4, 2000 steps): final validation loss gap to BF16.
+PAPER_GAP: dict[str, float] = {
+    "bf16": 0.0, "int8_rtne": 0.214, "int8_sr": 0.037, "s3r": 0.163, "s3r_ec_dx": 0.032, "s3r_ec": 0.027,
+    "s3r_bcast": 1.347, "s3r_ec_dx_bcast": 0.202, "s3r_ec_bcast": 0.109,
+}  # fmt: skip
+
+# Table II (12-layer Llama on C4): relative gradient error of dX layer 0, dX layer 11, dW layer 0
+# and the embedding gradient.
+PAPER_TABLE2: dict[str, tuple[float, float, float, float]] = {
+  "int8_sr": (0.572, 0.111, 0.456, 0.457),
+  "s3r": (0.877, 0.228, 0.691, 0.703),
+  "s3r_ec_dw": (0.882, 0.228, 0.694, 0.706),
+  "s3r_ec": (0.476, 0.103, 0.377, 0.378),
+  "s3r_bcast": (3.157, 0.313, 5.141, 5.285),
+  "s3r_ec_dw_bcast": (3.150, 0.313, 4.529, 5.262),
+  "s3r_ec_bcast": (0.521, 0.105, 0.551, 0.558),
+  "s3r_split_dx2d_dwbcast": (0.893, 0.227, 0.746, 0.714),
+  "s3r_split_dxbcast_dw2d": (3.494, 0.261, 5.979, 6.849),
+}

@@ -1,0 +1,65 @@
+"""The timing harness: interleaved repeats in balanced orders, paired ratios (no timing asserts)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from s3r.bench import timing
+from s3r.bench.options import DEFAULT_TOKENS, parse_shapes, tokens_for
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_balanced_orders_put_every_config_right_before_every_other_equally_often(n):
+  orders = timing.balanced_orders(n)
+  assert len(orders) == (n if n % 2 == 0 else 2 * n)
+  assert all(sorted(o) == list(range(n)) for o in orders)
+  pairs = collections.Counter((o[k], o[k + 1]) for o in orders for k in range(n - 1))
+  assert set(pairs) == {(i, j) for i in range(n) for j in range(n) if i != j}
+  assert len(set(pairs.values())) <= 1  # every ordered pair equally often
+
+
+def test_time_interleaved_times_each_config_once_per_round_in_balanced_orders():
+  order = []
+  names = ("a", "b", "c", "d")
+  fns = {n: ((lambda n=n: order.append(n) or 0), ()) for n in names}
+  out = timing.time_interleaved(fns, repeats=8, warmup=1, number=2, prime=0)
+  assert list(out) == list(names)  # results in the caller's order
+  assert all(len(t.samples) == 8 for t in out.values())
+  timed = order[2 * len(names) :]  # after the compile call + warm-up of each config
+  assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))  # `number` calls back to back
+  rounds = [timed[i : i + 2 * len(names) : 2] for i in range(0, len(timed), 2 * len(names))]
+  assert all(sorted(r) == list(names) for r in rounds)  # every config once per round
+  pairs = collections.Counter((r[k], r[k + 1]) for r in rounds for k in range(len(names) - 1))
+  assert len(pairs) == 12 and set(pairs.values()) == {2}  # 8 rounds = the 4-round design twice
+  # the seed only relabels the design: another seed gives another order, the same seed the same
+  again = []
+  fns2 = {n: ((lambda n=n: again.append(n) or 0), ()) for n in names}
+  timing.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0, seed=1)
+  assert again[2 * len(names) :] != timed
+  again.clear()
+  timing.time_interleaved(fns2, repeats=8, warmup=1, number=2, prime=0)
+  assert again == order
+  # by default one untimed call of the same configuration precedes each sample
+  order.clear()
+  timing.time_interleaved(fns, repeats=2, warmup=0, number=2)
+  timed = order[len(names) :]
+  assert all(timed[i : i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
+  t = out["a"]
+  assert t.q25 <= t.median <= t.q75 and t.iqr >= 0
+  assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
+
+
+def test_parse_shapes_accepts_paper_and_custom_shapes():
+  assert parse_shapes("W1,W9") == {"W1": (512, 2048), "W9": (8192, 28672)}
+  assert parse_shapes("64x128") == {"64x128": (64, 128)}
+  assert len(parse_shapes("all")) == 9
+  assert tokens_for("W1", None) == DEFAULT_TOKENS["W1"]
+  assert tokens_for("64x128", 32) == 32
+
+
+def test_paired_ratio_is_the_median_of_same_round_ratios():
+  num, den = timing.Timing("a", [2.0, 9.0, 3.0]), timing.Timing("b", [1.0, 3.0, 1.0, 5.0])
+  assert timing.paired_ratio(num, den) == 3.0  # ratios 2, 3, 3 over the three common rounds
+  assert timing.paired_ratio(timing.Timing("c", []), den) != timing.paired_ratio(timing.Timing("c", []), den)  # nan

@@ -1,0 +1,152 @@
+"""The package layering of docs/architecture.md, checked on every import of every module under s3r/.
+
+Imports are read with `ast` (module level and inside functions alike). A module's package is its
+first component under `s3r` (`s3r/results.py` is the package `results`, `s3r/__init__.py` is `s3r`).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "s3r"
+SCIENCE = {"jax", "jaxlib", "numpy"}  # the only third-party imports of the numerics core
+
+# package -> the s3r packages it may import (itself always allowed)
+ALLOWED: dict[str, set[str]] = {
+  "s3r": {"quant"},  # the top-level package re-exports the core
+  "quant": set(),
+  "nn": {"quant"},
+  "model": {"quant", "nn"},
+  "data": set(),
+  "analysis": set(),
+  "results": set(),
+  "paper": set(),
+  "train": {"s3r", "quant", "nn", "model", "data", "analysis", "results"},
+  "bench": {"s3r", "quant", "nn", "model", "data", "train", "analysis", "results", "paper"},
+  "experiments": {"s3r", "quant", "nn", "model", "data", "train", "analysis", "results", "paper"},
+  "cli": {"s3r", "quant", "nn", "model", "data", "train", "bench", "experiments", "analysis", "results", "paper"},
+}
+THIRD_PARTY_ONLY = {"quant": SCIENCE, "analysis": SCIENCE}  # packages limited to these (and the stdlib)
+
+
+def _package(path: pathlib.Path) -> str:
+  rel = path.relative_to(ROOT)
+  return "s3r" if rel.parts == ("__init__.py",) else rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
+  """(line, absolute dotted name) of every import in the module, relative ones resolved.
+
+  A string constant "s3r.module:function" counts as an import of that module (the CLI imports its
+  sub-commands by such names).
+  """
+  tree = ast.parse(path.read_text(), filename=str(path))
+  parts = ["s3r", *path.relative_to(ROOT).with_suffix("").parts]
+  if parts[-1] == "__init__":
+    parts = parts[:-1]
+  out = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        pkg = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
+        base = ".".join([*pkg, base] if base else pkg)
+      out += [(node.lineno, f"{base}.{a.name}" if base == "s3r" else base) for a in node.names]
+    elif (
+      isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"s3r(\.\w+)+:\w+", node.value)
+    ):
+      out.append((node.lineno, node.value.split(":")[0]))  # "module:function", imported on demand (cli.COMMANDS)
+  return out
+
+
+def _target(name: str) -> str | None:
+  """The s3r package an import refers to; None for a non-s3r import."""
+  parts = name.split(".")
+  if parts[0] != "s3r":
+    return None
+  if len(parts) == 1:
+    return "s3r"
+  sub = parts[1]
+  return sub if sub in ALLOWED else "s3r"  # `from s3r import qmatmul` is the top-level re-export
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+  """Package -> packages imported, and every import that breaks the rule."""
+  graph: dict[str, set[str]] = {}
+  broken = []
+  modules = sorted(ROOT.rglob("*.py"))
+  assert modules, f"no modules under {ROOT}"
+  for path in modules:
+    pkg = _package(path)
+    assert pkg in ALLOWED, f"{path.relative_to(ROOT.parent)}: package {pkg!r} has no rule in docs/architecture.md"
+    for line, name in _imports(path):
+      where = f"{path.relative_to(ROOT.parent)}:{line}"
+      target = _target(name)
+      if target is None:
+        top = name.split(".")[0]
+        allowed = THIRD_PARTY_ONLY.get(pkg)
+        if allowed is not None and top not in allowed and top not in sys.stdlib_module_names:
+          broken.append(f"{where}: {pkg} imports {name} (only {', '.join(sorted(allowed))} and the stdlib)")
+        continue
+      if target != pkg:
+        graph.setdefault(pkg, set()).add(target)
+        if target not in ALLOWED[pkg]:
+          broken.append(f"{where}: {pkg} imports {name}")
+  return graph, broken
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of the package graph as a path, or None."""
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+  def visit(node: str, path: list[str]) -> list[str] | None:
+    state[node] = 1
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return [*path[path.index(nxt) :], nxt] if nxt in path else [*path, nxt]
+      if nxt not in state and (found := visit(nxt, [*path, nxt])):
+        return found
+    state[node] = 2
+    return None
+
+  for start in sorted(graph):
+    if start not in state and (found := visit(start, [start])):
+      return found
+  return None
+
+
+def test_every_import_follows_the_layering():
+  _, broken = _graph()
+  assert not broken, "imports that break docs/architecture.md:\n" + "\n".join(broken)
+
+
+def test_no_import_cycle_between_packages():
+  graph, _ = _graph()
+  assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+@pytest.mark.parametrize(
+  ("graph", "cycle"),
+  [({"a": {"b"}, "b": {"c"}, "c": set()}, None), ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"])],
+)
+def test_cycle_finder_reports_a_cycle_and_only_a_cycle(graph, cycle):
+  assert _cycle(graph) == cycle
+
+
+def test_rule_checker_catches_an_upward_import(tmp_path, monkeypatch):
+  pkg = tmp_path / "s3r"
+  (pkg / "quant").mkdir(parents=True)
+  (pkg / "quant" / "bad.py").write_text("def f():\n  from s3r.bench import timing\n  import scipy\n")
+  monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+  _, broken = _graph()
+  assert [b.split(": ", 1)[1] for b in broken] == [
+    "quant imports s3r.bench",
+    "quant imports scipy (only jax, jaxlib, numpy and the stdlib)",
+  ]
