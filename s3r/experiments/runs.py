@@ -58,7 +58,7 @@ def summarize_run(out: pathlib.Path, *, recipe: str, lr: float, seed: int, statu
   run = read_run(out)
   records = run.records
   val_losses = {("val" if k == "val_loss" else k.removeprefix("val_loss_")): v for k, v in run.final_val_losses.items()}
-  step_times = [r["step_time_s"] for r in records[1:]]
+  step_times = [r["step_time_s"] for r in records if r["step"] > 1 and "step_time_s" in r]  # step 1 compiles
   return {
     "run": run.path.name, "recipe": recipe, "lr": lr, "seed": seed, "status": status, "wall_s": wall_s,
     "steps": records[-1]["step"] if records else 0, "val_losses": val_losses if status == "done" else {},

@@ -23,7 +23,8 @@ def snapshot(run_dir: str, out: str, *, wall_s: float | None = None) -> dict:
   records = run.records
   if not records:
     raise SystemExit(f"snapshot: no metrics in {run.path}")
-  steady = records[len(records) // 10 :]  # skip the first 10% (warm-up)
+  timed = [r for r in records if "step_time_s" in r]  # the step-0 line has losses only
+  steady = timed[len(timed) // 10 :]  # skip the first 10% (warm-up)
   doc = {
     "meta": run_metadata(),
     "run": repo_relative(str(run.path)),
