@@ -33,7 +33,7 @@ import numpy as np
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.experiments import provenance
+from s3r.experiments import gradients, provenance
 from s3r.quant import numerics, qmatmul, thresholds
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import cross_entropy, init_state, make_train_step
@@ -155,9 +155,14 @@ class ScaleStudy:
 
 
 def _summarize(rows: list[dict]) -> dict:
-  """Medians over projections (all, and the q/k/v/gate/up inputs of width d_model)."""
-  pick = lambda key: float(np.median([r[key] for r in rows]))
-  return {k: pick(k) for k in ("rho", "dx_ratio", "dx_ratio_pred", "ec_ratio", "dw_ratio")}
+  """Median and maximum over all projections, and medians over the gate projections (the largest ρ)."""
+  med = lambda key, sel: float(np.median([r[key] for r in sel]))
+  gate = [r for r in rows if r["proj"] == "gate"]
+  return {"rho": med("rho", rows), "rho_max": max(r["rho"] for r in rows), "dx_ratio": med("dx_ratio", rows),
+          "dx_ratio_max": max(r["dx_ratio"] for r in rows), "dx_ratio_pred": med("dx_ratio_pred", rows),
+          "ec_ratio": med("ec_ratio", rows), "dw_ratio": med("dw_ratio", rows), "gate_rho": med("rho", gate),
+          "gate_dx_ratio": med("dx_ratio", gate), "gate_dx_ratio_pred": med("dx_ratio_pred", gate),
+          "gate_ec_ratio": med("ec_ratio", gate)}
 
 
 def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, log=print) -> None:
@@ -190,9 +195,11 @@ def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, 
         loss = float(metrics["loss"])
 
 
-def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256, log=print) -> None:
-  """Measures the latest checkpoint of each run folder in `paths` (read-only) on a batch of enwiki
-  shard 9 encoded with the run's own tokenizer."""
+def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256, n_keys: int = 4,
+                     log=print) -> None:
+  """Measures every checkpoint of each run folder in `paths` (read-only) on a batch of enwiki shard 9
+  encoded with the run's own tokenizer: the local errors per projection and, with the `s3r diagnose`
+  machinery (s3r.experiments.gradients, `n_keys` keys), the errors propagated to the block inputs."""
   import tokenizers
 
   from s3r.train import checkpoint
@@ -213,7 +220,8 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
       state, _ = ckpt.restore(setup.abstract_state, step)
       batch = _shard9_batch(tok, cfg.batch, cfg.seq)
       rows = measure(setup.model_cfg, state.params, batch, tokens=tokens)
-      results["entries"][key] = {"study": "checkpoints", "model": cfg.preset, "run": pathlib.Path(path).name,
+      e2e = gradients.relative_errors(setup.model_cfg, state.params, jnp.asarray(batch), RECIPES, n_keys=n_keys, log=log)
+      results["entries"][key] = {"end_to_end": e2e, "study": "checkpoints", "model": cfg.preset, "run": pathlib.Path(path).name,
                                  "recipe": cfg.recipe, "lr": cfg.lr, "d_model": setup.model_cfg.d_model,
                                  "n_layers": setup.model_cfg.n_layers, "step": step, "summary": _summarize(rows),
                                  "projections": rows}
@@ -244,12 +252,20 @@ def _markdown(results: dict) -> str:
            "Exact local errors of each block projection (module docstring of s3r/experiments/mechanism.py); "
            "medians over the projections of each model. ratio = s3r / int8_sr relative dX error; "
            "predicted = sqrt((1 + ρ) / 2) from the evenly-spread-residual moments.", "",
-           "| entry | study | d_model | layers | step | median ρ | dX ratio | predicted | EC dX / SR | dW ratio |",
-           "| --- | --- | --: | --: | --: | --: | --: | --: | --: | --: |"]
+           "| entry | d_model | layers | step | median ρ (all) | median ratio (all) | gate ρ | gate ratio | gate predicted "
+           "| gate EC / SR | max ρ | max ratio | dW ratio |",
+           "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
   for key, e in results["entries"].items():
-    s = e["summary"]
-    lines.append(f"| {key} | {e['study']} | {e['d_model']} | {e['n_layers']} | {e['step']} | {s['rho']:.2f} | "
-                 f"{s['dx_ratio']:.3f} | {s['dx_ratio_pred']:.3f} | {s['ec_ratio']:.3f} | {s['dw_ratio']:.3f} |")
+    s = _summarize(e["projections"])
+    lines.append(f"| {key} | {e['d_model']} | {e['n_layers']} | {e['step']} | {s['rho']:.2f} | {s['dx_ratio']:.3f} | "
+                 f"{s['gate_rho']:.2f} | {s['gate_dx_ratio']:.3f} | {s['gate_dx_ratio_pred']:.3f} | "
+                 f"{s['gate_ec_ratio']:.3f} | {s['rho_max']:.1f} | {s['dx_ratio_max']:.3f} | {s['dw_ratio']:.4f} |")
+    if "end_to_end" in e:
+      ee = e["end_to_end"]
+      lines.append(f"|  ↳ propagated (s3r diagnose, {key}) | | | | | dX block 0 input s3r/int8_sr "
+                   f"{ee['s3r']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | last block input "
+                   f"{ee['s3r']['dx_last'] / ee['int8_sr']['dx_last']:.3f} | | s3r_ec_dx/int8_sr "
+                   f"{ee['s3r_ec_dx']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | | |")
   rows = [r for e in results["entries"].values() for r in e["projections"]]
   if rows:
     meas, pred = np.array([r["dx_ratio"] for r in rows]), np.array([r["dx_ratio_pred"] for r in rows])
@@ -292,12 +308,17 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--checkpoints", nargs="*", default=[], help="run folders whose checkpoints are measured")
   p.add_argument("--steps", type=int, default=ScaleStudy.steps)
   p.add_argument("--measure-at", default=",".join(map(str, ScaleStudy.measure_at)))
+  p.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the .json")
   p.add_argument("--models", default=",".join(m[0] for m in SCALE_MODELS), help="subset of SCALE_MODELS")
   args = p.parse_args(argv)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   path = out.with_suffix(".json")
   results = json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+  if args.report_only:
+    out.with_suffix(".md").write_text(_markdown(results))
+    _plot(results, out.with_suffix(".png"))
+    return results
   results.update(meta=provenance.run_meta(argv), complete=False)
 
   def save():
