@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> dict:
     provenance.write_json(path, results)
     out.with_suffix(".md").write_text(_markdown(results))
 
-  models = tuple(m for m in SCALE_MODELS if m[0] in args.models.split(","))
+  by_name = {m[0]: m for m in SCALE_MODELS}
+  models = tuple(by_name[name] for name in args.models.split(","))  # in the order given
   if args.study in ("checkpoints", "both") and args.checkpoints:
     checkpoint_study(args.checkpoints, results, save)
   if args.study in ("scale", "both"):
