@@ -43,6 +43,20 @@ def subset_stats(per_batch: np.ndarray, chosen: np.ndarray) -> dict:
           "batch_sd": sd, "subset_se": float(se), "z": float((sub - full) / se) if se > 0 else None}
 
 
+def paired_checkpoints(checkpoints: list[dict], eval_batches: int = 16) -> list[dict]:
+  """subset_stats of the per-batch loss difference of consecutive checkpoints of the same run."""
+  out = []
+  for a, b in zip(checkpoints, checkpoints[1:]):
+    if a["run"] != b["run"] or a["n_batches"] != b["n_batches"]:
+      continue
+    la, lb = np.asarray(a["per_batch"]), np.asarray(b["per_batch"])
+    n = len(la)
+    chosen = np.unique(np.linspace(0, n - 1, eval_batches).round().astype(np.int64))
+    out.append({"run": a["run"], "steps": f"{b['step']} - {a['step']}", **subset_stats(lb - la, chosen),
+                "correlation": float(np.corrcoef(la, lb)[0, 1])})
+  return out
+
+
 def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches: int = 16, log=print) -> dict:
   directory = checkpoint.find_checkpoint_dir(path)
   ckpt = checkpoint.Checkpointer(directory, create=False)
@@ -69,14 +83,16 @@ def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(prog="python -m s3r.experiments.evalsize", description=__doc__.split("\n")[0])
   p.add_argument("runs", nargs="+", help="run folders (their checkpoints are read, never written)")
   p.add_argument("--out", default="results/evalsize")
+  p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
   args = p.parse_args(argv)
   out = pathlib.Path(args.out)
   path = out.with_suffix(".json")
   import json
   results = json.loads(path.read_text()) if path.is_file() else {"checkpoints": []}
-  results["meta"] = provenance.run_meta(argv)
+  if not args.report_only:
+    results["meta"] = provenance.run_meta(argv)
   done = {(c["run"], c["step"]) for c in results["checkpoints"]}
-  for run in args.runs:
+  for run in [] if args.report_only else args.runs:
     ckpt = checkpoint.Checkpointer(checkpoint.find_checkpoint_dir(run), create=False)
     steps = ckpt.all_steps()
     ckpt.close()
@@ -96,6 +112,17 @@ def main(argv: list[str] | None = None) -> dict:
   for c in results["checkpoints"]:
     lines.append(f"| {c['run']} | {c['step']} | {c['n_batches']} | {c['full']:.4f} | {c['subset']:.4f} | "
                  f"{c['difference']:+.4f} | {c['subset_se']:.4f} | {c['z']:+.2f} |")
+  pairs = paired_checkpoints(results["checkpoints"])
+  if pairs:
+    lines += ["", "Paired: the difference of two checkpoints' losses over the same batches (what a comparison of two "
+              "models on the fixed 16 batches sees).", "",
+              "| run | steps | full-shard difference | 16-batch difference | deviation | SE of a paired 16-batch "
+              "difference | batch correlation |", "| --- | --- | --: | --: | --: | --: | --: |"]
+    for q in pairs:
+      lines.append(f"| {q['run']} | {q['steps']} | {q['full']:+.4f} | {q['subset']:+.4f} | {q['difference']:+.4f} | "
+                   f"{q['subset_se']:.4f} | {q['correlation']:.3f} |")
+  results["paired"] = pairs
+  provenance.write_json(path, results)
   out.with_suffix(".md").write_text("\n".join(lines) + "\n")
   print(out.with_suffix(".md").read_text())
   return results

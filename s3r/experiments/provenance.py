@@ -22,9 +22,22 @@ def _git(*args: str) -> str | None:
     return None
 
 
+def portable(arg: str) -> str:
+  """`arg` without machine-specific prefixes: an absolute path becomes relative to the working
+  directory when under it, else is cut to its part from `runs/` (or to its last two parts)."""
+  if not os.path.isabs(arg):
+    return arg
+  path = pathlib.Path(arg)
+  try:
+    return str(path.relative_to(pathlib.Path.cwd()))
+  except ValueError:
+    parts = path.parts
+    return "/".join(parts[parts.index("runs"):]) if "runs" in parts else "/".join(parts[-2:])
+
+
 def command_line(argv: list[str] | None = None) -> str:
   """The command as run from the repository root (module form, no absolute paths)."""
-  argv = sys.argv[1:] if argv is None else argv
+  argv = [portable(a) for a in (sys.argv[1:] if argv is None else argv)]
   module = getattr(sys.modules.get("__main__"), "__spec__", None)
   head = f"python -m {module.name}" if module is not None else pathlib.Path(sys.argv[0]).name
   return " ".join([head, *argv])

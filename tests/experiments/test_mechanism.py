@@ -60,3 +60,20 @@ def test_sixteen_batch_standard_error_matches_random_subsets():
   means = [per_batch[rng.choice(400, 16, replace=False)].mean() for _ in range(4000)]
   assert stats["subset_se"] == pytest.approx(np.std(means), rel=0.08)
   assert stats["difference"] == pytest.approx(per_batch[:16].mean() - per_batch.mean())
+
+
+def test_paired_checkpoints_difference_has_smaller_se_when_batches_correlate():
+  rng = np.random.default_rng(1)
+  level = rng.normal(5.0, 0.2, 300)
+  a = {"run": "r", "step": 1, "n_batches": 300, "per_batch": (level + rng.normal(0, 0.01, 300)).tolist()}
+  b = {"run": "r", "step": 2, "n_batches": 300, "per_batch": (level - 0.1 + rng.normal(0, 0.01, 300)).tolist()}
+  (pair,) = evalsize.paired_checkpoints([a, b])
+  single = evalsize.subset_stats(np.asarray(a["per_batch"]), np.arange(16))
+  assert pair["full"] == pytest.approx(-0.1, abs=0.005) and pair["correlation"] > 0.9
+  assert pair["subset_se"] < single["subset_se"] / 5
+
+
+def test_provenance_command_has_no_absolute_paths():
+  from s3r.experiments import provenance
+  assert provenance.portable("/somewhere/else/runs/sweeps/x") == "runs/sweeps/x"
+  assert provenance.portable("relative/path") == "relative/path"
