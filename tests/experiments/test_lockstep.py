@@ -1,0 +1,72 @@
+"""The lockstep runner at a tiny size on CPU: paired curves of equal length, the summary's fields,
+identical starting points, and a stop on the time budget that still leaves a valid summary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from s3r.experiments import lockstep
+
+
+@pytest.fixture()
+def token_folder(tmp_path):
+  rng = np.random.default_rng(0)
+  folder = tmp_path / "tokens"
+  folder.mkdir()
+  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
+  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
+  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
+  return folder
+
+
+def _cfg(token_folder, tmp_path, **kw):
+  base = dict(data=str(token_folder), out=str(tmp_path / "out"), preset="tiny", steps=5, batch=2, seq=16, lr=3e-3,
+              warmup=1, eval_every=2, eval_batches=2, time_budget=600.0)
+  return lockstep.LockstepConfig(**{**base, **kw})
+
+
+def test_lockstep_dry_run_gives_equal_length_paired_curves(token_folder, tmp_path):
+  summary = lockstep.run(_cfg(token_folder, tmp_path), log=lambda _: None)
+  assert summary["complete"] and summary["stopped_by"] == "steps" and summary["steps_done"] == 5
+  assert summary["curves"]["step"] == [2, 4, 5]
+  lengths = {r: len(v) for r, v in summary["curves"]["val"].items()}
+  assert set(lengths) == {"int8_sr", "s3r", "s3r_ec_dx"} and set(lengths.values()) == {3}
+  assert set(summary["paired"]) == {"s3r - int8_sr", "s3r - s3r_ec_dx", "s3r_ec_dx - int8_sr"}
+  for name, d in summary["paired"].items():
+    a, b = name.split(" - ")
+    assert d["final"] == pytest.approx(summary["curves"]["val"][a][-1] - summary["curves"]["val"][b][-1])
+    assert len(d["curve"]) == 3 and d["eval_se"] >= 0 and d["paper"] is not None
+  for field in ("meta", "config", "param_count", "compile_s", "iteration_s_median", "one_seed"):
+    assert field in summary
+  on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert on_disk["paired"] == json.loads(json.dumps(summary["paired"]))
+  lines = (tmp_path / "out" / "curves.jsonl").read_text().splitlines()
+  assert [json.loads(x)["step"] for x in lines] == [2, 4, 5]
+
+
+def test_lockstep_stops_on_time_budget_with_valid_summary(token_folder, tmp_path):
+  summary = lockstep.run(_cfg(token_folder, tmp_path, recipes=("int8_sr", "s3r"), time_budget=1e-3), log=lambda _: None)
+  assert summary["stopped_by"] == "time_budget" and summary["steps_done"] == 0
+  assert summary["curves"]["step"] == [] and summary["paired"] == {}
+  assert json.loads((tmp_path / "out" / "summary.json").read_text())["complete"]
+
+
+def test_lockstep_config_rejects_bad_fields(token_folder, tmp_path):
+  with pytest.raises(ValueError, match="recipes"):
+    _cfg(token_folder, tmp_path, recipes=("s3r",))
+  with pytest.raises(ValueError, match="warmup"):
+    _cfg(token_folder, tmp_path, warmup=9)
+
+
+def test_build_tokens_writes_a_loadable_folder(tmp_path):
+  docs = [f"document {i}: " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)) for i in range(300)]
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n\n\n".join(docs))
+  meta = lockstep.build_tokens(str(tmp_path / "tok"), data=str(corpus), vocab=300,
+                               cache_dir=str(tmp_path / "cache"), max_train_tokens=5000, log=lambda _: None)
+  loaded_meta, train, val = lockstep.load_tokens(str(tmp_path / "tok"))
+  assert loaded_meta == meta and train.dtype == np.uint16 and len(train) == min(5000, meta["train_tokens_available"])
+  assert "val" in val and len(val["val"]) == meta["n_tokens"]["val"]
