@@ -65,34 +65,36 @@ def loadavg() -> list[float] | None:
 
 
 def repo_relative(arg: str) -> str:
-  """`arg` relative to the repository root if it is an absolute path inside it, else unchanged."""
+  """`arg` without machine-specific prefixes: relative to the repository root if it is an absolute
+  path inside it; outside it, cut to its part from a `runs/` folder; else unchanged."""
   path = pathlib.Path(arg)
   if not path.is_absolute():
     return arg
   try:
     return path.resolve().relative_to(REPO_ROOT).as_posix()
   except ValueError:
-    return arg
+    parts = path.parts
+    return "/".join(parts[parts.index("runs") :]) if "runs" in parts else arg
 
 
-def command_argv() -> list[str]:
-  """How this process was started, as `s3r ...`, `python -m s3r.x ...` or `path/to/script.py ...`.
-
-  A script is named by its path relative to the repository root (its bare name outside the
-  checkout); absolute paths inside the checkout among the arguments are made relative too.
-  """
-  if not sys.argv:
-    return []
+def _command_head() -> list[str]:
+  """How this process was started: `s3r`, `python -m s3r.x` or a script path (relative to the
+  repository root; its bare name outside the checkout)."""
   prog = pathlib.Path(sys.argv[0])
   if prog.name == "__main__.py":
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = ["python", "-m", spec.name.removesuffix(".__main__") if spec is not None else "?"]
-  elif prog.suffix == ".py":
+    return ["python", "-m", spec.name.removesuffix(".__main__") if spec is not None else "?"]
+  if prog.suffix == ".py":
     rel = repo_relative(str(prog.resolve()))
-    head = [rel if not pathlib.Path(rel).is_absolute() else prog.name]
-  else:
-    head = [prog.name]  # a console script such as `s3r`
-  return [*head, *map(repo_relative, sys.argv[1:])]
+    return [rel if not pathlib.Path(rel).is_absolute() else prog.name]
+  return [prog.name]  # a console script such as `s3r`
+
+
+def command_argv() -> list[str]:
+  """This process's command line, with absolute paths made portable (`repo_relative`)."""
+  if not sys.argv:
+    return []
+  return [*_command_head(), *map(repo_relative, sys.argv[1:])]
 
 
 def command_line() -> str:
@@ -100,8 +102,12 @@ def command_line() -> str:
   return " ".join(command_argv())
 
 
-def run_metadata() -> dict[str, Any]:
-  """Everything needed to interpret (and re-run) a results file, except the after-run load."""
+def run_metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Everything needed to interpret (and re-run) a results file, except the after-run load.
+
+  `argv`: the arguments of a `main(argv)` called in-process (the command then names the
+  `__main__` module's path as `python -m` would); default: this process's own command line.
+  """
   import jax
   import jaxlib
 
@@ -110,9 +116,10 @@ def run_metadata() -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0))
   except (AttributeError, OSError):
     affinity = None
+  args = command_argv() if argv is None else [*_command_head(), *map(repo_relative, argv)]
   return {
-    "command": command_line(),
-    "argv": command_argv(),
+    "command": " ".join(args),
+    "argv": args,
     "git": git_info(),
     "jax_version": jax.__version__,
     "jaxlib_version": jaxlib.__version__,
@@ -146,9 +153,12 @@ def json_default(o: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, doc: Any) -> pathlib.Path:
-  """Writes `doc` as indented JSON (NumPy values converted) with a final newline."""
+  """Writes `doc` as indented JSON (NumPy values converted) with a final newline, atomically
+  (a reader never sees half a file; a run killed mid-write keeps the previous one)."""
   path = pathlib.Path(path)
-  path.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+  os.replace(tmp, path)
   return path
 
 

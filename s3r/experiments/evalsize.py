@@ -20,7 +20,7 @@ import numpy as np
 import tokenizers
 
 from s3r import data as s3r_data
-from s3r.experiments import provenance
+from s3r import results as provenance
 from s3r.train import checkpoint
 from s3r.train.config import TrainConfig
 from s3r.train.loop import build, make_mesh
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
   import json
   results = json.loads(path.read_text()) if path.is_file() else {"checkpoints": []}
   if not args.report_only:
-    results["meta"] = provenance.run_meta(argv)
+    results["meta"] = provenance.run_metadata(argv)
   done = {(c["run"], c["step"]) for c in results["checkpoints"]}
   for run in [] if args.report_only else args.runs:
     ckpt = checkpoint.Checkpointer(checkpoint.find_checkpoint_dir(run), create=False)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         continue
       provenance.write_json(path, results)
   lines = ["# Validation size: 16 fixed batches against the whole of enwiki shard 9", "",
-           provenance.meta_markdown(results["meta"]),
+           provenance.metadata_lines(results["meta"], {}),
            "| run | step | batches | full-shard loss | 16-batch loss | difference | SE of a 16-batch mean | z |",
            "| --- | --: | --: | --: | --: | --: | --: | --: |"]
   for c in results["checkpoints"]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.experiments import provenance
+from s3r import results as provenance
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import init_state, make_eval_step, make_train_step
 
@@ -213,7 +213,7 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   compile_s = elapsed()
   log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s")
   summary = {"config": dataclasses.asdict(cfg), "param_count": models.param_count, "data": meta_tokens,
-             "meta": provenance.run_meta(), "compile_s": round(compile_s, 2), "one_seed": ONE_SEED}
+             "meta": provenance.run_metadata(), "compile_s": round(compile_s, 2), "one_seed": ONE_SEED}
   records, iter_times, eval_s, step, train_sum = [], [], None, 0, dict.fromkeys(cfg.recipes, 0.0)
   curves = (out / "curves.jsonl").open("w")
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.experiments import gradients, provenance
+from s3r import results as provenance
+from s3r.experiments import gradients
 from s3r.quant import numerics, qmatmul, thresholds
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import cross_entropy, init_state, make_train_step
@@ -247,7 +248,7 @@ def _shard9_batch(tok, batch: int, seq: int) -> np.ndarray:
 
 def _markdown(results: dict) -> str:
   lines = ["# Proposition 1 per projection: common row component vs the extra dX error of per-token sharing", "",
-           provenance.meta_markdown(results["meta"]),
+           provenance.metadata_lines(results["meta"], {}),
            f"Status: {'complete' if results.get('complete') else 'PARTIAL (the study was still running)'}.", "",
            "Exact local errors of each block projection (module docstring of s3r/experiments/mechanism.py); "
            "medians over the projections of each model. ratio = s3r / int8_sr relative dX error; "
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.with_suffix(".md").write_text(_markdown(results))
     _plot(results, out.with_suffix(".png"))
     return results
-  results.update(meta=provenance.run_meta(argv), complete=False)
+  results.update(meta=provenance.run_metadata(argv), complete=False)
 
   def save():
     provenance.write_json(path, results)

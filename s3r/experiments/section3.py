@@ -25,7 +25,7 @@ import pathlib
 import jax
 import numpy as np
 
-from s3r.experiments import provenance
+from s3r import results as provenance
 from s3r.quant import thresholds
 
 PAPER = {"var_over_delta2": 1 / 6, "cov_over_delta2": 1 / 12, "noisier_fraction": (0.17, 0.27),
@@ -173,7 +173,7 @@ def three_element_example() -> dict:
 
 def _markdown(meta, res) -> str:
   s1, lines = res["variance_covariance"], []
-  lines += ["# Section III numerics on synthetic layers", "", provenance.meta_markdown(meta),
+  lines += ["# Section III numerics on synthetic layers", "", provenance.metadata_lines(meta, {}),
             "## 1. Shared threshold, evenly spread residuals (units of Δ²; paper: 1/6 = 0.1667, 1/12 = 0.0833)", "",
             f"N = {s1['n']} residuals (h + 1/2)/N, {s1['draws']:,} draws; 95% batch-means intervals.", "",
             "| thresholds | variance | pairwise covariance |", "| --- | --: | --: |",
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--draws", type=int, default=200_000)
   p.add_argument("--grad-draws", type=int, default=4000)
   args = p.parse_args(argv)
-  meta = provenance.run_meta(argv)
+  meta = provenance.run_metadata(argv)
   res = {"paper": PAPER, "variance_covariance": variance_and_covariance(draws=args.draws),
          "gradient_variances": [gradient_variances(draws=args.grad_draws, common=c) for c in (0.0, 0.5)],
          "centering": centering_study(), "three_element_example": three_element_example()}

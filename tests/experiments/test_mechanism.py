@@ -74,6 +74,6 @@ def test_paired_checkpoints_difference_has_smaller_se_when_batches_correlate():
 
 
 def test_provenance_command_has_no_absolute_paths():
-  from s3r.experiments import provenance
-  assert provenance.portable("/somewhere/else/runs/sweeps/x") == "runs/sweeps/x"
-  assert provenance.portable("relative/path") == "relative/path"
+  from s3r import results
+  assert results.repo_relative("/somewhere/else/runs/sweeps/x") == "runs/sweeps/x"
+  assert results.repo_relative("relative/path") == "relative/path"
