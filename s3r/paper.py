@@ -49,3 +49,17 @@ PAPER_TABLE2: dict[str, tuple[float, float, float, float]] = {
   "s3r_split_dx2d_dwbcast": (0.893, 0.227, 0.746, 0.714),
   "s3r_split_dxbcast_dw2d": (3.494, 0.261, 5.979, 6.849),
 }
+
+# The paper's two MoE models (Table IV) as MoE feed-forward block shapes: model width H, routed
+# experts E, experts per token k, expert width F, always-active shared experts of width F each.
+MOE_SHAPES: dict[str, dict[str, int]] = {
+  "qwen3-30b-a3b": {"hidden": 2048, "experts": 128, "top_k": 8, "expert_width": 768, "shared": 0},
+  "deepseek-v2-lite": {"hidden": 2048, "experts": 64, "top_k": 6, "expert_width": 1408, "shared": 2},
+}
+
+# Table IV (full MaxText training steps on TPU v5p), the MoE models: step time in ms per recipe.
+PAPER_TABLE_IV_MOE_MS: dict[str, dict[str, float]] = {
+  "qwen3-30b-a3b": {"bf16": 6454, "int8_rtne": 7305, "int8_sr": 7914, "s3r": 7286, "s3r_ec": 7621, "s3r_ec_dx": 7548},
+  "deepseek-v2-lite": {"bf16": 3659, "int8_rtne": 3842, "int8_sr": 4269, "s3r": 3840, "s3r_ec": 4029,
+                       "s3r_ec_dx": 3984},
+}

@@ -1,6 +1,6 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
-Sub-commands: matmul, ffn, quantizer, static, peers, step, profile, merge. Each module defines `add_arguments(parser)`
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge. Each module defines `add_arguments(parser)`
 and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
 `python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
@@ -13,6 +13,7 @@ import importlib
 COMMANDS = {
   "matmul": ("s3r.bench.matmul", "time one quantized linear layer fwd+bwd per recipe (x[T,K] @ w[K,N])"),
   "ffn": ("s3r.bench.ffn", "time one SwiGLU FFN block fwd+bwd per recipe at the paper's shapes (Table III)"),
+  "moe": ("s3r.bench.moe", "time the MoE feed-forward block fwd+bwd per recipe and the grouped GEMM formulations"),
   "quantizer": ("s3r.bench.quantizer", "time the backward gradient quantizer alone against a memory-bound floor"),
   "static": (
     "s3r.bench.static",
@@ -42,7 +43,7 @@ def add_commands(sub) -> None:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-  """Adds `bench` (with ffn, quantizer, static, peers, step, profile, merge) to the main CLI's subparsers."""
+  """Adds `bench` (with matmul, ffn, moe, quantizer, static, peers, step, profile, merge) to the main CLI's subparsers."""
   bench = subparsers.add_parser(
     "bench",
     help="benchmarks (results go to results/bench_*)",

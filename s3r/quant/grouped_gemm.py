@@ -91,6 +91,21 @@ def _tiles(a_TxC: jax.Array, lay: Layout) -> jax.Array:
   return a_PxC.reshape(-1, lay.tile, a_TxC.shape[1])
 
 
+def materialized_swap(a_BxMxN: jax.Array, nonnegative: jax.Array) -> jax.Array:
+  """[B, N, M]: swapaxes(a, 1, 2) as a real copy that XLA:CPU cannot fold into the consuming dot.
+
+  A folded transpose makes the dot contract the operand's middle (token) dimension, which
+  XLA:CPU runs as a generic GEMM many times slower (see `numerics.materialized_transpose`,
+  whose conditional trick this repeats; `nonnegative` is any runtime scalar >= 0). Other
+  backends get the plain transpose.
+  """
+  def cpu(a):
+    take = jnp.logical_not(nonnegative < 0)
+    return lax.cond(take, lambda a: jnp.swapaxes(a, 1, 2), lambda a: jnp.zeros_like(jnp.swapaxes(a, 1, 2)), a)
+
+  return lax.platform_dependent(a_BxMxN, cpu=cpu, default=lambda a: jnp.swapaxes(a, 1, 2))
+
+
 def _untile(acc: jax.Array, lay: Layout) -> jax.Array:
   """[T, C] rows back in the original order, zeros for padding rows."""
   acc_PxC = acc.reshape(-1, acc.shape[-1])
@@ -131,8 +146,38 @@ def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int
     dims = _ragged_dims(((0,), (0,)), (0,), ())
     return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision,
                                   preferred_element_type=out)
-  # Tiles in the [tile, K]ᵀ x [tile, N] layout, then one segment sum over each expert's tiles.
-  a_tiles = jnp.swapaxes(_tiles(a_TxK, lay), 1, 2)  # [n_tiles, K, tile]
-  acc = lax.dot_general(a_tiles, _tiles(b_TxN, lay), (((2,), (1,)), ((0,), (0,))), precision=precision,
-                        preferred_element_type=out)
-  return jax.ops.segment_sum(acc, lay.tile_expert, num_segments=experts, indices_are_sorted=True)
+  return _tgmm_windows(a_TxK, b_TxN, lay, out, precision)
+
+
+def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
+  """dW[e] accumulated in place over windows of `tile` rows of each segment (a dynamic count).
+
+  Window i covers rows off_i .. off_i + tile - 1 of segment e_i (rows past the segment's end
+  are masked to zero), and adds X̂_winᵀ Q_win [K, N] into out[e_i]: every expert's product is
+  written once per window of its own rows (Σ_e ⌈S_e/tile⌉ ≤ T/tile + E windows), not once per
+  padded tile of a static bound, and X̂ is read from one token-contiguous copy X̂ᵀ [K, T].
+  """
+  rows, k = a_TxK.shape
+  n, experts, width = b_TxN.shape[1], lay.group_sizes.shape[0], lay.tile
+  gs = lay.group_sizes
+  ends = jnp.cumsum(gs)
+  wins_E = (gs + width - 1) // width
+  wend_E = jnp.cumsum(wins_E)
+  i = jnp.arange(math.ceil(rows / width) + experts, dtype=jnp.int32)
+  e_W = jnp.minimum(jnp.searchsorted(wend_E, i, side="right"), experts - 1).astype(jnp.int32)
+  off_W = (ends - gs)[e_W] + (i - (wend_E - wins_E)[e_W]) * width
+  pad = ((0, width), (0, 0))  # a window starting near row T reads zeros, never a clamped slice
+  at_KxT = jnp.pad(materialized_swap(a_TxK[None], gs[0])[0], ((0, 0), (0, width)))
+  b_TxN = jnp.pad(b_TxN, pad)
+
+  def add_window(j, acc_ExKxN):
+    e, off = e_W[j], off_W[j]
+    a_KxL = lax.dynamic_slice(at_KxT, (0, off), (k, width))
+    b_LxN = lax.dynamic_slice(b_TxN, (off, 0), (width, n))
+    in_L = off + jnp.arange(width) < ends[e]  # both operands masked: a NaN row of the other segment stays out
+    a_KxL = jnp.where(in_L[None, :], a_KxL, jnp.zeros_like(a_KxL))
+    b_LxN = jnp.where(in_L[:, None], b_LxN, jnp.zeros_like(b_LxN))
+    prod = lax.dot_general(a_KxL, b_LxN, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=out)
+    return lax.dynamic_update_index_in_dim(acc_ExKxN, acc_ExKxN[e] + prod, e, axis=0)
+
+  return lax.fori_loop(0, wend_E[-1], add_window, jnp.zeros((experts, k, n), out))

@@ -1,0 +1,246 @@
+"""`s3r bench moe`: the MoE feed-forward block fwd+bwd per recipe, and the grouped GEMM alone.
+
+Dimension letters: T tokens, H model width, E routed experts, k experts per token, F expert
+width, R = T·k rows of the grouped GEMMs (token copies sorted by expert), C capacity rows per
+expert of the dense formulation.
+
+Block: `s3r.model.moe.MoEFeedForward` at a shape of `paper.MOE_SHAPES` (router in f32, top-k,
+three grouped expert GEMMs through `grouped_qmatmul` with the recipe, shared experts through
+`qmatmul`), x [1, T, H] bf16, f32 master weights shared by every recipe. The timed function is
+the VJP of the block output with a random bf16 upstream gradient (gradients of x and every
+parameter). The recipes are interleaved (`timing.time_interleaved`); ratios are of the same run:
+  speedup vs bf16 = t(bf16) / t(recipe), speedup vs int8_sr = t(int8_sr) / t(recipe),
+  time / int8_rtne = t(recipe) / t(int8_rtne).
+
+Grouped GEMM alone: the three int8 x int8 -> int32 GEMMs of one grouped_qmatmul (forward X̂ Ŵ_e,
+dX = Q Ŵ_eᵀ, dW[e] = X̂_eᵀ Q_e) on int8 codes of R rows in E equal groups, K = H, N = F, per
+formulation: "tiled" (the default fast path), "ragged" (`jax.lax.ragged_dot`, impl="ragged"),
+"dense" (capacity padding: rows scattered to [E, C, K] with C = the largest group, three batched
+dot_generals; it drops rows past C, so it is a lower bound for a dropless dense formulation).
+There is no Pallas grouped GEMM yet, so no "pallas" formulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+
+import numpy as np
+
+from s3r import paper
+from s3r.bench import options, timing
+from s3r.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
+
+DEFAULT_SHAPES = ",".join(paper.MOE_SHAPES)
+GEMM_FORMS = ("tiled", "ragged", "dense")
+
+
+def parse_shapes(value: str) -> dict[str, dict[str, int]]:
+  """Shape name -> shape from paper names or custom 'HxExkxF' / 'HxExkxF+S' (S shared experts of width F)."""
+  out = {}
+  for item in (v.strip() for v in value.split(",") if v.strip()):
+    if item in paper.MOE_SHAPES:
+      out[item] = paper.MOE_SHAPES[item]
+      continue
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)(?:\+(\d+))?", item)
+    if not m:
+      raise SystemExit(f"unknown MoE shape {item!r}: use {', '.join(paper.MOE_SHAPES)} or HxExkxF[+S]")
+    h, e, k, f, sh = (int(g or 0) for g in m.groups())
+    out[item] = {"hidden": h, "experts": e, "top_k": k, "expert_width": f, "shared": sh}
+  return out
+
+
+def block_configs(shape: dict, recipes: list[str], tokens: int, seed: int = 0) -> dict:
+  """recipe -> (jitted fwd_bwd, args) of the MoE block; the weights are one set shared by all."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from s3r.model.moe import MoEFeedForward
+
+  def build(recipe, seed_):
+    return MoEFeedForward(d_model=shape["hidden"], d_expert=shape["expert_width"], n_experts=shape["experts"],
+                          top_k=shape["top_k"], n_shared=shape["shared"], recipe=recipe, rngs=nnx.Rngs(seed_))
+
+  _, state = nnx.split(build(recipes[0], seed))
+  k_x, k_dy, k_q = jax.random.split(jax.random.key(seed + 1), 3)
+  x = jax.random.normal(k_x, (1, tokens, shape["hidden"]), jnp.float32).astype(jnp.bfloat16)
+  dy = (jax.random.normal(k_dy, x.shape, jnp.float32) / tokens).astype(jnp.bfloat16)
+  configs = {}
+  for r in recipes:
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda r=r: build(r, seed)))
+
+    @jax.jit
+    def fwd_bwd(state, x, dy, key, graphdef=graphdef):
+      _, vjp = jax.vjp(lambda s, a: nnx.merge(graphdef, s)(a, key)[0], state, x)
+      return vjp(dy)
+
+    configs[r] = (fwd_bwd, (state, x, dy, k_q))
+  return configs
+
+
+def gemm_configs(shape: dict, forms: list[str], rows: int, seed: int = 0) -> dict:
+  """formulation -> (jitted (a, q, w, sizes) -> (fwd, dX, dW) int32, args), R rows in E equal groups."""
+  import jax
+  import jax.numpy as jnp
+
+  from s3r.quant import grouped_gemm
+
+  e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
+  rng = np.random.default_rng(seed)
+  a = jnp.asarray(rng.integers(-127, 128, (rows, k)), jnp.int8)
+  q = jnp.asarray(rng.integers(-127, 128, (rows, n)), jnp.int8)
+  w = jnp.asarray(rng.integers(-127, 128, (e, k, n)), jnp.int8)
+  sizes_E = np.full((e,), rows // e, np.int64)
+  sizes_E[: rows % e] += 1
+  sizes = jnp.asarray(sizes_E, jnp.int32)
+  cap = int(sizes_E.max())
+
+  def grouped(impl):
+    def gemms(a, q, w, sizes):
+      lay = grouped_gemm.layout(sizes, rows)
+      return (grouped_gemm.gmm(a, w, lay, impl), grouped_gemm.gmm_nt(q, w, lay, impl),
+              grouped_gemm.tgmm(a, q, lay, impl))
+    return gemms
+
+  def dense(a, q, w, sizes):
+    ends = jnp.cumsum(sizes)
+    c = jnp.arange(cap, dtype=jnp.int32)
+    src_ExC = jnp.where(c[None] < sizes[:, None], (ends - sizes)[:, None] + c[None], rows)  # rows past C dropped
+    a_ExCxK = jnp.take(a, src_ExC, axis=0, mode="fill", fill_value=0)
+    q_ExCxN = jnp.take(q, src_ExC, axis=0, mode="fill", fill_value=0)
+    batched = lambda l, r, dims: jax.lax.dot_general(l, r, (dims, ((0,), (0,))), preferred_element_type=jnp.int32)
+    y_ExCxN = batched(a_ExCxK, w, ((2,), (1,)))
+    dx_ExCxK = batched(q_ExCxN, w, ((2,), (2,)))
+    dw_ExKxN = batched(grouped_gemm.materialized_swap(a_ExCxK, sizes[0]), q_ExCxN, ((2,), (1,)))
+    dest = src_ExC.reshape(-1)
+    back = lambda v: jnp.zeros((rows + 1, v.shape[-1]), v.dtype).at[dest].set(v.reshape(-1, v.shape[-1]))[:rows]
+    return back(y_ExCxN), back(dx_ExCxK), dw_ExKxN
+
+  fns = {"tiled": grouped("tiled"), "ragged": grouped("ragged"), "dense": dense}
+  return {f: (jax.jit(fns[f]), (a, q, w, sizes)) for f in forms}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated MoE shapes, paper names or HxExkxF[+S] (default %(default)s): "
+                 + "; ".join(f"{k}: {v}" for k, v in paper.MOE_SHAPES.items()))
+  p.add_argument("--tokens", type=int, default=512, help="tokens T of the block per call (default %(default)s)")
+  p.add_argument("--recipes", default=",".join(options.BENCH_RECIPES), help="recipes (default %(default)s)")
+  p.add_argument("--gemm-tokens", type=int, default=None,
+                 help="tokens of the grouped-GEMM comparison, R = T·top_k rows (default: --tokens); 0 skips it")
+  p.add_argument("--gemm-forms", default=",".join(GEMM_FORMS),
+                 help="grouped-GEMM formulations (default %(default)s; no Pallas kernel exists yet)")
+  p.add_argument("--skip-block", action="store_true", help="time only the grouped GEMMs")
+  p.add_argument("--repeats", type=int, default=5, help="timed calls per configuration, interleaved (default %(default)s)")
+  p.add_argument("--number", type=int, default=1, help="back-to-back calls per sample (default %(default)s)")
+  p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
+  p.add_argument("--prime", type=int, default=1, help="untimed calls before each sample (default %(default)s)")
+  p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
+  p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where bench_moe_<platform>.* go (default %(default)s)")
+  p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
+
+
+def run(args: argparse.Namespace) -> dict:
+  from s3r import RECIPES
+
+  shapes = parse_shapes(args.shapes)
+  recipes = [] if args.skip_block else parse_list(args.recipes, list(RECIPES), "recipes")
+  forms = parse_list(args.gemm_forms, list(GEMM_FORMS), "gemm formulations")
+  gemm_tokens = args.tokens if args.gemm_tokens is None else args.gemm_tokens
+  settings = {k: getattr(args, k) for k in ("tokens", "gemm_tokens", "repeats", "number", "warmup", "prime", "seed")}
+  run_ = Run("moe", args.out_dir, shapes=",".join(shapes), recipes=",".join(recipes), gemm_forms=",".join(forms),
+             **settings)
+  results = {"block": [], "gemm": []}
+  timed = functools.partial(timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number,
+                            prime=args.prime, log=log)
+  body = lambda: markdown(results, recipes, forms)
+  for name, shape in shapes.items():
+    if recipes:
+      log(f"[moe] block {name} {shape}, T={args.tokens}, load {loadavg()}")
+      t = timed(block_configs(shape, recipes, args.tokens, args.seed))
+      results["block"].append(_summarize_block(name, shape, args.tokens, t))
+      log("  " + ", ".join(f"{r} {v.median * 1e3:.1f} ms" for r, v in t.items()))
+      run_.write(results, body(), complete=False)  # a run cut short keeps what it finished
+    if gemm_tokens and forms:
+      rows = gemm_tokens * shape["top_k"]
+      log(f"[moe] grouped GEMM {name}: R={rows}, E={shape['experts']}, load {loadavg()}")
+      t = timed(gemm_configs(shape, forms, rows, args.seed))
+      results["gemm"].append(_summarize_gemm(name, shape, rows, t))
+      log("  " + ", ".join(f"{f} {v.median * 1e3:.1f} ms" for f, v in t.items()))
+      run_.write(results, body(), complete=False)
+  chart_fn = None if args.no_chart or not results["block"] else functools.partial(chart, results, recipes)
+  paths = run_.write(results, body(), chart=chart_fn)
+  log(f"[moe] wrote {', '.join(str(p) for p in paths.values())}")
+  return {"results": results, "paths": paths}
+
+
+def _ratio(timings, a, b):
+  """(t(a) / t(b) as a ratio of medians, paired per-round median), or (None, None)."""
+  if a not in timings or b not in timings:
+    return None, None
+  return timings[a].median / timings[b].median, timing.paired_ratio(timings[a], timings[b])
+
+
+def _summarize_block(name, shape, tokens, timings) -> dict:
+  rows = {}
+  for r, t in timings.items():
+    row = {"timing": t.as_dict()}
+    for ref in ("bf16", "int8_sr"):
+      row[f"speedup_vs_{ref}"], row[f"speedup_vs_{ref}_paired"] = _ratio(timings, ref, r)
+    row["time_vs_int8_rtne"], row["time_vs_int8_rtne_paired"] = _ratio(timings, r, "int8_rtne")
+    rows[r] = row
+  return {"shape": name, **shape, "tokens": tokens, "rows": tokens * shape["top_k"], "recipes": rows}
+
+
+def _summarize_gemm(name, shape, rows, timings) -> dict:
+  out = {}
+  for f, t in timings.items():
+    out[f] = {"timing": t.as_dict()}
+    out[f]["speedup_vs_ragged"], out[f]["speedup_vs_ragged_paired"] = _ratio(timings, "ragged", f)
+  flops = 3 * 2 * rows * shape["hidden"] * shape["expert_width"]
+  return {"shape": name, "experts": shape["experts"], "rows": rows, "K": shape["hidden"], "N": shape["expert_width"],
+          "routed_int8_ops": flops, "forms": out}
+
+
+def markdown(results: dict, recipes: list[str], forms: list[str]) -> str:
+  out = []
+  if results["block"]:
+    out += ["## MoE feed-forward block, forward + backward (median ms; ratios from the same run)", ""]
+    head = ["shape", "T", "rows R", "recipe", "median ms", "IQR ms", "speedup vs bf16", "speedup vs int8_sr",
+            "time / int8_rtne"]
+    rows = []
+    for res in results["block"]:
+      for r in recipes:
+        row, t = res["recipes"][r], res["recipes"][r]["timing"]
+        rows.append([res["shape"], res["tokens"], res["rows"], r, fmt_ms(t["median_s"]), fmt_ms(t["iqr_s"]),
+                     fmt_ratio(row["speedup_vs_bf16"]), fmt_ratio(row["speedup_vs_int8_sr"]),
+                     fmt_ratio(row["time_vs_int8_rtne"])])
+    out += [markdown_table(head, rows), "Ratios are ratios of medians; the JSON also has paired (per-round) medians.", ""]
+    ref = [res["shape"] for res in results["block"] if res["shape"] in paper.PAPER_TABLE_IV_MOE_MS]
+    if ref:
+      out += ["Reference, paper Table IV (full training steps on TPU v5p): speedup vs int8_sr", ""]
+      rows = [[s] + [fmt_ratio(paper.PAPER_TABLE_IV_MOE_MS[s]["int8_sr"] / paper.PAPER_TABLE_IV_MOE_MS[s][r])
+                     for r in options.BENCH_RECIPES] for s in ref]
+      out += [markdown_table(["shape", *options.BENCH_RECIPES], rows), ""]
+  if results["gemm"]:
+    out += ["## Grouped GEMM alone: forward + dX + dW int8 GEMMs of one grouped_qmatmul (median ms)", "",
+            "R rows in E equal groups, K = hidden, N = expert width. `dense` pads every expert to C = the largest "
+            "group (and would drop rows past it). No Pallas grouped GEMM exists yet.", ""]
+    rows = []
+    for res in results["gemm"]:
+      for f in forms:
+        row, t = res["forms"][f], res["forms"][f]["timing"]
+        gops = res["routed_int8_ops"] / t["median_s"] / 1e9
+        rows.append([res["shape"], res["experts"], res["rows"], f"{res['K']}x{res['N']}", f, fmt_ms(t["median_s"]),
+                     fmt_ms(t["iqr_s"]), f"{gops:.1f}", fmt_ratio(row["speedup_vs_ragged"])])
+    out.append(markdown_table(["shape", "E", "R", "K x N", "formulation", "median ms", "IQR ms", "routed GOP/s",
+                               "speedup vs ragged_dot"], rows))
+  return "\n".join(out)
+
+
+def chart(results: dict, recipes: list[str], path) -> None:
+  groups = [f"{r['shape']}\nT={r['tokens']}" for r in results["block"]]
+  series = {rc: [r["recipes"][rc]["speedup_vs_bf16"] for r in results["block"]] for rc in recipes}
+  bar_chart(path, groups, series, ylabel="speedup vs bf16 (t_bf16 / t)", hline=1.0,
+            title="MoE feed-forward block fwd+bwd: speed vs BF16 (same run)")

@@ -1,0 +1,48 @@
+"""`s3r bench moe` end to end at a tiny shape (1 repeat); numbers are not checked, only structure,
+and the dense capacity formulation of the GEMM comparison equals the grouped GEMMs."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+
+from s3r import paper
+from s3r.bench import cli, moe, options
+
+
+def test_moe_bench_writes_block_and_gemm_results(tmp_path):
+  args = cli.build_parser().parse_args(["moe", "--shapes", "32x4x2x16+1", "--tokens", "16", "--repeats", "1",
+                                        "--warmup", "0", "--prime", "0", "--out-dir", str(tmp_path)])
+  assert args.func(args) == 0
+  stem = tmp_path / f"bench_moe_{jax.default_backend()}"
+  doc = json.loads(stem.with_suffix(".json").read_text())
+  assert doc["complete"] is True
+  (block,) = doc["results"]["block"]
+  assert (block["hidden"], block["experts"], block["top_k"], block["shared"], block["rows"]) == (32, 4, 2, 1, 32)
+  assert list(block["recipes"]) == list(options.BENCH_RECIPES)
+  assert block["recipes"]["bf16"]["speedup_vs_bf16"] == 1.0
+  assert all(np.isfinite(r["speedup_vs_int8_sr"]) for r in block["recipes"].values())
+  (gemm,) = doc["results"]["gemm"]
+  assert list(gemm["forms"]) == list(moe.GEMM_FORMS) and gemm["rows"] == 32
+  assert gemm["forms"]["ragged"]["speedup_vs_ragged"] == 1.0
+  md = stem.with_suffix(".md").read_text()
+  assert "speedup vs int8_sr" in md and "speedup vs ragged_dot" in md
+  assert stem.with_suffix(".png").stat().st_size > 0
+
+
+def test_gemm_formulations_give_identical_int32_results():
+  shape = {"hidden": 24, "experts": 3, "top_k": 2, "expert_width": 16, "shared": 0}
+  configs = moe.gemm_configs(shape, list(moe.GEMM_FORMS), rows=30)
+  outs = {f: fn(*args) for f, (fn, args) in configs.items()}
+  for f in ("tiled", "dense"):
+    for a, b in zip(outs[f], outs["ragged"]):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_paper_moe_shapes_parse_by_name_and_custom_spec():
+  shapes = moe.parse_shapes("qwen3-30b-a3b,64x8x2x32+2")
+  assert shapes["qwen3-30b-a3b"] == paper.MOE_SHAPES["qwen3-30b-a3b"]
+  assert shapes["qwen3-30b-a3b"]["experts"] == 128 and paper.MOE_SHAPES["deepseek-v2-lite"]["shared"] == 2
+  assert shapes["64x8x2x32+2"] == {"hidden": 64, "experts": 8, "top_k": 2, "expert_width": 32, "shared": 2}
