@@ -21,8 +21,8 @@
 # recipe runs 1 + WARMUP + REPEATS steps. Compilation (mostly int8 GEMM autotuning, 12-77 s per new
 # shape in the FFN bench) dominates: recipes compile in parallel threads.
 # CPU dry run at a tiny size (a few minutes on two cores):
-#   PRESETS="llama3.1-8b:1,2 gemma3-12b:1,2" WIDTH=64 VOCAB=512 BATCH=2 SEQ=32 REPEATS=1 WARMUP=0 \
-#     OUT=/tmp/device_step bash scripts/device_step.sh
+#   PRESETS="llama3.1-8b:1,2 gemma3-12b:1,2" RECIPES=bf16,s3r_ec_dx WIDTH=64 VOCAB=512 BATCH=2 SEQ=32 \
+#     REPEATS=1 WARMUP=0 OUT=/tmp/device_step PY=.venv/bin/python bash scripts/device_step.sh
 # Env: PRESETS, BATCH (4), SEQ (4096), REPEATS (6), WARMUP (2), WIDTH, VOCAB (default: the
 #      preset's), RECIPES (all six), BUDGET_S (seconds for all families: 450), PY (python3).
 set -o pipefail
