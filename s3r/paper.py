@@ -1,4 +1,4 @@
-"""The S3R paper's reference numbers and shapes, in one place (ALGORITHM.md §3, paper Tables I-III).
+"""The S3R paper's reference numbers and shapes, in one place (ALGORITHM.md §3, paper Tables I-IV).
 
 Shapes: H is the model width, D_ffn the FFN hidden width of a SwiGLU block (W1..W9, Table III).
 Nothing here is measured: results files and tables print these values next to our measurements.
@@ -57,9 +57,27 @@ MOE_SHAPES: dict[str, dict[str, int]] = {
   "deepseek-v2-lite": {"hidden": 2048, "experts": 64, "top_k": 6, "expert_width": 1408, "shared": 2},
 }
 
-# Table IV (full MaxText training steps on TPU v5p), the MoE models: step time in ms per recipe.
+# Table IV (full MaxText training steps on TPU v5p, FSDP x TP mesh, 4 sequences of 4096 tokens per
+# chip, full rematerialization, flash attention): median step time in ms per model and recipe.
+PAPER_TABLE_IV_MODELS: tuple[str, ...] = ("llama3.1-8b", "qwen3-8b", "gemma3-12b", "qwen3-30b-a3b", "deepseek-v2-lite")
+PAPER_TABLE_IV_MS: dict[str, dict[str, float]] = {
+    "bf16": {"llama3.1-8b": 3862, "qwen3-8b": 4018, "gemma3-12b": 6550, "qwen3-30b-a3b": 6454, "deepseek-v2-lite": 3659},
+    "int8_rtne": {"llama3.1-8b": 2926, "qwen3-8b": 3110, "gemma3-12b": 4822, "qwen3-30b-a3b": 7305,
+                  "deepseek-v2-lite": 3842},
+    "int8_sr": {"llama3.1-8b": 3350, "qwen3-8b": 3607, "gemma3-12b": 5526, "qwen3-30b-a3b": 7914,
+                "deepseek-v2-lite": 4269},
+    "s3r": {"llama3.1-8b": 2903, "qwen3-8b": 3104, "gemma3-12b": 4853, "qwen3-30b-a3b": 7286, "deepseek-v2-lite": 3840},
+    "s3r_ec": {"llama3.1-8b": 3008, "qwen3-8b": 3243, "gemma3-12b": 4961, "qwen3-30b-a3b": 7621,
+               "deepseek-v2-lite": 4029},
+    "s3r_ec_dx": {"llama3.1-8b": 2935, "qwen3-8b": 3160, "gemma3-12b": 4911, "qwen3-30b-a3b": 7548,
+                  "deepseek-v2-lite": 3984},
+}  # fmt: skip
+# The Table IV model each s3r model family is measured against (the CPU siblings share their family's column).
+PAPER_TABLE_IV_FAMILY: dict[str, str] = {
+  "llama": "llama3.1-8b", "qwen3": "qwen3-8b", "gemma3": "gemma3-12b", "qwen3_moe": "qwen3-30b-a3b",
+  "deepseek_v2": "deepseek-v2-lite",
+}  # fmt: skip
+# The MoE models' columns of Table IV, by model then recipe.
 PAPER_TABLE_IV_MOE_MS: dict[str, dict[str, float]] = {
-  "qwen3-30b-a3b": {"bf16": 6454, "int8_rtne": 7305, "int8_sr": 7914, "s3r": 7286, "s3r_ec": 7621, "s3r_ec_dx": 7548},
-  "deepseek-v2-lite": {"bf16": 3659, "int8_rtne": 3842, "int8_sr": 4269, "s3r": 3840, "s3r_ec": 4029,
-                       "s3r_ec_dx": 3984},
+  model: {recipe: times[model] for recipe, times in PAPER_TABLE_IV_MS.items()} for model in MOE_SHAPES
 }

@@ -221,14 +221,15 @@ class Run:
     self.meta["loadavg_after"] = loadavg()
     self.out_dir.mkdir(parents=True, exist_ok=True)
     stem = self.stem()
-    paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
+    suffixed = lambda ext: stem.with_name(stem.name + ext)  # not with_suffix: a tag may hold dots (llama3.1-8b)
+    paths = {"json": suffixed(".json"), "md": suffixed(".md")}
     doc = {"bench": self.bench, "complete": complete, "meta": self.meta, "settings": self.settings, "results": results}
     write_json(paths["json"], doc)
     partial = "" if complete else "\n**Partial: the run stopped before its last shape.**\n"
     head = metadata_markdown(self.title, self.meta, self.settings)
     paths["md"].write_text(head + partial + "\n" + markdown_body)
     if chart is not None:
-      paths["png"] = stem.with_suffix(".png")
+      paths["png"] = suffixed(".png")
       chart(paths["png"])
     return paths
 

@@ -56,7 +56,8 @@ class Gemma3Block(Qwen3Block):
     cfg = self.cfg
     window = None if cfg.is_global(self.layer) else (cfg.sliding_window - 1, 0)
     return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True,
-                                        scale=cfg.query_pre_attn_scalar ** -0.5, local_window_size=window)
+                                        scale=cfg.query_pre_attn_scalar ** -0.5, local_window_size=window,
+                                        implementation=cfg.attention_impl)
 
   def _act(self, gate_BxSxF):
     return jax.nn.gelu(gate_BxSxF, approximate=True)

@@ -47,6 +47,7 @@ from s3r.quant import RECIPES
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
+ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
 
 
 def _check_positive(obj, fields, kind=int):
@@ -103,6 +104,7 @@ class ModelConfig:
   recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
   tp_partial_sums: str = "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
+  attention_impl: str = "xla"  # attention kernel: "xla" (any platform) or "cudnn" (fused flash attention, NVIDIA GPUs)
 
   def __post_init__(self):
     name = type(self).__name__
@@ -125,6 +127,8 @@ class ModelConfig:
     if self.tp_partial_sums not in TP_PARTIAL_SUMS:
       raise ValueError(f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
                        f"got {self.tp_partial_sums!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"{name}.attention_impl must be one of {', '.join(ATTENTION_IMPLS)}; got {self.attention_impl!r}")
 
   @property
   def head_dim(self) -> int:

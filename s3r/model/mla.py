@@ -88,7 +88,7 @@ class DeepSeekV2Block(Block):
     k_BxSxNxM = constrain(k_BxSxNxM, ("batch", "seq", "act_heads", None))
     v_BxSxNxM = constrain(v_BxSxNxM, ("batch", "seq", "act_heads", None))
     a_BxSxNxM = jax.nn.dot_product_attention(q_BxSxNxM, k_BxSxNxM, v_BxSxNxM, is_causal=True,
-                                             scale=self._softmax_scale())
+                                             scale=self._softmax_scale(), implementation=cfg.attention_impl)
     return self._proj("o", a_BxSxNxM[..., :u].reshape(b, s, n * u), layer_key)
 
   def _ffn(self, h_BxSxD, layer_key):

@@ -186,8 +186,9 @@ class Block(nnx.Module):
     return rope(x_BxSxNxH, self.cfg.rope_theta, self.cfg.rope_scaling)
 
   def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
-    # bf16 scores and probability-value products (f32 softmax); flash attention where available.
-    return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True)
+    # bf16 scores and probability-value products (f32 softmax); attention_impl="cudnn": fused flash attention.
+    return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True,
+                                        implementation=self.cfg.attention_impl)
 
   def _after(self, name: str, y_BxSxD):
     return y_BxSxD
