@@ -20,7 +20,7 @@ def device_env(n_devices: int, **extra) -> dict:
   return env
 
 
-def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, timeout: float = 240) -> dict:
+def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, timeout: float = 600) -> dict:
   """Runs `workers.py name out args...` with `n_devices` devices; returns its result.json."""
   out.mkdir(parents=True, exist_ok=True)
   proc = subprocess.run([sys.executable, str(WORKERS), name, str(out), *args], env=device_env(n_devices),

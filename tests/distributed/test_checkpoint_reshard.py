@@ -11,7 +11,7 @@ import numpy as np
 def test_cli_trains_on_a_4x2_mesh_and_checkpoints(sharded_cli_run):
   result, out = sharded_cli_run["result"], sharded_cli_run["out"]
   records = result["4x2"]
-  assert [r["step"] for r in records] == [1, 2, 3, 4] and "val_loss" in records[-1]
+  assert [r["step"] for r in records] == [0, 1, 2, 3, 4] and "val_loss" in records[-1]
   assert all(np.isfinite(r["loss"]) for r in records)
   assert sorted(p.name for p in (out / "run_4x2" / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
 
@@ -30,7 +30,7 @@ def test_a_checkpoint_restores_bitwise_onto_other_meshes(sharded_cli_run):
 
 
 def test_resuming_on_another_mesh_continues_to_the_same_losses(sharded_cli_run):
-  """Steps 1-2 are copied from the 4x2 run; steps 3-4 run on 2x4 or one device from the
+  """Steps 0-2 are copied from the 4x2 run; steps 3-4 run on 2x4 or one device from the
   bitwise-identical restored state and the same batches (the loader position is in the
   checkpoint). The quantizers draw the same thresholds, but float reductions that span shards
   (loss mean, log-sum-exp over the tensor-sharded vocabulary, f32 partial sums of the bf16
@@ -41,7 +41,7 @@ def test_resuming_on_another_mesh_continues_to_the_same_losses(sharded_cli_run):
   ref = result["4x2"]
   for mesh in ("2x4", "1"):
     resumed = result[f"resumed_{mesh}"]
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    assert [r["loss"] for r in resumed[:2]] == [r["loss"] for r in ref[:2]]  # kept from the original run
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 0: the initial loss
+    assert [r["loss"] for r in resumed[:3]] == [r["loss"] for r in ref[:3]]  # kept from the original run
     np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in ref], rtol=3e-4, err_msg=mesh)
     np.testing.assert_allclose(resumed[-1]["val_loss"], ref[-1]["val_loss"], rtol=3e-4, err_msg=mesh)
