@@ -81,9 +81,9 @@ def _command_head() -> list[str]:
   """How this process was started: `s3r`, `python -m s3r.x` or a script path (relative to the
   repository root; its bare name outside the checkout)."""
   prog = pathlib.Path(sys.argv[0])
-  if prog.name == "__main__.py":
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return ["python", "-m", spec.name.removesuffix(".__main__") if spec is not None else "?"]
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name.startswith("s3r"):  # `python -m s3r.x`
+    return ["python", "-m", spec.name.removesuffix(".__main__")]
   if prog.suffix == ".py":
     rel = repo_relative(str(prog.resolve()))
     return [rel if not pathlib.Path(rel).is_absolute() else prog.name]
