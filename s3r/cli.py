@@ -159,7 +159,8 @@ def register_train(subparsers) -> None:
   p.add_argument("--resume", action="store_true",
                  help="continue the run in --out with its own settings (see below)")
   p.add_argument("--mesh",
-                 help="device mesh over all devices of all processes, e.g. data=2,fsdp=2,tensor=2 (default: one "
+                 help="device mesh over all devices of all processes: axes data, expert, fsdp, tensor, e.g. "
+                      "data=2,fsdp=2,tensor=2 or expert=4,data=2 (expert: MoE experts sharded; default: one "
                       "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
   p.add_argument("--tp-partial-sums", choices=TP_PARTIAL_SUMS,
                  help="under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "

@@ -30,7 +30,13 @@ token uses (all but the routed experts it is not sent to); both checked in tests
 | `gemma3-tiny`      | gemma3      | 6      | 64    | 329,664         | 329,664        |
 | `qwen3-moe-tiny`   | qwen3_moe   | 2      | 64    | 288,128         | 140,672        |
 | `deepseek-tiny`    | deepseek_v2 | 3      | 64    | 320,544         | 209,952        |
+| `moe-tiny`         | qwen3_moe   | 2      | 64    | 152,448         | 127,872        |
+| `moe-cpu-small`    | qwen3_moe   | 4      | 192   | 6,864,832       | 4,652,992      |
 
+`moe-tiny` (tests) and `moe-cpu-small` (CPU experiments) are the MoE training presets: Qwen3-MoE
+blocks with top-2 of 8 (tiny: 4) routed experts and one shared expert; `moe-cpu-small` has
+`cpu-small`'s attention, embeddings and depth, and its active expert width (3 x 160) is close
+to `cpu-small`'s d_ff = 512, so that a step costs about the same (docs/moe.md).
 `cpu-small` is sized for CPU experiments (a `s3r_ec_dx` step at batch 8 x seq 256 takes about
 a second on two cores; the vocabulary-sized embedding and logits hold two thirds of its
 parameters). `paper-12l` is the paper's 12-layer Llama-style decoder; the paper does not state
@@ -235,7 +241,8 @@ class MoeFields:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Qwen3MoeConfig(MoeFields, Qwen3Config):
-  """Qwen3-MoE: Qwen3 attention, every layer a routed MoE (renormalized top-k, no shared expert)."""
+  """Qwen3-MoE: Qwen3 attention, every layer a routed MoE (renormalized top-k; the published model has
+  no shared expert, the moe-* training presets have one)."""
 
   family: ClassVar[str] = "qwen3_moe"
 
@@ -320,6 +327,11 @@ PRESETS: dict[str, ModelConfig] = {
         kind="yarn", factor=4.0, original_max_seq_len=32, mscale=0.707, mscale_all_dim=0.707), n_experts=8, top_k=2,
                                       d_expert=48, n_shared=1, dense_layers=1, renormalize=False, kv_lora_rank=32,
                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
+    # MoE training presets: Qwen3-MoE blocks with one shared expert; moe-cpu-small costs about what
+    # cpu-small costs per step (top-2 + shared = 3 x 160 active expert units against d_ff = 512).
+    "moe-tiny": Qwen3MoeConfig(**{**_TINY, "d_head": 16}, n_experts=4, top_k=2, d_expert=32, n_shared=1),
+    "moe-cpu-small": Qwen3MoeConfig(vocab_size=8192, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
+                                    max_seq_len=256, n_experts=8, top_k=2, d_expert=160, n_shared=1),
 }
 OVERRIDES = {"layers": "n_layers", "seq": "max_seq_len", "width": "d_model"}  # short names accepted by preset()
 

@@ -5,7 +5,9 @@
   metrics.jsonl    one line per step from step 0 (the initial loss on the first batch and the
                    validation losses before any update): step, loss, lr, grad_norm, tokens_per_s,
                    step_time_s, wall_s (wall-clock seconds of the run, carried across --resume),
-                   plus val_loss (and val_loss_c4, ...) on validation steps
+                   plus val_loss (and val_loss_c4, ...) on validation steps; MoE models add
+                   load_balance_loss (weighted, summed over the MoE layers; `loss` is the
+                   cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
   checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C
 

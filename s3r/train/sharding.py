@@ -1,9 +1,13 @@
 """The device mesh and the one table of partition rules.
 
-The mesh has axes ("data", "fsdp", "tensor"). The model names the axes of its parameters
-(`logical_axes` metadata) and of its activations (`s3r.model.constrain`) logically; `RULES`
-below maps every logical name to mesh axes:
-- batch over (data, fsdp): data parallelism, with FSDP ranks also taking a batch slice;
+The mesh has axes ("data", "expert", "fsdp", "tensor"). The model names the axes of its
+parameters (`logical_axes` metadata) and of its activations (`s3r.model.constrain`) logically;
+`RULES` below maps every logical name to mesh axes:
+- batch over (data, expert, fsdp): data parallelism, with expert and FSDP ranks also taking a
+  batch slice (outside the MoE feed-forward an expert rank is a data-parallel rank);
+- the routed experts of every MoE layer over expert: expert parallelism (each rank holds
+  E / expert experts of every MoE layer and their optimizer state; XLA's SPMD partitioner
+  moves the expert-sorted rows and gradients between ranks, see docs/moe.md);
 - the model width of every matrix over fsdp: FSDP (parameters and optimizer state sharded,
   gathered per layer by XLA);
 - attention heads, MLP hidden units and the vocabulary over tensor: Megatron-style tensor
@@ -22,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from s3r import model as s3r_model
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "expert", "fsdp", "tensor")
 
 RULES: dict[str, str | tuple[str, ...] | None] = {
     # parameters
@@ -31,9 +35,10 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
     "heads": "tensor",  # q columns, o rows
     "kv_heads": "tensor",  # k, v columns
     "mlp": "tensor",  # gate, up columns; down rows
+    "expert": "expert",  # the routed-expert dimension E of the MoE expert weights [E, D, F] / [E, F, D]
     "norm": None,  # RMSNorm scales: replicated
     # activations
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "expert", "fsdp"),
     "seq": None,
     "act_embed": None,  # the residual stream is replicated over tensor
     "act_heads": "tensor",
@@ -44,7 +49,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 
 
 def parse_mesh(spec: str | None, n_devices: int) -> dict[str, int]:
-  """'data=2,fsdp=2,tensor=2' -> {'data': 2, 'fsdp': 2, 'tensor': 2}; None or '' -> one device.
+  """'data=2,fsdp=2,tensor=2' -> {'data': 2, 'expert': 1, 'fsdp': 2, 'tensor': 2}; None or '' -> one device.
 
   Omitted axes have size 1; a given spec must use exactly `n_devices` devices.
   """
@@ -56,7 +61,7 @@ def parse_mesh(spec: str | None, n_devices: int) -> dict[str, int]:
     name = name.strip()
     if not sep or name not in MESH_AXES or not size.strip().isdigit() or int(size) < 1:
       raise ValueError(f"--mesh: bad entry {part!r}; expected AXIS=SIZE with AXIS in {MESH_AXES} and SIZE >= 1, "
-                       f"e.g. data=2,fsdp=2,tensor=2")
+                       f"e.g. data=2,fsdp=2,tensor=2 or expert=4,data=2")
     shape[name] = int(size)
   if math.prod(shape.values()) != n_devices:
     raise ValueError(f"--mesh {spec}: {'x'.join(map(str, shape.values()))} = {math.prod(shape.values())} devices, "
@@ -108,10 +113,10 @@ def with_activation_sharding(fn, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-  """Batches [B, S+1]: batch over (data, fsdp)."""
-  per_batch = mesh.shape["data"] * mesh.shape["fsdp"]
+  """Batches [B, S+1]: batch over (data, expert, fsdp)."""
+  per_batch = mesh.shape["data"] * mesh.shape["expert"] * mesh.shape["fsdp"]
   if shape[0] % per_batch:
-    raise ValueError(f"--batch {shape[0]} must be divisible by data x fsdp = {per_batch} of the mesh")
+    raise ValueError(f"--batch {shape[0]} must be divisible by data x expert x fsdp = {per_batch} of the mesh")
   return sharding(mesh, P("batch", "seq"), shape)
 
 

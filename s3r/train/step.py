@@ -3,6 +3,12 @@
 Dimension letters: B batch, S sequence, V vocabulary. A batch is int32 [B, S + 1]:
 inputs are its first S tokens, targets its last S.
 
+MoE models (families with a routed feed-forward): the training loss is the cross-entropy plus
+the load-balancing loss summed over the MoE layers (already weighted by the config's
+`aux_loss_weight`); the step's metrics add `load_balance_loss` and `dropped_fraction` (the mean
+over the MoE layers of the share of token-expert assignments dropped by the capacity). `loss`
+stays the cross-entropy, and the eval step is the pure cross-entropy.
+
 Randomness: the quantizers of step t use `fold_in(train_key, t)`, so a resumed run draws
 exactly the numbers an uninterrupted run would; the model derives per-layer and
 per-projection keys from it.
@@ -37,19 +43,31 @@ def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
 
 
 def loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Array | None) -> jax.Array:
+  """Token-mean cross-entropy of the next-token predictions (validation: no auxiliary terms)."""
   logits_BxSxV = s3r_model.apply(graphdef, params, batch_BxS1[:, :-1], key=key)
   return cross_entropy(logits_BxSxV, batch_BxS1[:, 1:])
 
 
+def training_loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Array | None):
+  """(cross-entropy + MoE load-balancing loss, (cross-entropy, MoE auxiliary terms)); the auxiliary
+  dict is empty for a dense model, whose training loss is the cross-entropy alone."""
+  logits_BxSxV, aux = s3r_model.apply_with_aux(graphdef, params, batch_BxS1[:, :-1], key=key)
+  ce = cross_entropy(logits_BxSxV, batch_BxS1[:, 1:])
+  total = ce + aux["load_balance_loss"] if aux else ce
+  return total, (ce, aux)
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule):
-  """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics)."""
+  """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics): loss (the cross-entropy),
+  grad_norm, lr, and for MoE models load_balance_loss and dropped_fraction."""
 
   def train_step(state: TrainState, batch_BxS1: jax.Array, train_key: jax.Array):
     step_key = jax.random.fold_in(train_key, state.step)
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, graphdef, batch_BxS1, step_key)
+    grad_fn = jax.value_and_grad(training_loss_fn, has_aux=True)
+    (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state.step)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state.step), **aux}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step

@@ -251,7 +251,59 @@ def comm_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text((out / "comm.json").read_text())
 
 
-WORKERS = {"comm": comm_worker, "qmatmul": qmatmul_worker, "tp": tp_worker, "train": train_worker, "checkpoint": checkpoint_worker}
+MOE_MESHES = (None, "expert=8", "expert=4,data=2", "expert=2,data=4")
+MOE_RECIPES = ("s3r", "s3r_ec_dx")
+
+
+def moe_worker(out: pathlib.Path) -> None:
+  """Gradients (parameters and input) of one MoE layer (8 experts, top-2, one shared expert) on one
+  device and on expert x data meshes (tokens over (data, expert), expert weights over expert, as
+  `s3r train` shards them), for each recipe; plus a one-device run with another key (the size of
+  the rounding noise). Writes moe_<mesh>.npz and the collectives of each sharded program."""
+  from flax import nnx
+
+  from s3r.model.moe import MoEFeedForward
+  from s3r.train import hlo_collectives, sharding
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
+  g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
+  info = {}
+  for recipe in MOE_RECIPES:
+    block = MoEFeedForward(d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, recipe=recipe,
+                           rngs=nnx.Rngs(params=0))
+    graphdef, state = nnx.split(block)
+    axes = jax.tree.map(lambda v: P(*v.get_metadata()["logical_axes"]), state,
+                        is_leaf=lambda v: isinstance(v, nnx.Variable))
+    params = nnx.to_pure_dict(state)
+    axes = nnx.to_pure_dict(axes)
+
+    def loss(params, x, key):
+      y, aux = nnx.merge(graphdef, params)(x, key)
+      return jnp.sum(y.astype(jnp.float32) * g) + aux["load_balance_loss"]
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    for mesh_spec in MOE_MESHES + ("1:other_key",):
+      name = mesh_spec or "1"
+      key = jax.random.key(11 if name == "1:other_key" else 10)
+      if name.startswith("1"):
+        dp, dx = jax.jit(grad)(params, x, key)
+      else:
+        mesh = sharding.make_mesh(sharding.parse_mesh(mesh_spec, 8))
+        p_sh = jax.tree.map(lambda spec, a: sharding.sharding(mesh, spec, a.shape), axes, params,
+                            is_leaf=lambda s: isinstance(s, P))
+        x_sh = sharding.sharding(mesh, P("batch", "seq", None), x.shape)
+        fn = jax.jit(grad, in_shardings=(p_sh, x_sh, NamedSharding(mesh, P())), out_shardings=(p_sh, x_sh))
+        compiled = fn.lower(params, x, key).compile()
+        info[f"{recipe}_{name}_collectives"] = len(hlo_collectives.collectives(compiled.as_text()))
+        info[f"{recipe}_{name}_gate_spec"] = str(p_sh["gate"].spec)
+        dp, dx = fn(jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
+      arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
+      np.savez(out / f"moe_{recipe}_{name}.npz", **arrays)
+  (out / "result.json").write_text(json.dumps(info))
+
+
+WORKERS = {"moe": moe_worker, "comm": comm_worker, "qmatmul": qmatmul_worker, "tp": tp_worker, "train": train_worker, "checkpoint": checkpoint_worker}
 
 if __name__ == "__main__":
   WORKERS[sys.argv[1]](pathlib.Path(sys.argv[2]), *sys.argv[3:])

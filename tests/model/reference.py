@@ -1,4 +1,4 @@
-"""Independent float64 numpy forward passes of the five decoder families (and of the MoE stand-in),
+"""Independent float64 numpy forward passes of the five decoder families (MoE: the routed feed-forward, dropless),
 written from the published architecture descriptions, for comparison with s3r.model."""
 
 from __future__ import annotations
@@ -84,17 +84,23 @@ def gated(x, p, act):
   return (act(x @ _a(p["gate"])) * (x @ _a(p["up"]))) @ _a(p["down"])
 
 
-def moe_standin(x, p, cfg):
-  """The tests' MoE stand-in: softmax router, top-k (renormalized if asked), shared SwiGLU."""
+def moe(x, p, cfg, margins=None):
+  """The routed MoE feed-forward (dropless): softmax router, top-k (renormalized if asked), each
+  chosen expert's SwiGLU weighted, plus the shared experts' SwiGLU. `margins` (a list) receives each
+  token's gap between its k-th and (k+1)-th router probability (0 when every expert is chosen)."""
   logits = x @ _a(p["router"])
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
+  if margins is not None:
+    ranked = -np.sort(-probs, axis=-1)
+    margins.append(ranked[:, cfg.top_k - 1] - ranked[:, cfg.top_k] if cfg.top_k < probs.shape[-1]
+                   else np.ones(len(x)))
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
     top = np.argsort(-probs[t])[: cfg.top_k]
     w = probs[t, top] / (probs[t, top].sum() if cfg.renormalize else 1.0)
     for e, we in zip(top, w):
-      expert = {"gate": p["w_gate"][e], "up": p["w_up"][e], "down": p["w_down"][e]}
+      expert = {"gate": p["gate"][e], "up": p["up"][e], "down": p["down"][e]}
       y[t] += we * gated(x[t:t + 1], expert, silu)[0]
   if cfg.n_shared:
     y += gated(x, {"gate": p["shared_gate"], "up": p["shared_up"], "down": p["shared_down"]}, silu)
@@ -135,8 +141,9 @@ def _mla_attention(x, p, cfg):
   return out.reshape(s, n * u) @ _a(p["o"])
 
 
-def forward(cfg, params, tokens_S):
-  """float64 logits [S, V] of one sequence."""
+def forward(cfg, params, tokens_S, margins=None):
+  """float64 logits [S, V] of one sequence; `margins` (a list) receives each MoE layer's routing
+  margins [S] (see `moe`)."""
   gemma = cfg.family == "gemma3"
   x = _a(params["embed"])[np.asarray(tokens_S)]
   if gemma:
@@ -149,7 +156,7 @@ def forward(cfg, params, tokens_S):
     x = x + (norm(a, "post_attn_norm") if gemma else a)
     h = norm(x, "mlp_norm")
     if "moe" in p:
-      f = moe_standin(h, p["moe"], cfg)
+      f = moe(h, p["moe"], cfg, margins)
     else:
       f = gated(h, p, gelu_tanh if gemma else silu)
     x = x + (norm(f, "post_mlp_norm") if gemma else f)

@@ -1,27 +1,20 @@
 """The five decoder families: forward pass against an independent reference, published parameter
 counts, presets and overrides, per-projection keys, training steps of each tiny sibling."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from s3r import model as M
-from s3r.model import transformer
+from s3r.model import moe, transformer
 
-from tests.model import moe_standin, reference
+from tests.model import reference
 
-TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny"]
-MOE = {"qwen3-moe-tiny", "deepseek-tiny", "qwen3-30b-a3b", "deepseek-v2-lite"}
+TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
+MOE = {"qwen3-moe-tiny", "deepseek-tiny", "qwen3-30b-a3b", "deepseek-v2-lite", "moe-tiny", "moe-cpu-small"}
 _apply = jax.jit(M.apply, static_argnums=0)
-
-
-@pytest.fixture(autouse=True)
-def moe_block(monkeypatch):
-  """The MoE families build their feed-forward from the tests' stand-in (see moe_standin.py)."""
-  monkeypatch.setitem(sys.modules, "s3r.model.moe", moe_standin)
+ROUTING_TIE = 0.002  # router-probability gap below which bf16 activations may flip a top-k choice
 
 
 def _randomized(params, seed):
@@ -34,7 +27,7 @@ def _randomized(params, seed):
     name = jax.tree_util.keystr(path)
     if "norm" in name:
       out.append(rng.normal(0.0, 0.3, leaf.shape) + (0.0 if "gemma" in _randomized.family else 1.0))
-    elif "embed" in name and leaf.ndim == 2 and "w_" not in name:
+    elif "embed" in name and leaf.ndim == 2:
       out.append(rng.normal(0.0, 1.0, leaf.shape))
     else:
       out.append(rng.normal(0.0, 1.0, leaf.shape) / np.sqrt(leaf.shape[-2]))
@@ -48,8 +41,14 @@ def test_bf16_forward_matches_the_independent_reference(name):
   params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1)
   tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 40))
   got = np.asarray(_apply(M.graphdef(cfg), params, jnp.asarray(tokens, jnp.int32), key=None))[0]
-  want = reference.forward(cfg, jax.tree.map(np.asarray, params), tokens[0])
-  rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+  margins = []
+  want = reference.forward(cfg, jax.tree.map(np.asarray, params), tokens[0], margins)
+  # The model routes bf16 activations: a token whose k-th and (k+1)-th router probabilities are
+  # within ROUTING_TIE of each other in float64 may legitimately pick the other expert. Such tokens
+  # are left out of the comparison (they are a small minority; the rest must match).
+  clear = np.min(margins, axis=0) > ROUTING_TIE if margins else np.ones(len(got), bool)
+  assert clear.mean() > 0.8, f"{name}: only {clear.sum()} of {len(clear)} tokens are routed without a near-tie"
+  rel = np.linalg.norm(got[clear] - want[clear]) / np.linalg.norm(want[clear])
   assert rel < 0.03, f"{name}: relative L2 error {rel:.4f} vs the float64 reference"
 
 
@@ -73,9 +72,8 @@ PUBLISHED = {  # total parameters of the published checkpoints (docs/models.md)
 def test_full_size_parameter_count_equals_the_published_count(name):
   cfg = M.PRESETS[name]
   assert M.param_count(cfg) == PUBLISHED[name]
-  if name not in MOE:  # shapes without allocating (the MoE totals: stand-in shapes, below)
-    shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
-    assert sum(x.size for x in jax.tree.leaves(shapes)) == PUBLISHED[name]
+  shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))  # the real blocks, nothing allocated
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == PUBLISHED[name]
 
 
 def test_moe_active_counts_are_the_published_ones():
@@ -146,8 +144,12 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
+  def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe):
+    return recording_qmatmul(x, w[0], key=key, recipe=recipe)
+
   monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
-  monkeypatch.setattr(moe_standin, "qmatmul", recording_qmatmul)
+  monkeypatch.setattr(moe, "qmatmul", recording_qmatmul)
+  monkeypatch.setattr(moe, "grouped_qmatmul", recording_grouped_qmatmul)
   M.apply(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)), jnp.zeros((1, 8), jnp.int32), key=jax.random.key(3))
   assert len(seen) == len(set(seen)) > 7 * cfg.n_layers - 1
 
