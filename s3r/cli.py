@@ -23,14 +23,14 @@ import os
 import sys
 
 COMMANDS: dict[str, str] = {
-    "train": "s3r.cli:register_train",
-    "eval": "s3r.cli:register_eval",
-    "recipes": "s3r.cli:register_recipes",
-    "bench": "s3r.bench.cli:register",
-    "diagnose": "s3r.experiments.diagnose:register",
-    "sweep": "s3r.experiments.sweep:register",
-    "comm": "s3r.train.comm:register",
-    "models": "s3r.model.listing:register",
+  "train": "s3r.cli:register_train",
+  "eval": "s3r.cli:register_eval",
+  "recipes": "s3r.cli:register_recipes",
+  "bench": "s3r.bench.cli:register",
+  "diagnose": "s3r.experiments.diagnose:register",
+  "sweep": "s3r.experiments.sweep:register",
+  "comm": "s3r.train.comm:register",
+  "models": "s3r.model.listing:register",
 }
 
 
@@ -50,8 +50,10 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpF
 
 
 EXIT_CODES = {"ok": 0, "diverged": 1, "bad_input": 2, "resources": 3, "interrupted": 130, "internal": 70}
-EXIT_HELP = ("exit codes: 0 ok, 1 training diverged, 2 bad input (flags, data, run directory), 3 not enough "
-             "memory or disk, 130 interrupted (a checkpoint is saved first), 70 internal error")
+EXIT_HELP = (
+  "exit codes: 0 ok, 1 training diverged, 2 bad input (flags, data, run directory), 3 not enough "
+  "memory or disk, 130 interrupted (a checkpoint is saved first), 70 internal error"
+)
 
 
 def _paragraphs(*texts: str) -> str:
@@ -94,8 +96,10 @@ def _guarded(run, args) -> int:
   except Exception as e:
     if "RESOURCE_EXHAUSTED" in str(e):
       first = next((line for line in str(e).splitlines() if "RESOURCE_EXHAUSTED" in line), str(e))[:300]
-      return _fail(f"out of device memory ({first.strip()}); lower --batch or --seq, or add devices (--mesh)",
-                   EXIT_CODES["resources"])
+      return _fail(
+        f"out of device memory ({first.strip()}); lower --batch or --seq, or add devices (--mesh)",
+        EXIT_CODES["resources"],
+      )
     import traceback
 
     traceback.print_exc()
@@ -103,8 +107,25 @@ def _guarded(run, args) -> int:
 
 
 # `s3r train` flags that set TrainConfig fields of the same name (dashes for underscores).
-TRAIN_FIELDS = ("preset", "recipe", "steps", "lr", "warmup", "batch", "seq", "data", "vocab", "max_train_docs", "seed",
-                "eval_every", "eval_batches", "ckpt_every", "mesh", "tp_partial_sums", "cache_dir")
+TRAIN_FIELDS = (
+  "preset",
+  "recipe",
+  "steps",
+  "lr",
+  "warmup",
+  "batch",
+  "seq",
+  "data",
+  "vocab",
+  "max_train_docs",
+  "seed",
+  "eval_every",
+  "eval_batches",
+  "ckpt_every",
+  "mesh",
+  "tp_partial_sums",
+  "cache_dir",
+)
 
 
 def register_train(subparsers) -> None:
@@ -117,67 +138,109 @@ def register_train(subparsers) -> None:
 
   d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # the one source of defaults
   presets = "; ".join(f"{name}: vocab {m.vocab_size}, seq {m.max_seq_len}" for name, m in PRESETS.items())
-  changeable = ", ".join(f"--{k.replace('_', '-')}" for k in RESUMABLE_CHANGES if k not in ("out", "resume", "progress"))
+  changeable = ", ".join(
+    f"--{k.replace('_', '-')}" for k in RESUMABLE_CHANGES if k not in ("out", "resume", "progress")
+  )
   p = subparsers.add_parser(
-      "train", help="train a language model with a quantization recipe", formatter_class=_Help,
-      description=_paragraphs("Train a Llama-style model; writes metrics.jsonl (from step 0), loss.png, config.json "
-                              "and checkpoints/ into --out. Only one training may use an --out at a time."),
-      epilog=_paragraphs(
-          f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
-          f"own settings (a damaged newest checkpoint is reported and the one before it used). With --resume only "
-          f"{changeable} and --no-progress may change, and --steps may be raised to extend the run: the cosine decay "
-          f"is then stretched to the new total from the resumed step on (the learning rate moves to the stretched "
-          f"curve's value at that step). Ctrl-C saves a checkpoint and stops; resume it the same way.",
-          "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
-          "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
-          "library) needs no data and is the fallback corpus when there is no enwiki.",
-          EXIT_HELP + "."))
-  p.add_argument("--recipe", choices=list(RECIPES), metavar="NAME",
-                 help=f"quantization recipe of the block projections (see `s3r recipes`; default: {d['recipe']})")
-  p.add_argument("--preset", choices=list(PRESETS),
-                 help=f"model size ({presets}; default: {d['preset']})")
-  p.add_argument("--steps", type=int, help=f"optimizer steps in the whole run; with --resume, a larger value extends "
-                                           f"the run (default: {d['steps']})")
-  p.add_argument("--lr", type=float, help=f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay; "
-                                          f"default: {d['lr']})")
+    "train",
+    help="train a language model with a quantization recipe",
+    formatter_class=_Help,
+    description=_paragraphs(
+      "Train a Llama-style model; writes metrics.jsonl (from step 0), loss.png, config.json "
+      "and checkpoints/ into --out. Only one training may use an --out at a time."
+    ),
+    epilog=_paragraphs(
+      f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
+      f"own settings (a damaged newest checkpoint is reported and the one before it used). With --resume only "
+      f"{changeable} and --no-progress may change, and --steps may be raised to extend the run: the cosine decay "
+      f"is then stretched to the new total from the resumed step on (the learning rate moves to the stretched "
+      f"curve's value at that step). Ctrl-C saves a checkpoint and stops; resume it the same way.",
+      "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
+      "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
+      "library) needs no data and is the fallback corpus when there is no enwiki.",
+      EXIT_HELP + ".",
+    ),
+  )
+  p.add_argument(
+    "--recipe",
+    choices=list(RECIPES),
+    metavar="NAME",
+    help=f"quantization recipe of the block projections (see `s3r recipes`; default: {d['recipe']})",
+  )
+  p.add_argument("--preset", choices=list(PRESETS), help=f"model size ({presets}; default: {d['preset']})")
+  p.add_argument(
+    "--steps",
+    type=int,
+    help=f"optimizer steps in the whole run; with --resume, a larger value extends the run (default: {d['steps']})",
+  )
+  p.add_argument(
+    "--lr", type=float, help=f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay; default: {d['lr']})"
+  )
   p.add_argument("--warmup", type=int, help=f"linear warm-up steps (default: min({DEFAULT_WARMUP}, steps // 10))")
   p.add_argument("--batch", type=int, help=f"sequences per step (default: {d['batch']})")
   p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's maximum sequence length)")
-  p.add_argument("--data",
-                 help="corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
-                      "(folders of the data root: $S3R_DATA, else ../shared/data beside the repository) or "
-                      "python-stdlib (needs no data) (default: enwiki if the data root has it, else python-stdlib)")
+  p.add_argument(
+    "--data",
+    help="corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
+    "(folders of the data root: $S3R_DATA, else ../shared/data beside the repository) or "
+    "python-stdlib (needs no data) (default: enwiki if the data root has it, else python-stdlib)",
+  )
   p.add_argument("--vocab", type=int, help="tokenizer vocabulary size (default: the preset's vocabulary)")
   p.add_argument("--max-train-docs", type=int, help="use only the first N training documents")
   p.add_argument("--out", default=None, help="run directory (default: runs/<preset>-<recipe>)")
   p.add_argument("--seed", type=int, help=f"seed of parameters, quantizer noise and batch order (default: {d['seed']})")
-  p.add_argument("--eval-every", type=int,
-                 help=f"validation loss every N steps (and at step 0 and the end; default: {d['eval_every']})")
+  p.add_argument(
+    "--eval-every",
+    type=int,
+    help=f"validation loss every N steps (and at step 0 and the end; default: {d['eval_every']})",
+  )
   p.add_argument("--eval-batches", type=int, help=f"batches per validation set (default: {d['eval_batches']})")
-  p.add_argument("--ckpt-every", type=int,
-                 help=f"checkpoint every N steps (and at the end and on Ctrl-C; default: {d['ckpt_every']})")
-  p.add_argument("--resume", action="store_true",
-                 help="continue the run in --out with its own settings (see below)")
-  p.add_argument("--mesh",
-                 help="device mesh over all devices of all processes: axes data, expert, fsdp, tensor, e.g. "
-                      "data=2,fsdp=2,tensor=2 or expert=4,data=2 (expert: MoE experts sharded; default: one "
-                      "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
-  p.add_argument("--tp-partial-sums", choices=TP_PARTIAL_SUMS,
-                 help="under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "
-                      "shard's output to bf16 before the cross-shard sum (bf16, as the paper), or sums exact int32 "
-                      f"accumulators (int32: bitwise independent of the tensor-parallel degree; default: "
-                      f"{d['tp_partial_sums']})")
+  p.add_argument(
+    "--ckpt-every",
+    type=int,
+    help=f"checkpoint every N steps (and at the end and on Ctrl-C; default: {d['ckpt_every']})",
+  )
+  p.add_argument("--resume", action="store_true", help="continue the run in --out with its own settings (see below)")
+  p.add_argument(
+    "--mesh",
+    help="device mesh over all devices of all processes: axes data, expert, fsdp, tensor, e.g. "
+    "data=2,fsdp=2,tensor=2 or expert=4,data=2 (expert: MoE experts sharded; default: one "
+    "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N",
+  )
+  p.add_argument(
+    "--tp-partial-sums",
+    choices=TP_PARTIAL_SUMS,
+    help="under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "
+    "shard's output to bf16 before the cross-shard sum (bf16, as the paper), or sums exact int32 "
+    f"accumulators (int32: bitwise independent of the tensor-parallel degree; default: "
+    f"{d['tp_partial_sums']})",
+  )
   g = p.add_argument_group("multi-process training (one process per host or GPU; see docs/scaling.md)")
-  g.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"), metavar="HOST:PORT",
-                 help="address of process 0's coordination service (default: $JAX_COORDINATOR_ADDRESS); "
-                      "starts jax.distributed with --num-processes and --process-id")
-  g.add_argument("--num-processes", type=int, default=_env_int("JAX_NUM_PROCESSES"),
-                 help="number of processes (default: $JAX_NUM_PROCESSES)")
-  g.add_argument("--process-id", type=int, default=_env_int("JAX_PROCESS_ID"),
-                 help="this process's index, 0 .. N-1 (default: $JAX_PROCESS_ID)")
-  g.add_argument("--distributed", action="store_true",
-                 help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
-                      "without --coordinator")
+  g.add_argument(
+    "--coordinator",
+    default=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    metavar="HOST:PORT",
+    help="address of process 0's coordination service (default: $JAX_COORDINATOR_ADDRESS); "
+    "starts jax.distributed with --num-processes and --process-id",
+  )
+  g.add_argument(
+    "--num-processes",
+    type=int,
+    default=_env_int("JAX_NUM_PROCESSES"),
+    help="number of processes (default: $JAX_NUM_PROCESSES)",
+  )
+  g.add_argument(
+    "--process-id",
+    type=int,
+    default=_env_int("JAX_PROCESS_ID"),
+    help="this process's index, 0 .. N-1 (default: $JAX_PROCESS_ID)",
+  )
+  g.add_argument(
+    "--distributed",
+    action="store_true",
+    help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
+    "without --coordinator",
+  )
   p.add_argument("--cache-dir", help=f"tokenizer and token cache (default: {d['cache_dir']})")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=lambda args: _guarded(run_train, args))
@@ -201,8 +264,9 @@ def start_distributed(args) -> bool:
 
   if args.coordinator:
     if args.num_processes is None or args.process_id is None:
-      raise ConfigError("--coordinator needs --num-processes and --process-id (or $JAX_NUM_PROCESSES and "
-                        "$JAX_PROCESS_ID)")
+      raise ConfigError(
+        "--coordinator needs --num-processes and --process-id (or $JAX_NUM_PROCESSES and $JAX_PROCESS_ID)"
+      )
     if not 0 <= args.process_id < args.num_processes:
       raise ConfigError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
     jax.distributed.initialize(args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
@@ -256,15 +320,23 @@ def run_train(args) -> int:
 
 def register_eval(subparsers) -> None:
   p = subparsers.add_parser(
-      "eval", help="validation loss and perplexity of a checkpoint", formatter_class=_Help,
-      description=_paragraphs("Validation loss and perplexity of the newest readable checkpoint of a run (a "
-                              "damaged newest checkpoint is reported and the one before it used)."),
-      epilog=_paragraphs(EXIT_HELP + "."))
+    "eval",
+    help="validation loss and perplexity of a checkpoint",
+    formatter_class=_Help,
+    description=_paragraphs(
+      "Validation loss and perplexity of the newest readable checkpoint of a run (a "
+      "damaged newest checkpoint is reported and the one before it used)."
+    ),
+    epilog=_paragraphs(EXIT_HELP + "."),
+  )
   p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run directory or its checkpoints/ folder")
-  p.add_argument("--data", default=None,
-                 help="corpus to evaluate on, named as for `s3r train --data` (default: the run's validation sets); "
-                      "another corpus is read whole and encoded with the run's tokenizer, with a warning when it "
-                      "holds training documents of the run")
+  p.add_argument(
+    "--data",
+    default=None,
+    help="corpus to evaluate on, named as for `s3r train --data` (default: the run's validation sets); "
+    "another corpus is read whole and encoded with the run's tokenizer, with a warning when it "
+    "holds training documents of the run",
+  )
   p.add_argument("--eval-batches", type=int, default=None, help="batches per validation set (default: the run's)")
   p.set_defaults(func=lambda args: _guarded(run_eval, args))
 
@@ -284,8 +356,9 @@ def run_eval(args) -> int:
 
 
 def register_recipes(subparsers) -> None:
-  p = subparsers.add_parser("recipes", help="list the quantization recipes",
-                            description="One line per registered recipe: name and description.")
+  p = subparsers.add_parser(
+    "recipes", help="list the quantization recipes", description="One line per registered recipe: name and description."
+  )
   p.set_defaults(func=run_recipes)
 
 

@@ -32,13 +32,39 @@ def test_recipes_lists_every_recipe_with_its_description(capsys):
     assert line.split()[0] == name and line.endswith(recipe.description)
 
 
-def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_from_elsewhere(tmp_path, capsys,
-                                                                                              monkeypatch):
+def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_from_elsewhere(
+  tmp_path, capsys, monkeypatch
+):
   monkeypatch.chdir(tmp_path)
   _corpus(tmp_path / "data")
-  argv = ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "6", "--batch", "4", "--seq", "32", "--vocab",
-          "300", "--data", "data", "--out", "run", "--eval-every", "3", "--ckpt-every", "3", "--eval-batches", "2",
-          "--cache-dir", "cache", "--no-progress"]
+  argv = [
+    "train",
+    "--preset",
+    "tiny",
+    "--recipe",
+    "s3r",
+    "--steps",
+    "6",
+    "--batch",
+    "4",
+    "--seq",
+    "32",
+    "--vocab",
+    "300",
+    "--data",
+    "data",
+    "--out",
+    "run",
+    "--eval-every",
+    "3",
+    "--ckpt-every",
+    "3",
+    "--eval-batches",
+    "2",
+    "--cache-dir",
+    "cache",
+    "--no-progress",
+  ]
   assert cli.main(argv) == 0
   out = tmp_path / "run"
   printed = capsys.readouterr().out
@@ -66,10 +92,22 @@ def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_fr
   assert not (tmp_path / "elsewhere" / "cache").exists()
 
 
-@pytest.mark.parametrize("text", ["exit codes: 0 ok, 1 training diverged, 2 bad input", "3 not enough memory",
-                                  "130 interrupted", "--resume", "stretched", "$S3R_DATA",
-                                  "../shared/data beside the repository", "python-stdlib", "needs no data",
-                                  "tiny: vocab 512, seq 128", "min(30, steps // 10)"])
+@pytest.mark.parametrize(
+  "text",
+  [
+    "exit codes: 0 ok, 1 training diverged, 2 bad input",
+    "3 not enough memory",
+    "130 interrupted",
+    "--resume",
+    "stretched",
+    "$S3R_DATA",
+    "../shared/data beside the repository",
+    "python-stdlib",
+    "needs no data",
+    "tiny: vocab 512, seq 128",
+    "min(30, steps // 10)",
+  ],
+)
 def test_train_help_documents_exit_codes_resume_data_lookup_and_presets(capsys, text):
   with pytest.raises(SystemExit):
     cli.main(["train", "--help"])
@@ -78,18 +116,22 @@ def test_train_help_documents_exit_codes_resume_data_lookup_and_presets(capsys, 
 
 def _run_cli(*args, cwd):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "s3r.cli", *args], capture_output=True, text=True, cwd=cwd, env=env,
-                        timeout=120)
+  return subprocess.run(
+    [sys.executable, "-m", "s3r.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+  )
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(
+  "args, message",
+  [
     (["train", "--data", "does/not/exist", "--preset", "tiny", "--out", "run"], "does not exist"),
     (["train", "--steps", "-3", "--out", "run"], "--steps must be an integer >= 1"),
     (["train", "--steps", "20", "--warmup", "30", "--out", "run"], "--warmup must be an integer in [0, --steps=20]"),
     (["train", "--recipe", "fp4", "--out", "run"], "invalid choice"),
     (["train", "--mesh", "data=3", "--out", "run"], "--mesh"),
     (["eval", "no/such/run"], "no checkpoint"),
-])
+  ],
+)
 def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, message):
   proc = _run_cli(*args, cwd=tmp_path)
   assert proc.returncode == 2, proc.stderr
@@ -101,17 +143,24 @@ def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, 
 def _raise(error):
   def run(args):
     raise error
+
   return run
 
 
-@pytest.mark.parametrize("error, code, text", [
-    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.\nmore detail"), 3,
-     "out of device memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.)"),
+@pytest.mark.parametrize(
+  "error, code, text",
+  [
+    (
+      RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.\nmore detail"),
+      3,
+      "out of device memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 92.00GiB.)",
+    ),
     (MemoryError(), 3, "out of host memory"),
     (OSError(28, "No space left on device", "/runs/x/metrics.jsonl"), 3, "No space left on device: /runs/x"),
     (PermissionError(13, "Permission denied", "/cache/tokens"), 2, "Permission denied: /cache/tokens"),
     (KeyboardInterrupt(), 130, "interrupted before training started"),
-])
+  ],
+)
 def test_expected_failures_map_to_distinct_exit_codes_in_one_line(capsys, error, code, text):
   assert cli._guarded(_raise(error), None) == code
   err = capsys.readouterr().err

@@ -32,7 +32,7 @@ def _section_table(text: str, heading: str) -> list[list[str]]:
   start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
   assert start is not None, f"'## {heading}' has no table"
   rows = []
-  for ln in lines[start + 2:]:
+  for ln in lines[start + 2 :]:
     if not ln.startswith("|"):
       break
     rows.append([cell.strip() for cell in ln.strip().strip("|").split("|")])
@@ -72,12 +72,12 @@ def _contrast(doc: dict, a: str, b: str, lr: float | None = None) -> dict | None
 
 
 RESULT_CONTRASTS = (
-    ("int8_rtne", "int8_sr"),
-    ("s3r", "s3r_ec_dx"),
-    ("s3r_ec_dx", "s3r_ec"),
-    ("s3r_bcast", "s3r"),
-    ("s3r_bcast", "s3r_ec_dx_bcast"),
-    ("s3r_ec_dx_bcast", "s3r_ec_bcast"),
+  ("int8_rtne", "int8_sr"),
+  ("s3r", "s3r_ec_dx"),
+  ("s3r_ec_dx", "s3r_ec"),
+  ("s3r_bcast", "s3r"),
+  ("s3r_bcast", "s3r_ec_dx_bcast"),
+  ("s3r_ec_dx_bcast", "s3r_ec_bcast"),
 )
 
 
@@ -89,10 +89,15 @@ def results_rows() -> list[list[str]]:
   for a, b in RESULT_CONTRASTS:
     c400 = _contrast(short, a, b)
     c1600, c_same = _contrast(long_, a, b), _contrast(same_rate, a, b, lr=0.002)
-    rows.append([f"`{a}` − `{b}`", _fmt_paired(c400["paired"]),
-                 _fmt_paired(c1600["paired"]) if c1600 else "–",
-                 _fmt_paired(c_same["paired"]) if c_same else "–",
-                 f"{c400['paper_diff']:+.3f}"])
+    rows.append(
+      [
+        f"`{a}` − `{b}`",
+        _fmt_paired(c400["paired"]),
+        _fmt_paired(c1600["paired"]) if c1600 else "–",
+        _fmt_paired(c_same["paired"]) if c_same else "–",
+        f"{c400['paper_diff']:+.3f}",
+      ]
+    )
   return rows
 
 
@@ -121,10 +126,10 @@ def test_readme_quickstart_numbers_match_the_snapshot():
   text = README.read_text()
   quick = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M).group(1)
   expected = {
-      "validation loss": f"{snap['final_val_losses']['val_loss']:.3f}",
-      "C4 loss": f"{snap['final_val_losses']['val_loss_c4']:.3f}",
-      "minutes": f"{snap['wall_s'] / 60:.1f} minutes",
-      "steps": f"{snap['steps']} steps",
+    "validation loss": f"{snap['final_val_losses']['val_loss']:.3f}",
+    "C4 loss": f"{snap['final_val_losses']['val_loss_c4']:.3f}",
+    "minutes": f"{snap['wall_s'] / 60:.1f} minutes",
+    "steps": f"{snap['steps']} steps",
   }
   missing = {k: v for k, v in expected.items() if v not in quick}
   assert not missing, f"Quickstart does not quote results/quickstart.json: {missing}"

@@ -1,7 +1,7 @@
 """The `s3r bench` command: `register(subparsers)` adds it to the main CLI's subparsers.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge. Each module defines `add_arguments(parser)`
-and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge. Each module defines
+`add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs.
 `python -m s3r.bench ffn ...` runs the same sub-commands without the main CLI.
 """
 
@@ -43,7 +43,7 @@ def add_commands(sub) -> None:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-  """Adds `bench` (with matmul, ffn, moe, quantizer, static, peers, step, profile, merge) to the main CLI's subparsers."""
+  """Adds `bench` (matmul, ffn, moe, quantizer, static, peers, step, profile, merge) to the CLI's subparsers."""
   bench = subparsers.add_parser(
     "bench",
     help="benchmarks (results go to results/bench_*)",

@@ -60,8 +60,15 @@ def block_configs(shape: dict, recipes: list[str], tokens: int, seed: int = 0) -
   from s3r.model.moe import MoEFeedForward
 
   def build(recipe, seed_):
-    return MoEFeedForward(d_model=shape["hidden"], d_expert=shape["expert_width"], n_experts=shape["experts"],
-                          top_k=shape["top_k"], n_shared=shape["shared"], recipe=recipe, rngs=nnx.Rngs(seed_))
+    return MoEFeedForward(
+      d_model=shape["hidden"],
+      d_expert=shape["expert_width"],
+      n_experts=shape["experts"],
+      top_k=shape["top_k"],
+      n_shared=shape["shared"],
+      recipe=recipe,
+      rngs=nnx.Rngs(seed_),
+    )
 
   _, state = nnx.split(build(recipes[0], seed))
   k_x, k_dy, k_q = jax.random.split(jax.random.key(seed + 1), 3)
@@ -100,8 +107,12 @@ def gemm_configs(shape: dict, forms: list[str], rows: int, seed: int = 0) -> dic
   def grouped(impl):
     def gemms(a, q, w, sizes):
       lay = grouped_gemm.layout(sizes, rows)
-      return (grouped_gemm.gmm(a, w, lay, impl), grouped_gemm.gmm_nt(q, w, lay, impl),
-              grouped_gemm.tgmm(a, q, lay, impl))
+      return (
+        grouped_gemm.gmm(a, w, lay, impl),
+        grouped_gemm.gmm_nt(q, w, lay, impl),
+        grouped_gemm.tgmm(a, q, lay, impl),
+      )
+
     return gemms
 
   def dense(a, q, w, sizes):
@@ -123,16 +134,29 @@ def gemm_configs(shape: dict, forms: list[str], rows: int, seed: int = 0) -> dic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated MoE shapes, paper names or HxExkxF[+S] (default %(default)s): "
-                 + "; ".join(f"{k}: {v}" for k, v in paper.MOE_SHAPES.items()))
+  p.add_argument(
+    "--shapes",
+    default=DEFAULT_SHAPES,
+    help="comma-separated MoE shapes, paper names or HxExkxF[+S] (default %(default)s): "
+    + "; ".join(f"{k}: {v}" for k, v in paper.MOE_SHAPES.items()),
+  )
   p.add_argument("--tokens", type=int, default=512, help="tokens T of the block per call (default %(default)s)")
   p.add_argument("--recipes", default=",".join(options.BENCH_RECIPES), help="recipes (default %(default)s)")
-  p.add_argument("--gemm-tokens", type=int, default=None,
-                 help="tokens of the grouped-GEMM comparison, R = T·top_k rows (default: --tokens); 0 skips it")
-  p.add_argument("--gemm-forms", default=",".join(GEMM_FORMS),
-                 help="grouped-GEMM formulations (default %(default)s; no Pallas kernel exists yet)")
+  p.add_argument(
+    "--gemm-tokens",
+    type=int,
+    default=None,
+    help="tokens of the grouped-GEMM comparison, R = T·top_k rows (default: --tokens); 0 skips it",
+  )
+  p.add_argument(
+    "--gemm-forms",
+    default=",".join(GEMM_FORMS),
+    help="grouped-GEMM formulations (default %(default)s; no Pallas kernel exists yet)",
+  )
   p.add_argument("--skip-block", action="store_true", help="time only the grouped GEMMs")
-  p.add_argument("--repeats", type=int, default=5, help="timed calls per configuration, interleaved (default %(default)s)")
+  p.add_argument(
+    "--repeats", type=int, default=5, help="timed calls per configuration, interleaved (default %(default)s)"
+  )
   p.add_argument("--number", type=int, default=1, help="back-to-back calls per sample (default %(default)s)")
   p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
   p.add_argument("--prime", type=int, default=1, help="untimed calls before each sample (default %(default)s)")
@@ -149,11 +173,13 @@ def run(args: argparse.Namespace) -> dict:
   forms = parse_list(args.gemm_forms, list(GEMM_FORMS), "gemm formulations")
   gemm_tokens = args.tokens if args.gemm_tokens is None else args.gemm_tokens
   settings = {k: getattr(args, k) for k in ("tokens", "gemm_tokens", "repeats", "number", "warmup", "prime", "seed")}
-  run_ = Run("moe", args.out_dir, shapes=",".join(shapes), recipes=",".join(recipes), gemm_forms=",".join(forms),
-             **settings)
+  run_ = Run(
+    "moe", args.out_dir, shapes=",".join(shapes), recipes=",".join(recipes), gemm_forms=",".join(forms), **settings
+  )
   results = {"block": [], "gemm": []}
-  timed = functools.partial(timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number,
-                            prime=args.prime, log=log)
+  timed = functools.partial(
+    timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number, prime=args.prime, log=log
+  )
   body = lambda: markdown(results, recipes, forms)
   for name, shape in shapes.items():
     if recipes:
@@ -199,48 +225,109 @@ def _summarize_gemm(name, shape, rows, timings) -> dict:
     out[f] = {"timing": t.as_dict()}
     out[f]["speedup_vs_ragged"], out[f]["speedup_vs_ragged_paired"] = _ratio(timings, "ragged", f)
   flops = 3 * 2 * rows * shape["hidden"] * shape["expert_width"]
-  return {"shape": name, "experts": shape["experts"], "rows": rows, "K": shape["hidden"], "N": shape["expert_width"],
-          "routed_int8_ops": flops, "forms": out}
+  return {
+    "shape": name,
+    "experts": shape["experts"],
+    "rows": rows,
+    "K": shape["hidden"],
+    "N": shape["expert_width"],
+    "routed_int8_ops": flops,
+    "forms": out,
+  }
 
 
 def markdown(results: dict, recipes: list[str], forms: list[str]) -> str:
   out = []
   if results["block"]:
     out += ["## MoE feed-forward block, forward + backward (median ms; ratios from the same run)", ""]
-    head = ["shape", "T", "rows R", "recipe", "median ms", "IQR ms", "speedup vs bf16", "speedup vs int8_sr",
-            "time / int8_rtne"]
+    head = [
+      "shape",
+      "T",
+      "rows R",
+      "recipe",
+      "median ms",
+      "IQR ms",
+      "speedup vs bf16",
+      "speedup vs int8_sr",
+      "time / int8_rtne",
+    ]
     rows = []
     for res in results["block"]:
       for r in recipes:
         row, t = res["recipes"][r], res["recipes"][r]["timing"]
-        rows.append([res["shape"], res["tokens"], res["rows"], r, fmt_ms(t["median_s"]), fmt_ms(t["iqr_s"]),
-                     fmt_ratio(row["speedup_vs_bf16"]), fmt_ratio(row["speedup_vs_int8_sr"]),
-                     fmt_ratio(row["time_vs_int8_rtne"])])
-    out += [markdown_table(head, rows), "Ratios are ratios of medians; the JSON also has paired (per-round) medians.", ""]
+        rows.append(
+          [
+            res["shape"],
+            res["tokens"],
+            res["rows"],
+            r,
+            fmt_ms(t["median_s"]),
+            fmt_ms(t["iqr_s"]),
+            fmt_ratio(row["speedup_vs_bf16"]),
+            fmt_ratio(row["speedup_vs_int8_sr"]),
+            fmt_ratio(row["time_vs_int8_rtne"]),
+          ]
+        )
+    out += [
+      markdown_table(head, rows),
+      "Ratios are ratios of medians; the JSON also has paired (per-round) medians.",
+      "",
+    ]
     ref = [res["shape"] for res in results["block"] if res["shape"] in paper.PAPER_TABLE_IV_MOE_MS]
     if ref:
       out += ["Reference, paper Table IV (full training steps on TPU v5p): speedup vs int8_sr", ""]
-      rows = [[s] + [fmt_ratio(paper.PAPER_TABLE_IV_MOE_MS[s]["int8_sr"] / paper.PAPER_TABLE_IV_MOE_MS[s][r])
-                     for r in options.BENCH_RECIPES] for s in ref]
+      rows = [
+        [s]
+        + [
+          fmt_ratio(paper.PAPER_TABLE_IV_MOE_MS[s]["int8_sr"] / paper.PAPER_TABLE_IV_MOE_MS[s][r])
+          for r in options.BENCH_RECIPES
+        ]
+        for s in ref
+      ]
       out += [markdown_table(["shape", *options.BENCH_RECIPES], rows), ""]
   if results["gemm"]:
-    out += ["## Grouped GEMM alone: forward + dX + dW int8 GEMMs of one grouped_qmatmul (median ms)", "",
-            "R rows in E equal groups, K = hidden, N = expert width. `dense` pads every expert to C = the largest "
-            "group (and would drop rows past it). No Pallas grouped GEMM exists yet.", ""]
+    out += [
+      "## Grouped GEMM alone: forward + dX + dW int8 GEMMs of one grouped_qmatmul (median ms)",
+      "",
+      "R rows in E equal groups, K = hidden, N = expert width. `dense` pads every expert to C = the largest "
+      "group (and would drop rows past it). No Pallas grouped GEMM exists yet.",
+      "",
+    ]
     rows = []
     for res in results["gemm"]:
       for f in forms:
         row, t = res["forms"][f], res["forms"][f]["timing"]
         gops = res["routed_int8_ops"] / t["median_s"] / 1e9
-        rows.append([res["shape"], res["experts"], res["rows"], f"{res['K']}x{res['N']}", f, fmt_ms(t["median_s"]),
-                     fmt_ms(t["iqr_s"]), f"{gops:.1f}", fmt_ratio(row["speedup_vs_ragged"])])
-    out.append(markdown_table(["shape", "E", "R", "K x N", "formulation", "median ms", "IQR ms", "routed GOP/s",
-                               "speedup vs ragged_dot"], rows))
+        rows.append(
+          [
+            res["shape"],
+            res["experts"],
+            res["rows"],
+            f"{res['K']}x{res['N']}",
+            f,
+            fmt_ms(t["median_s"]),
+            fmt_ms(t["iqr_s"]),
+            f"{gops:.1f}",
+            fmt_ratio(row["speedup_vs_ragged"]),
+          ]
+        )
+    out.append(
+      markdown_table(
+        ["shape", "E", "R", "K x N", "formulation", "median ms", "IQR ms", "routed GOP/s", "speedup vs ragged_dot"],
+        rows,
+      )
+    )
   return "\n".join(out)
 
 
 def chart(results: dict, recipes: list[str], path) -> None:
   groups = [f"{r['shape']}\nT={r['tokens']}" for r in results["block"]]
   series = {rc: [r["recipes"][rc]["speedup_vs_bf16"] for r in results["block"]] for rc in recipes}
-  bar_chart(path, groups, series, ylabel="speedup vs bf16 (t_bf16 / t)", hline=1.0,
-            title="MoE feed-forward block fwd+bwd: speed vs BF16 (same run)")
+  bar_chart(
+    path,
+    groups,
+    series,
+    ylabel="speedup vs bf16 (t_bf16 / t)",
+    hline=1.0,
+    title="MoE feed-forward block fwd+bwd: speed vs BF16 (same run)",
+  )

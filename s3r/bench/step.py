@@ -48,8 +48,12 @@ def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int
   from s3r import model as s3r_model
 
   base = s3r_model.PRESETS[preset]
-  overrides = {"recipe": recipe, "max_seq_len": max(base.max_seq_len, args.seq), "remat": args.remat == "full",
-               "attention_impl": resolve_attention(args.attention)}
+  overrides = {
+    "recipe": recipe,
+    "max_seq_len": max(base.max_seq_len, args.seq),
+    "remat": args.remat == "full",
+    "attention_impl": resolve_attention(args.attention),
+  }
   for field, value in (("layers", layers), ("width", args.width), ("vocab_size", args.vocab)):
     if value:
       overrides[field] = value
@@ -65,8 +69,12 @@ def memory(compiled) -> dict:
     m = None
   if m is None:
     return {}
-  out = {"temp": m.temp_size_in_bytes, "argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
-         "alias": m.alias_size_in_bytes}
+  out = {
+    "temp": m.temp_size_in_bytes,
+    "argument": m.argument_size_in_bytes,
+    "output": m.output_size_in_bytes,
+    "alias": m.alias_size_in_bytes,
+  }
   out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
   return {k: int(v) for k, v in out.items()}
 
@@ -87,7 +95,8 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
   Returns (steppers {recipe: zero-argument callable}, per-recipe {compile_s, memory, flops}, model info)."""
   import jax
   import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   from s3r import model as s3r_model
   from s3r.train import optimizer as opt
@@ -108,9 +117,12 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
     state_sh = sharding.state_shardings(mesh, first, jax.eval_shape(fresh, init_key), tx)
     batch_sh = sharding.batch_sharding(mesh, (args.batch, args.seq + 1))
     replicated = NamedSharding(mesh, P())
-    jit_step = lambda step: jax.jit(sharding.with_activation_sharding(step, mesh),
-                                    in_shardings=(state_sh, batch_sh, replicated), out_shardings=(state_sh, replicated),
-                                    donate_argnums=0)
+    jit_step = lambda step: jax.jit(
+      sharding.with_activation_sharding(step, mesh),
+      in_shardings=(state_sh, batch_sh, replicated),
+      out_shardings=(state_sh, replicated),
+      donate_argnums=0,
+    )
     holder = {"state": jax.jit(fresh, out_shardings=state_sh)(init_key)}
     tokens, train_key = jax.device_put(tokens, batch_sh), jax.device_put(train_key, replicated)
   lowered, info = {}, {}
@@ -129,7 +141,7 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
     for r, c, seconds in pool.map(compile_one, recipes):
       compiled[r] = c
       info[r] = {"compile_s": seconds, "memory": memory(c), "flops": flops(c)}
-  del lowered
+  lowered.clear()  # free the lowered programs
 
   def stepper(c):
     def one_step():
@@ -138,36 +150,62 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
 
     return one_step
 
-  model = {"preset": preset, "family": first.family, "params": s3r_model.param_count(first),
-           "active_params": s3r_model.active_param_count(first), "n_layers": first.n_layers,
-           "full_n_layers": s3r_model.PRESETS[preset].n_layers, "d_model": first.d_model, "d_ff": first.d_ff,
-           "vocab_size": first.vocab_size, "remat": first.remat, "attention_impl": first.attention_impl,
-           "compile_threads": threads}
+  model = {
+    "preset": preset,
+    "family": first.family,
+    "params": s3r_model.param_count(first),
+    "active_params": s3r_model.active_param_count(first),
+    "n_layers": first.n_layers,
+    "full_n_layers": s3r_model.PRESETS[preset].n_layers,
+    "d_model": first.d_model,
+    "d_ff": first.d_ff,
+    "vocab_size": first.vocab_size,
+    "remat": first.remat,
+    "attention_impl": first.attention_impl,
+    "compile_threads": threads,
+  }
   return {r: stepper(c) for r, c in compiled.items()}, info, model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--preset", default="cpu-small", help="model preset(s), comma-separated (s3r models; default %(default)s)")
-  p.add_argument("--layers", default=None,
-                 help="depth(s), comma-separated, each measured for every preset (default: the preset's own)")
+  p.add_argument(
+    "--preset", default="cpu-small", help="model preset(s), comma-separated (s3r models; default %(default)s)"
+  )
+  p.add_argument(
+    "--layers",
+    default=None,
+    help="depth(s), comma-separated, each measured for every preset (default: the preset's own)",
+  )
   p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes (default %(default)s)")
   p.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
   p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default %(default)s)")
   p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
   p.add_argument("--width", type=int, default=None, help="model width override, for tests (default: the preset's)")
-  p.add_argument("--remat", choices=("none", "full"), default="none",
-                 help="full: rematerialize every block in the backward pass, as the paper's Table IV (default %(default)s)")
-  p.add_argument("--mesh", default=None,
-                 help="device mesh, e.g. data=1,fsdp=4,tensor=2 (s3r.train.sharding; default: one device)")
-  p.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
-                 help="attention kernel: auto (cudnn on GPU, else xla), xla or cudnn (default %(default)s)")
+  p.add_argument(
+    "--remat",
+    choices=("none", "full"),
+    default="none",
+    help="full: rematerialize every block in the backward pass, as the paper's Table IV (default %(default)s)",
+  )
+  p.add_argument(
+    "--mesh", default=None, help="device mesh, e.g. data=1,fsdp=4,tensor=2 (s3r.train.sharding; default: one device)"
+  )
+  p.add_argument(
+    "--attention",
+    choices=ATTENTION_CHOICES,
+    default="auto",
+    help="attention kernel: auto (cudnn on GPU, else xla), xla or cudnn (default %(default)s)",
+  )
   p.add_argument("--repeats", type=int, default=10, help="timed steps per recipe, interleaved (default %(default)s)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first call (default %(default)s)")
   p.add_argument("--prime", type=int, default=1, help="untimed steps before each timed one (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
-  p.add_argument("--compile-threads", type=int, default=None,
-                 help="recipes compiled in parallel (default: min(recipes, CPU cores))")
-  p.add_argument("--tag", default=None, help="results go to bench_step_<tag>_<platform>.* (default: bench_step_<platform>.*)")
+  p.add_argument(
+    "--compile-threads", type=int, default=None, help="recipes compiled in parallel (default: min(recipes, CPU cores))"
+  )
+  p.add_argument(
+    "--tag", default=None, help="results go to bench_step_<tag>_<platform>.* (default: bench_step_<platform>.*)"
+  )
   p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
@@ -198,18 +236,28 @@ def make_mesh(spec: str | None):
 def measure(preset: str, layers: int | None, recipes: list[str], args: argparse.Namespace, mesh) -> dict:
   """One configuration: compile, check memory, time interleaved; a row per recipe."""
   steppers, info, model = build(preset, layers, recipes, args, mesh)
-  log(f"[step] {preset} L={model['n_layers']} ({model['params']:,} params), B={args.batch}, S={args.seq}, "
-      f"remat={args.remat}, attention={model['attention_impl']}, load {loadavg()}; compiled in "
-      + ", ".join(f"{r} {i['compile_s']:.1f}s" for r, i in info.items()))
+  log(
+    f"[step] {preset} L={model['n_layers']} ({model['params']:,} params), B={args.batch}, S={args.seq}, "
+    f"remat={args.remat}, attention={model['attention_impl']}, load {loadavg()}; compiled in "
+    + ", ".join(f"{r} {i['compile_s']:.1f}s" for r, i in info.items())
+  )
   # the state and batch (the arguments) are already allocated; a step needs its outputs and temporaries besides
   need = max((m["total"] - m["argument"] for m in (i["memory"] for i in info.values()) if m), default=0)
   free = free_device_memory()
   if free is not None and need > free:
-    return {"model": model, "skipped": f"needs {need / 2**30:.1f} GiB per device beyond its state, "
-                                       f"{free / 2**30:.1f} GiB free",
-            "recipes": {r: {"memory": i["memory"], "compile_s": i["compile_s"]} for r, i in info.items()}}
-  timings = timing.time_interleaved({r: (fn, ()) for r, fn in steppers.items()}, repeats=args.repeats,
-                                    warmup=args.warmup, prime=args.prime, seed=args.seed, log=log)
+    return {
+      "model": model,
+      "skipped": f"needs {need / 2**30:.1f} GiB per device beyond its state, {free / 2**30:.1f} GiB free",
+      "recipes": {r: {"memory": i["memory"], "compile_s": i["compile_s"]} for r, i in info.items()},
+    }
+  timings = timing.time_interleaved(
+    {r: (fn, ()) for r, fn in steppers.items()},
+    repeats=args.repeats,
+    warmup=args.warmup,
+    prime=args.prime,
+    seed=args.seed,
+    log=log,
+  )
   log("  " + ", ".join(f"{r} {t.median * 1e3:.1f} ms" for r, t in timings.items()))
   rows = {}
   for r, t in timings.items():
@@ -238,10 +286,24 @@ def run(args: argparse.Namespace) -> dict:
   presets = parse_list(args.preset, list(PRESETS), "presets")
   depths = _depths(args.layers)
   mesh = make_mesh(args.mesh)
-  run_ = Run("step" if not args.tag else f"step_{args.tag}", args.out_dir, preset=args.preset, layers=args.layers,
-             recipes=",".join(recipes), batch=args.batch, seq=args.seq, vocab=args.vocab, width=args.width,
-             remat=args.remat, mesh=dict(mesh.shape), attention=resolve_attention(args.attention),
-             repeats=args.repeats, warmup=args.warmup, prime=args.prime, seed=args.seed)
+  run_ = Run(
+    "step" if not args.tag else f"step_{args.tag}",
+    args.out_dir,
+    preset=args.preset,
+    layers=args.layers,
+    recipes=",".join(recipes),
+    batch=args.batch,
+    seq=args.seq,
+    vocab=args.vocab,
+    width=args.width,
+    remat=args.remat,
+    mesh=dict(mesh.shape),
+    attention=resolve_attention(args.attention),
+    repeats=args.repeats,
+    warmup=args.warmup,
+    prime=args.prime,
+    seed=args.seed,
+  )
   results = {"batch": args.batch, "seq": args.seq, "remat": args.remat, "mesh": dict(mesh.shape), "configs": []}
   todo = [(p, d) for p in presets for d in depths]
   paths = {}
@@ -255,8 +317,12 @@ def run(args: argparse.Namespace) -> dict:
       log(f"[step] {preset} L={layers}: skipped ({_first_line(e)})")
     gc.collect()
     step_report.summarize(results)
-    paths = run_.write(results, step_report.markdown(results), complete=i == len(todo) - 1,
-                       chart=None if args.no_chart else functools.partial(step_report.chart, results))
+    paths = run_.write(
+      results,
+      step_report.markdown(results),
+      complete=i == len(todo) - 1,
+      chart=None if args.no_chart else functools.partial(step_report.chart, results),
+    )
     log(f"[step] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
 

@@ -60,15 +60,19 @@ def extrapolate(results: dict) -> dict:
       times = [_median(c, r) for c in cs]
       t0, t_layer = _fit(depths, times)
       fit = [t0 + t_layer * d for d in depths]
-      entry = {"fixed_s": t0, "per_layer_s": t_layer, "full_depth_s": t0 + t_layer * full,
-               "max_residual": max(abs(f / t - 1) for f, t in zip(fit, times)) if len(depths) > 2 else None,
-               "fixed_share_time": t0 / times[0]}
+      entry = {
+        "fixed_s": t0,
+        "per_layer_s": t_layer,
+        "full_depth_s": t0 + t_layer * full,
+        "max_residual": max(abs(f / t - 1) for f, t in zip(fit, times)) if len(depths) > 2 else None,
+        "fixed_share_time": t0 / times[0],
+      }
       fl = [c["recipes"][r].get("flops") for c in cs]
       if all(fl):
         f0, _ = _fit(depths, fl)
         entry["fixed_share_flops"] = f0 / fl[0]
       per[r] = entry
-    for r, e in per.items():
+    for e in per.values():
       for ref in ("bf16", "int8_sr"):
         if ref in per:
           e[f"full_speedup_vs_{ref}"] = per[ref]["full_depth_s"] / e["full_depth_s"]
@@ -106,12 +110,31 @@ def _config_table(c: dict) -> str:
   rows = []
   for r, row in c["recipes"].items():
     t, m = row["timing"], row.get("memory", {})
-    rows.append([r, fmt_ms(t["median_s"]), fmt_ms(t["iqr_s"]), f"{row['tokens_per_s']:,.0f}",
-                 fmt_ratio(row.get("speedup_vs_bf16")), fmt_ratio(row.get("speedup_vs_int8_sr")),
-                 *(f"{m[k] / MIB:,.1f}" if k in m else "n/a" for k in ("temp", "argument", "output", "total")),
-                 f"{row['compile_s']:.1f}"])
-  head = ["recipe", "median ms", "IQR ms", "tokens/s", "vs bf16", "vs int8_sr", "temp MiB", "args MiB", "out MiB",
-          "total MiB", "compile s"]
+    rows.append(
+      [
+        r,
+        fmt_ms(t["median_s"]),
+        fmt_ms(t["iqr_s"]),
+        f"{row['tokens_per_s']:,.0f}",
+        fmt_ratio(row.get("speedup_vs_bf16")),
+        fmt_ratio(row.get("speedup_vs_int8_sr")),
+        *(f"{m[k] / MIB:,.1f}" if k in m else "n/a" for k in ("temp", "argument", "output", "total")),
+        f"{row['compile_s']:.1f}",
+      ]
+    )
+  head = [
+    "recipe",
+    "median ms",
+    "IQR ms",
+    "tokens/s",
+    "vs bf16",
+    "vs int8_sr",
+    "temp MiB",
+    "args MiB",
+    "out MiB",
+    "total MiB",
+    "compile s",
+  ]
   return markdown_table(head, rows)
 
 
@@ -133,10 +156,13 @@ def _table_iv(results: dict) -> str:
 
 def _paper_table_iv(models: list[str]) -> str:
   t = PAPER_TABLE_IV_MS
-  rows = [[r, *(f"{t[r][m]:.0f}" + ("" if r == "bf16" else f" ({t['bf16'][m] / t[r][m]:.3f}x)") for m in models)]
-          for r in t]
-  rows += [[f"{r} over int8_sr", *(f"{t['int8_sr'][m] / t[r][m]:.3f}x" for m in models)]
-           for r in ("s3r", "s3r_ec", "s3r_ec_dx")]
+  rows = [
+    [r, *(f"{t[r][m]:.0f}" + ("" if r == "bf16" else f" ({t['bf16'][m] / t[r][m]:.3f}x)") for m in models)] for r in t
+  ]
+  rows += [
+    [f"{r} over int8_sr", *(f"{t['int8_sr'][m] / t[r][m]:.3f}x" for m in models)]
+    for r in ("s3r", "s3r_ec", "s3r_ec_dx")
+  ]
   return markdown_table(["recipe (ms, x bf16)", *models], rows)
 
 
@@ -145,11 +171,24 @@ def _checks_table(results: dict) -> str:
   for c in _timed(results):
     k = c.get("checks", {})
     mem = k.get("max_int8_memory_over_bf16")
-    rows.append([_label(c), fmt_ratio(k.get("s3r_ec_dx_vs_bf16"), 3), fmt_ratio(k.get("s3r_ec_dx_vs_int8_sr"), 3),
-                 fmt_ratio(k.get("s3r_ec_dx_vs_int8_sr_paired"), 3), fmt_ratio(k.get("s3r_over_int8_rtne"), 3),
-                 "n/a" if mem is None else f"{mem:.3f} ({k['max_int8_memory_recipe']})"])
-  head = ["configuration", "s3r_ec_dx vs bf16", "s3r_ec_dx vs int8_sr", "(paired)", "s3r / int8_rtne time",
-          "max INT8 memory / bf16"]
+    rows.append(
+      [
+        _label(c),
+        fmt_ratio(k.get("s3r_ec_dx_vs_bf16"), 3),
+        fmt_ratio(k.get("s3r_ec_dx_vs_int8_sr"), 3),
+        fmt_ratio(k.get("s3r_ec_dx_vs_int8_sr_paired"), 3),
+        fmt_ratio(k.get("s3r_over_int8_rtne"), 3),
+        "n/a" if mem is None else f"{mem:.3f} ({k['max_int8_memory_recipe']})",
+      ]
+    )
+  head = [
+    "configuration",
+    "s3r_ec_dx vs bf16",
+    "s3r_ec_dx vs int8_sr",
+    "(paired)",
+    "s3r / int8_rtne time",
+    "max INT8 memory / bf16",
+  ]
   return markdown_table(head, rows)
 
 
@@ -158,14 +197,39 @@ def _extrapolation_table(results: dict) -> str:
   for preset, e in results.get("extrapolation", {}).items():
     rows = []
     for r, x in e["recipes"].items():
-      rows.append([r, fmt_ms(x["fixed_s"]), fmt_ms(x["per_layer_s"]), fmt_ms(x["full_depth_s"]),
-                   fmt_ratio(x.get("full_speedup_vs_bf16"), 3), fmt_ratio(x.get("full_speedup_vs_int8_sr"), 3),
-                   fmt_ratio(x.get("per_layer_speedup_vs_bf16"), 3), f"{x['fixed_share_time']:.3f}",
-                   fmt_ratio(x.get("fixed_share_flops"), 3),
-                   "n/a" if x["max_residual"] is None else f"{x['max_residual']:.3f}"])
-    out += [f"### `{preset}`: depths {e['depths']} extrapolated to {e['full_n_layers']} layers", "",
-            markdown_table(["recipe", "T0 ms", "per layer ms", f"T({e['full_n_layers']}) ms", "vs bf16", "vs int8_sr",
-                            "per layer vs bf16", "T0 share (time)", "T0 share (FLOPs)", "max residual"], rows)]
+      rows.append(
+        [
+          r,
+          fmt_ms(x["fixed_s"]),
+          fmt_ms(x["per_layer_s"]),
+          fmt_ms(x["full_depth_s"]),
+          fmt_ratio(x.get("full_speedup_vs_bf16"), 3),
+          fmt_ratio(x.get("full_speedup_vs_int8_sr"), 3),
+          fmt_ratio(x.get("per_layer_speedup_vs_bf16"), 3),
+          f"{x['fixed_share_time']:.3f}",
+          fmt_ratio(x.get("fixed_share_flops"), 3),
+          "n/a" if x["max_residual"] is None else f"{x['max_residual']:.3f}",
+        ]
+      )
+    out += [
+      f"### `{preset}`: depths {e['depths']} extrapolated to {e['full_n_layers']} layers",
+      "",
+      markdown_table(
+        [
+          "recipe",
+          "T0 ms",
+          "per layer ms",
+          f"T({e['full_n_layers']}) ms",
+          "vs bf16",
+          "vs int8_sr",
+          "per layer vs bf16",
+          "T0 share (time)",
+          "T0 share (FLOPs)",
+          "max residual",
+        ],
+        rows,
+      ),
+    ]
   return "\n".join(out)
 
 
@@ -173,18 +237,25 @@ def markdown(results: dict) -> str:
   cs = results["configs"]
   mesh = ",".join(f"{k}={v}" for k, v in results["mesh"].items())
   att = sorted({c["model"].get("attention_impl") for c in cs if c["model"].get("attention_impl")})
-  out = [f"## Full training step per recipe: B={results['batch']}, S={results['seq']}, remat={results['remat']}, "
-         f"mesh {mesh}, attention {'/'.join(att) or 'n/a'}", "",
-         "Median step time after warm-up, recipes interleaved; speedups from the same run. Memory: XLA's "
-         "compile-time estimate per device (`compiled.memory_analysis()`); total = arguments + outputs - donated "
-         "aliases + temporaries.", ""]
+  out = [
+    f"## Full training step per recipe: B={results['batch']}, S={results['seq']}, remat={results['remat']}, "
+    f"mesh {mesh}, attention {'/'.join(att) or 'n/a'}",
+    "",
+    "Median step time after warm-up, recipes interleaved; speedups from the same run. Memory: XLA's "
+    "compile-time estimate per device (`compiled.memory_analysis()`); total = arguments + outputs - donated "
+    "aliases + temporaries.",
+    "",
+  ]
   if _timed(results):
     out += ["### Step time (Table IV layout)", "", _table_iv(results), "### Targets", "", _checks_table(results)]
   models = list(dict.fromkeys(PAPER_TABLE_IV_FAMILY[c["model"]["family"]] for c in _timed(results)))
   models = [m for m in PAPER_TABLE_IV_MODELS if m in models]
   if models:
-    out += ["### The paper's Table IV (TPU v5p, 4 x 4096 tokens per chip, full remat, flash attention; ms)", "",
-            _paper_table_iv(models)]
+    out += [
+      "### The paper's Table IV (TPU v5p, 4 x 4096 tokens per chip, full remat, flash attention; ms)",
+      "",
+      _paper_table_iv(models),
+    ]
   if results.get("extrapolation"):
     out += ["## Depth extrapolation", "", _extrapolation_table(results)]
   for c in cs:
@@ -192,9 +263,13 @@ def markdown(results: dict) -> str:
     if "skipped" in c:
       out += [f"## `{m['preset']}`, {m.get('n_layers')} layers: skipped ({c['skipped']})", ""]
       continue
-    out += [f"## `{m['preset']}` ({m['family']}), {m['n_layers']} of {m['full_n_layers']} layers, "
-            f"{m['params']:,} parameters ({m['active_params']:,} active), d_model {m['d_model']}, vocab "
-            f"{m['vocab_size']}, attention {m['attention_impl']}", "", _config_table(c)]
+    out += [
+      f"## `{m['preset']}` ({m['family']}), {m['n_layers']} of {m['full_n_layers']} layers, "
+      f"{m['params']:,} parameters ({m['active_params']:,} active), d_model {m['d_model']}, vocab "
+      f"{m['vocab_size']}, attention {m['attention_impl']}",
+      "",
+      _config_table(c),
+    ]
   return "\n".join(out) + "\n"
 
 
@@ -205,7 +280,16 @@ def chart(results: dict, path) -> None:
   models = [m for m in PAPER_TABLE_IV_MODELS if m in {PAPER_TABLE_IV_FAMILY[c["model"]["family"]] for c in cs}]
   groups = [*map(_label, cs), *(f"paper {m}" for m in models)]
   t = PAPER_TABLE_IV_MS
-  series = {r: [c["recipes"].get(r, {}).get("speedup_vs_bf16") for c in cs]
-            + [t["bf16"][m] / t[r][m] if r in t else None for m in models] for r in recipes}
-  bar_chart(path, groups, series, ylabel="step speedup vs bf16", hline=1.0,
-            title=f"Training step, B={results['batch']}, S={results['seq']}, remat={results['remat']}")
+  series = {
+    r: [c["recipes"].get(r, {}).get("speedup_vs_bf16") for c in cs]
+    + [t["bf16"][m] / t[r][m] if r in t else None for m in models]
+    for r in recipes
+  }
+  bar_chart(
+    path,
+    groups,
+    series,
+    ylabel="step speedup vs bf16",
+    hline=1.0,
+    title=f"Training step, B={results['batch']}, S={results['seq']}, remat={results['remat']}",
+  )

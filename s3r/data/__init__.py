@@ -13,6 +13,7 @@ Modules: :mod:`~s3r.data.sources` (finding and reading documents),
 (content-hash caching), :mod:`~s3r.data.corpus` (``prepare``),
 :mod:`~s3r.data.loader` (batching).
 """
+
 from s3r.data.corpus import Corpus, prepare, split_documents
 from s3r.data.errors import DataError
 from s3r.data.loader import BatchLoader, eval_batches
@@ -20,6 +21,14 @@ from s3r.data.sources import default_data_root, read_documents
 from s3r.data.tokenizer import EOT, Tokenizer
 
 __all__ = [
-    "BatchLoader", "Corpus", "DataError", "EOT", "Tokenizer", "default_data_root",
-    "eval_batches", "prepare", "read_documents", "split_documents",
+  "BatchLoader",
+  "Corpus",
+  "DataError",
+  "EOT",
+  "Tokenizer",
+  "default_data_root",
+  "eval_batches",
+  "prepare",
+  "read_documents",
+  "split_documents",
 ]

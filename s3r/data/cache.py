@@ -6,6 +6,7 @@ training sample), a token array by (tokenizer key, the exact documents, the
 array layout). Files are written to a temporary name and renamed, so several
 processes preparing the same corpus at once cannot see a half-written file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +14,7 @@ import math
 import os
 import pathlib
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -36,171 +37,187 @@ Log = Callable[[str], None]
 
 
 def digest_documents(docs: Sequence[str], *extra: object) -> str:
-    """Hex SHA-256 of ``extra`` and the documents (length-prefixed, so unambiguous)."""
-    h = hashlib.sha256()
-    for item in extra:
-        h.update(repr(item).encode() + b"\0")
-    for doc in docs:
-        data = doc.encode("utf-8", errors="surrogatepass")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
+  """Hex SHA-256 of ``extra`` and the documents (length-prefixed, so unambiguous)."""
+  h = hashlib.sha256()
+  for item in extra:
+    h.update(repr(item).encode() + b"\0")
+  for doc in docs:
+    data = doc.encode("utf-8", errors="surrogatepass")
+    h.update(len(data).to_bytes(8, "little"))
+    h.update(data)
+  return h.hexdigest()
 
 
-def tokenizer_sample(docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS,
-                     doc_chars: int = TOKENIZER_DOC_CHARS) -> tuple[list[str], int]:
-    """A deterministic sample of documents of about ``max_chars`` characters.
+def tokenizer_sample(
+  docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS, doc_chars: int = TOKENIZER_DOC_CHARS
+) -> tuple[list[str], int]:
+  """A deterministic sample of documents of about ``max_chars`` characters.
 
-    Returns ``(sample, stride)``: every ``stride``-th document, starting with the
-    first, so the sample spreads over the whole corpus rather than its start,
-    each cut to its first ``doc_chars`` characters (bounding the trainer's memory).
-    ``stride`` is 1 (all documents) when they total at most ``max_chars``.
-    """
-    total = sum(min(len(d), doc_chars) for d in docs)
-    stride = max(1, math.ceil(total / max_chars))
-    return [d[:doc_chars] for d in docs[::stride]], stride
+  Returns ``(sample, stride)``: every ``stride``-th document, starting with the
+  first, so the sample spreads over the whole corpus rather than its start,
+  each cut to its first ``doc_chars`` characters (bounding the trainer's memory).
+  ``stride`` is 1 (all documents) when they total at most ``max_chars``.
+  """
+  total = sum(min(len(d), doc_chars) for d in docs)
+  stride = max(1, math.ceil(total / max_chars))
+  return [d[:doc_chars] for d in docs[::stride]], stride
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    """``uint16`` when every id fits in it, else ``int32``."""
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
+  """``uint16`` when every id fits in it, else ``int32``."""
+  return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
 
 
 def save_atomic(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
-    """Call ``write(tmp)`` and rename ``tmp`` to ``path`` (creating directories)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+  """Call ``write(tmp)`` and rename ``tmp`` to ``path`` (creating directories)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
+
+
+def cached_tokenizer(
+  train_docs: Sequence[str], vocab_size: int, cache_dir: pathlib.Path, log: Log
+) -> tuple[Tokenizer, dict]:
+  """Load the tokenizer for these training documents from the cache, or train it.
+
+  Returns the tokenizer and a JSON-serialisable description of it (path, key,
+  whether it was cached, and the training sample used).
+  """
+  sample, stride = tokenizer_sample(train_docs)
+  sample_chars = sum(len(d) for d in sample)
+  key = digest_documents(sample, TOKENIZER_VERSION, vocab_size)
+  path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{key[:20]}.json"
+  info = {
+    "path": str(path),
+    "cache_key": key,
+    "version": TOKENIZER_VERSION,
+    "sample_docs": len(sample),
+    "sample_chars": sample_chars,
+    "sample_stride": stride,
+    "sample": (
+      "all training documents"
+      if stride == 1
+      else f"every {stride}th training document ({sample_chars / 1e6:.1f}M chars)"
+    ),
+  }
+  if path.is_file():
+    tok = Tokenizer.load(path)
+    log(f"tokenizer: cached {path} (vocab {tok.vocab_size})")
+    return tok, {**info, "cached": True}
+  log(
+    f"tokenizer: training byte-level BPE, vocab {vocab_size}, on {info['sample']}: "
+    f"{len(sample)} docs, {sample_chars / 1e6:.1f}M chars ..."
+  )
+  t0 = time.perf_counter()
+  tok = Tokenizer.train(sample, vocab_size)
+  tok.save(path)
+  log(f"tokenizer: trained in {time.perf_counter() - t0:.1f}s (vocab {tok.vocab_size}), saved {path}")
+  return tok, {**info, "cached": False}
+
+
+def cached_tokens(
+  split: str, docs: Sequence[str], tok: Tokenizer, tok_key: str, cache_dir: pathlib.Path, log: Log
+) -> tuple[np.ndarray, dict]:
+  """Encode ``docs`` (EOT after each) or load the identical encoding from the cache."""
+  dtype = dtype_for_vocab(tok.vocab_size)
+  key = digest_documents(docs, TOKENS_VERSION, tok_key, dtype.str)
+  path = cache_dir / "tokens" / f"{split}-{key[:20]}.npy"
+  info = {"path": str(path), "cache_key": key}
+  if path.is_file():
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+      tokens = np.load(path)
+      if tokens.ndim == 1 and tokens.dtype == dtype:
+        log(f"tokens: cached {split}: {len(tokens):,} tokens ({path})")
+        return tokens, {**info, "cached": True}
+    except (OSError, ValueError):
+      pass
+    log(f"tokens: ignoring unreadable cache file {path}")
+  tokens = encode_documents(docs, tok, dtype, split, log)
+  save_atomic(path, lambda tmp: np.save(tmp, tokens))
+  return tokens, {**info, "cached": False}
 
 
-def cached_tokenizer(train_docs: Sequence[str], vocab_size: int, cache_dir: pathlib.Path,
-                     log: Log) -> tuple[Tokenizer, dict]:
-    """Load the tokenizer for these training documents from the cache, or train it.
+def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log) -> np.ndarray:
+  """One 1-D array: each document's ids followed by ``tok.eot_id``.
 
-    Returns the tokenizer and a JSON-serialisable description of it (path, key,
-    whether it was cached, and the training sample used).
-    """
-    sample, stride = tokenizer_sample(train_docs)
-    sample_chars = sum(len(d) for d in sample)
-    key = digest_documents(sample, TOKENIZER_VERSION, vocab_size)
-    path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{key[:20]}.json"
-    info = {"path": str(path), "cache_key": key, "version": TOKENIZER_VERSION,
-            "sample_docs": len(sample), "sample_chars": sample_chars, "sample_stride": stride,
-            "sample": ("all training documents" if stride == 1 else
-                       f"every {stride}th training document ({sample_chars / 1e6:.1f}M chars)")}
-    if path.is_file():
-        tok = Tokenizer.load(path)
-        log(f"tokenizer: cached {path} (vocab {tok.vocab_size})")
-        return tok, {**info, "cached": True}
-    log(f"tokenizer: training byte-level BPE, vocab {vocab_size}, on {info['sample']}: "
-        f"{len(sample)} docs, {sample_chars / 1e6:.1f}M chars ...")
-    t0 = time.perf_counter()
-    tok = Tokenizer.train(sample, vocab_size)
-    tok.save(path)
-    log(f"tokenizer: trained in {time.perf_counter() - t0:.1f}s (vocab {tok.vocab_size}), "
-        f"saved {path}")
-    return tok, {**info, "cached": False}
-
-
-def cached_tokens(split: str, docs: Sequence[str], tok: Tokenizer, tok_key: str,
-                  cache_dir: pathlib.Path, log: Log) -> tuple[np.ndarray, dict]:
-    """Encode ``docs`` (EOT after each) or load the identical encoding from the cache."""
-    dtype = dtype_for_vocab(tok.vocab_size)
-    key = digest_documents(docs, TOKENS_VERSION, tok_key, dtype.str)
-    path = cache_dir / "tokens" / f"{split}-{key[:20]}.npy"
-    info = {"path": str(path), "cache_key": key}
-    if path.is_file():
-        try:
-            tokens = np.load(path)
-            if tokens.ndim == 1 and tokens.dtype == dtype:
-                log(f"tokens: cached {split}: {len(tokens):,} tokens ({path})")
-                return tokens, {**info, "cached": True}
-        except (OSError, ValueError):
-            pass
-        log(f"tokens: ignoring unreadable cache file {path}")
-    tokens = encode_documents(docs, tok, dtype, split, log)
-    save_atomic(path, lambda tmp: np.save(tmp, tokens))
-    return tokens, {**info, "cached": False}
-
-
-def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str,
-                     log: Log) -> np.ndarray:
-    """One 1-D array: each document's ids followed by ``tok.eot_id``.
-
-    Documents are encoded in parallel batches of about 4M characters, with a
-    progress line every few seconds for large corpora.
-    """
-    total_chars = sum(len(d) for d in docs)
-    t0 = last = time.perf_counter()
-    parts: list[np.ndarray] = []
-    done_chars = 0
-    for chunk in _chunks(docs, _ENCODE_CHUNK_CHARS):
-        parts.append(_encode_chunk(chunk, tok, dtype))
-        done_chars += sum(len(d) for d in chunk)
-        now = time.perf_counter()
-        if now - last >= _PROGRESS_EVERY_S:
-            last = now
-            log(f"tokens: encoding {label} {100 * done_chars / max(total_chars, 1):.0f}% "
-                f"({done_chars / 1e6:.1f}/{total_chars / 1e6:.1f}M chars, "
-                f"{done_chars / 1e6 / (now - t0):.1f}M chars/s)")
-    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
-    log(f"tokens: encoded {label}: {len(docs):,} docs, {total_chars / 1e6:.1f}M chars -> "
-        f"{len(tokens):,} tokens in {time.perf_counter() - t0:.1f}s")
-    return tokens
+  Documents are encoded in parallel batches of about 4M characters, with a
+  progress line every few seconds for large corpora.
+  """
+  total_chars = sum(len(d) for d in docs)
+  t0 = last = time.perf_counter()
+  parts: list[np.ndarray] = []
+  done_chars = 0
+  for chunk in _chunks(docs, _ENCODE_CHUNK_CHARS):
+    parts.append(_encode_chunk(chunk, tok, dtype))
+    done_chars += sum(len(d) for d in chunk)
+    now = time.perf_counter()
+    if now - last >= _PROGRESS_EVERY_S:
+      last = now
+      log(
+        f"tokens: encoding {label} {100 * done_chars / max(total_chars, 1):.0f}% "
+        f"({done_chars / 1e6:.1f}/{total_chars / 1e6:.1f}M chars, "
+        f"{done_chars / 1e6 / (now - t0):.1f}M chars/s)"
+      )
+  tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
+  log(
+    f"tokens: encoded {label}: {len(docs):,} docs, {total_chars / 1e6:.1f}M chars -> "
+    f"{len(tokens):,} tokens in {time.perf_counter() - t0:.1f}s"
+  )
+  return tokens
 
 
 def _chunks(docs: Sequence[str], max_chars: int):
-    chunk, size = [], 0
-    for doc in docs:
-        chunk.append(doc)
-        size += len(doc)
-        if size >= max_chars:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+  chunk, size = [], 0
+  for doc in docs:
+    chunk.append(doc)
+    size += len(doc)
+    if size >= max_chars:
+      yield chunk
+      chunk, size = [], 0
+  if chunk:
+    yield chunk
 
 
 def split_long_document(doc: str, size: int = ENCODE_PIECE_CHARS) -> list[str]:
-    """``doc`` in pieces of at most ``size`` characters, each (but the last) ending just before a
-    space preceded by a non-space character when there is one in the piece's second half."""
-    pieces, start = [], 0
-    while len(doc) - start > size:
-        end = start + size
-        cut = doc.rfind(" ", start + size // 2, end)
-        while cut > start and doc[cut - 1].isspace():
-            cut = doc.rfind(" ", start + size // 2, cut)
-        end = cut if cut > start else end
-        pieces.append(doc[start:end])
-        start = end
-    pieces.append(doc[start:])
-    return pieces
+  """``doc`` in pieces of at most ``size`` characters, each (but the last) ending just before a
+  space preceded by a non-space character when there is one in the piece's second half."""
+  pieces, start = [], 0
+  while len(doc) - start > size:
+    end = start + size
+    cut = doc.rfind(" ", start + size // 2, end)
+    while cut > start and doc[cut - 1].isspace():
+      cut = doc.rfind(" ", start + size // 2, cut)
+    end = cut if cut > start else end
+    pieces.append(doc[start:end])
+    start = end
+  pieces.append(doc[start:])
+  return pieces
 
 
 def encode_long(tok: Tokenizer, docs: Sequence[str]) -> list[list[int]]:
-    """``tok.encode_batch(docs)``, with documents longer than ENCODE_PIECE_CHARS encoded piece by piece."""
-    if all(len(d) <= ENCODE_PIECE_CHARS for d in docs):
-        return tok.encode_batch(docs)
-    out = []
-    for doc in docs:
-        if len(doc) <= ENCODE_PIECE_CHARS:
-            out.extend(tok.encode_batch([doc]))
-        else:
-            out.append([i for piece in split_long_document(doc) for i in tok.encode(piece)])
-    return out
+  """``tok.encode_batch(docs)``, with documents longer than ENCODE_PIECE_CHARS encoded piece by piece."""
+  if all(len(d) <= ENCODE_PIECE_CHARS for d in docs):
+    return tok.encode_batch(docs)
+  out = []
+  for doc in docs:
+    if len(doc) <= ENCODE_PIECE_CHARS:
+      out.extend(tok.encode_batch([doc]))
+    else:
+      out.append([i for piece in split_long_document(doc) for i in tok.encode(piece)])
+  return out
 
 
 def _encode_chunk(chunk: Sequence[str], tok: Tokenizer, dtype: np.dtype) -> np.ndarray:
-    ids = encode_long(tok, chunk)
-    out = np.empty(sum(len(x) for x in ids) + len(ids), dtype)
-    pos = 0
-    for x in ids:
-        out[pos:pos + len(x)] = x
-        pos += len(x)
-        out[pos] = tok.eot_id
-        pos += 1
-    return out
+  ids = encode_long(tok, chunk)
+  out = np.empty(sum(len(x) for x in ids) + len(ids), dtype)
+  pos = 0
+  for x in ids:
+    out[pos : pos + len(x)] = x
+    pos += len(x)
+    out[pos] = tok.eot_id
+    pos += 1
+  return out

@@ -7,11 +7,12 @@ token, ``<|endoftext|>`` (id 0), separates documents. The literal string
 ``<|endoftext|>`` inside a text is encoded as ordinary characters, so a
 document can never fake a document boundary.
 """
+
 from __future__ import annotations
 
 import os
 import pathlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import tokenizers
@@ -26,75 +27,77 @@ MIN_VOCAB_SIZE = 257  # 256 byte symbols + <|endoftext|>
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer with an end-of-text token.
+  """Byte-level BPE tokenizer with an end-of-text token.
 
-    Attributes:
-        vocab_size: number of token ids (ids are ``0 .. vocab_size - 1``).
-        eot_id: id of ``<|endoftext|>``, placed after every document.
+  Attributes:
+      vocab_size: number of token ids (ids are ``0 .. vocab_size - 1``).
+      eot_id: id of ``<|endoftext|>``, placed after every document.
+  """
+
+  def __init__(self, hf: tokenizers.Tokenizer):
+    eot_id = hf.token_to_id(EOT)
+    if eot_id is None:
+      raise DataError(f"tokenizer has no {EOT} token")
+    # Text that happens to contain "<|endoftext|>" is encoded as ordinary
+    # characters; only the pipeline itself inserts the special token.
+    hf.encode_special_tokens = True
+    self.hf = hf
+    self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
+    self.eot_id: int = eot_id
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Learn a byte-level BPE vocabulary of at most ``vocab_size`` ids.
+
+    The result can be smaller than ``vocab_size`` when the texts are too
+    small to support that many merges; read ``.vocab_size`` afterwards.
     """
+    if not MIN_VOCAB_SIZE <= vocab_size <= 2**31 - 1:
+      raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} (256 bytes + {EOT}), got {vocab_size}")
+    hf = tokenizers.Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[EOT],
+      show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return cls(hf)
 
-    def __init__(self, hf: tokenizers.Tokenizer):
-        eot_id = hf.token_to_id(EOT)
-        if eot_id is None:
-            raise DataError(f"tokenizer has no {EOT} token")
-        # Text that happens to contain "<|endoftext|>" is encoded as ordinary
-        # characters; only the pipeline itself inserts the special token.
-        hf.encode_special_tokens = True
-        self.hf = hf
-        self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
-        self.eot_id: int = eot_id
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text`` (no end-of-text token is added)."""
+    return self.hf.encode(text, add_special_tokens=False).ids
 
-    @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
-        """Learn a byte-level BPE vocabulary of at most ``vocab_size`` ids.
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, encoded in parallel."""
+    encodings = self.hf.encode_batch_fast(list(texts), add_special_tokens=False)
+    return [e.ids for e in encodings]
 
-        The result can be smaller than ``vocab_size`` when the texts are too
-        small to support that many merges; read ``.vocab_size`` afterwards.
-        """
-        if not MIN_VOCAB_SIZE <= vocab_size <= 2**31 - 1:
-            raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} "
-                             f"(256 bytes + {EOT}), got {vocab_size}")
-        hf = tokenizers.Tokenizer(models.BPE())
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        hf.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        hf.train_from_iterator(texts, trainer=trainer)
-        return cls(hf)
+  def decode(self, ids, *, skip_special_tokens: bool = False) -> str:
+    """Text of a sequence of ids (a list or a 1-D array).
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no end-of-text token is added)."""
-        return self.hf.encode(text, add_special_tokens=False).ids
+    ``<|endoftext|>`` is rendered literally unless ``skip_special_tokens``.
+    """
+    ids = np.asarray(ids).reshape(-1).tolist()
+    return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, encoded in parallel."""
-        encodings = self.hf.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [e.ids for e in encodings]
+  def save(self, path: str | os.PathLike) -> None:
+    """Write the tokenizer as a Hugging Face ``tokenizer.json`` file."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    self.hf.save(str(tmp))
+    os.replace(tmp, path)
 
-    def decode(self, ids, *, skip_special_tokens: bool = False) -> str:
-        """Text of a sequence of ids (a list or a 1-D array).
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> Tokenizer:
+    """Read a tokenizer written by :meth:`save`."""
+    try:
+      return cls(tokenizers.Tokenizer.from_file(os.fspath(path)))
+    except Exception as e:  # the Rust side raises a plain Exception
+      raise DataError(f"cannot load tokenizer {path}: {e}") from None
 
-        ``<|endoftext|>`` is rendered literally unless ``skip_special_tokens``.
-        """
-        ids = np.asarray(ids).reshape(-1).tolist()
-        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the tokenizer as a Hugging Face ``tokenizer.json`` file."""
-        path = pathlib.Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self.hf.save(str(tmp))
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Tokenizer":
-        """Read a tokenizer written by :meth:`save`."""
-        try:
-            return cls(tokenizers.Tokenizer.from_file(os.fspath(path)))
-        except Exception as e:  # the Rust side raises a plain Exception
-            raise DataError(f"cannot load tokenizer {path}: {e}") from None
-
-    def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+  def __repr__(self) -> str:
+    return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"

@@ -39,8 +39,16 @@ def subset_stats(per_batch: np.ndarray, chosen: np.ndarray) -> dict:
   sd = float(np.std(per_batch, ddof=1))
   se = sd / np.sqrt(k) * np.sqrt((n - k) / (n - 1))
   full, sub = float(np.mean(per_batch)), float(np.mean(per_batch[chosen]))
-  return {"n_batches": n, "subset_batches": k, "full": full, "subset": sub, "difference": sub - full,
-          "batch_sd": sd, "subset_se": float(se), "z": float((sub - full) / se) if se > 0 else None}
+  return {
+    "n_batches": n,
+    "subset_batches": k,
+    "full": full,
+    "subset": sub,
+    "difference": sub - full,
+    "batch_sd": sd,
+    "subset_se": float(se),
+    "z": float((sub - full) / se) if se > 0 else None,
+  }
 
 
 def paired_checkpoints(checkpoints: list[dict], eval_batches: int = 16) -> list[dict]:
@@ -52,8 +60,14 @@ def paired_checkpoints(checkpoints: list[dict], eval_batches: int = 16) -> list[
     la, lb = np.asarray(a["per_batch"]), np.asarray(b["per_batch"])
     n = len(la)
     chosen = np.unique(np.linspace(0, n - 1, eval_batches).round().astype(np.int64))
-    out.append({"run": a["run"], "steps": f"{b['step']} - {a['step']}", **subset_stats(lb - la, chosen),
-                "correlation": float(np.corrcoef(la, lb)[0, 1])})
+    out.append(
+      {
+        "run": a["run"],
+        "steps": f"{b['step']} - {a['step']}",
+        **subset_stats(lb - la, chosen),
+        "correlation": float(np.corrcoef(la, lb)[0, 1]),
+      }
+    )
   return out
 
 
@@ -72,11 +86,20 @@ def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches
   n = len(batches)
   chosen = np.unique(np.linspace(0, n - 1, eval_batches).round().astype(np.int64))  # as eval_batches picks them
   t0 = time.time()
-  losses = np.asarray(jax.device_get([setup.eval_step(state.params, b, setup.keys["eval"]) for b in batches]),
-                      np.float64)
+  losses = np.asarray(
+    jax.device_get([setup.eval_step(state.params, b, setup.keys["eval"]) for b in batches]), np.float64
+  )
   log(f"{path}@{step}: {n} batches in {time.time() - t0:.0f}s")
-  return {"run": pathlib.Path(path).name, "step": step, "recipe": cfg.recipe, "tokens": int(len(tokens)),
-          "batch": cfg.batch, "seq": cfg.seq, **subset_stats(losses, chosen), "per_batch": losses.tolist()}
+  return {
+    "run": pathlib.Path(path).name,
+    "step": step,
+    "recipe": cfg.recipe,
+    "tokens": int(len(tokens)),
+    "batch": cfg.batch,
+    "seq": cfg.seq,
+    **subset_stats(losses, chosen),
+    "per_batch": losses.tolist(),
+  }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -88,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
   out = pathlib.Path(args.out)
   path = out.with_suffix(".json")
   import json
+
   results = json.loads(path.read_text()) if path.is_file() else {"checkpoints": []}
   if not args.report_only:
     results["meta"] = provenance.run_metadata(argv)
@@ -105,22 +129,34 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"skipped {run}@{step}: {e}")
         continue
       provenance.write_json(path, results)
-  lines = ["# Validation size: 16 fixed batches against the whole of enwiki shard 9", "",
-           provenance.metadata_lines(results["meta"], {}),
-           "| run | step | batches | full-shard loss | 16-batch loss | difference | SE of a 16-batch mean | z |",
-           "| --- | --: | --: | --: | --: | --: | --: | --: |"]
+  lines = [
+    "# Validation size: 16 fixed batches against the whole of enwiki shard 9",
+    "",
+    provenance.metadata_lines(results["meta"], {}),
+    "| run | step | batches | full-shard loss | 16-batch loss | difference | SE of a 16-batch mean | z |",
+    "| --- | --: | --: | --: | --: | --: | --: | --: |",
+  ]
   for c in results["checkpoints"]:
-    lines.append(f"| {c['run']} | {c['step']} | {c['n_batches']} | {c['full']:.4f} | {c['subset']:.4f} | "
-                 f"{c['difference']:+.4f} | {c['subset_se']:.4f} | {c['z']:+.2f} |")
+    lines.append(
+      f"| {c['run']} | {c['step']} | {c['n_batches']} | {c['full']:.4f} | {c['subset']:.4f} | "
+      f"{c['difference']:+.4f} | {c['subset_se']:.4f} | {c['z']:+.2f} |"
+    )
   pairs = paired_checkpoints(results["checkpoints"])
   if pairs:
-    lines += ["", "Paired: the difference of two checkpoints' losses over the same batches (what a comparison of two "
-              "models on the fixed 16 batches sees).", "",
-              "| run | steps | full-shard difference | 16-batch difference | deviation | SE of a paired 16-batch "
-              "difference | batch correlation |", "| --- | --- | --: | --: | --: | --: | --: |"]
+    lines += [
+      "",
+      "Paired: the difference of two checkpoints' losses over the same batches (what a comparison of two "
+      "models on the fixed 16 batches sees).",
+      "",
+      "| run | steps | full-shard difference | 16-batch difference | deviation | SE of a paired 16-batch "
+      "difference | batch correlation |",
+      "| --- | --- | --: | --: | --: | --: | --: |",
+    ]
     for q in pairs:
-      lines.append(f"| {q['run']} | {q['steps']} | {q['full']:+.4f} | {q['subset']:+.4f} | {q['difference']:+.4f} | "
-                   f"{q['subset_se']:.4f} | {q['correlation']:.3f} |")
+      lines.append(
+        f"| {q['run']} | {q['steps']} | {q['full']:+.4f} | {q['subset']:+.4f} | {q['difference']:+.4f} | "
+        f"{q['subset_se']:.4f} | {q['correlation']:.3f} |"
+      )
   results["paired"] = pairs
   provenance.write_json(path, results)
   out.with_suffix(".md").write_text("\n".join(lines) + "\n")

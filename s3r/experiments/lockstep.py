@@ -41,12 +41,13 @@ PAIRS = (("s3r", "int8_sr"), ("s3r", "s3r_ec_dx"), ("s3r_ec_dx", "int8_sr"))
 PAPER_LOSS = {"int8_sr": 4.929, "s3r": 5.055, "s3r_ec_dx": 4.924}
 PAPER_SEED_SD = 0.02  # the paper's seed standard deviations are 0.013-0.022
 ONE_SEED = (
-    "One seed gives one paired difference per evaluation. Its eval_se is the sampling error of the "
-    "fixed validation batches only; seed-to-seed variation (sd about 0.02 per recipe in the paper, so "
-    "about 0.03 for a difference of two independent runs) is not measured. One seed can therefore "
-    "confirm or refute a gap of the paper's size (0.126, about four such standard deviations) but "
-    "cannot resolve differences below about 0.06, cannot give a p-value, and cannot separate a "
-    "recipe effect from a seed-specific trajectory.")
+  "One seed gives one paired difference per evaluation. Its eval_se is the sampling error of the "
+  "fixed validation batches only; seed-to-seed variation (sd about 0.02 per recipe in the paper, so "
+  "about 0.03 for a difference of two independent runs) is not measured. One seed can therefore "
+  "confirm or refute a gap of the paper's size (0.126, about four such standard deviations) but "
+  "cannot resolve differences below about 0.06, cannot give a p-value, and cannot separate a "
+  "recipe effect from a seed-specific trajectory."
+)
 LAYOUT_FILES = ("train.npy", "val.npy", "meta.json")
 
 
@@ -88,8 +89,9 @@ class LockstepConfig:
 # --- token folder -------------------------------------------------------------------------------
 
 
-def build_tokens(out: str, *, data: str | None, vocab: int, cache_dir: str, max_train_tokens: int | None,
-                 log=print) -> dict:
+def build_tokens(
+  out: str, *, data: str | None, vocab: int, cache_dir: str, max_train_tokens: int | None, log=print
+) -> dict:
   """Tokenize `data` (None: enwiki, shards 0-8 train, shard 9 val) with the project's tokenizer and
   write the token folder; the training stream is cut to `max_train_tokens` (whole stream if None)."""
   corpus = s3r_data.prepare(data, vocab_size=vocab, cache_dir=cache_dir, log=log)
@@ -102,10 +104,15 @@ def build_tokens(out: str, *, data: str | None, vocab: int, cache_dir: str, max_
     np.save(folder / f"{name}.npy", np.asarray(tokens, dtype))
   (folder / "tokenizer.json").write_text(corpus.tokenizer.hf.to_str())
   sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-  meta = {"corpus": corpus.name, "split": corpus.info["split"], "vocab_size": corpus.tokenizer.vocab_size,
-          "dtype": np.dtype(dtype).name, "n_tokens": {"train": int(len(train)), **{k: int(len(v)) for k, v in
-                                                      corpus.val_tokens.items()}},
-          "train_tokens_available": int(len(corpus.train_tokens)), "bytes": sizes}
+  meta = {
+    "corpus": corpus.name,
+    "split": corpus.info["split"],
+    "vocab_size": corpus.tokenizer.vocab_size,
+    "dtype": np.dtype(dtype).name,
+    "n_tokens": {"train": int(len(train)), **{k: int(len(v)) for k, v in corpus.val_tokens.items()}},
+    "train_tokens_available": int(len(corpus.train_tokens)),
+    "bytes": sizes,
+  }
   (folder / "meta.json").write_text(json.dumps(meta, indent=2))
   log(f"token folder {folder}: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sizes.items()))
   return meta
@@ -116,8 +123,10 @@ def load_tokens(folder: str) -> tuple[dict, np.ndarray, dict[str, np.ndarray]]:
   path = pathlib.Path(folder)
   missing = [f for f in LAYOUT_FILES if not (path / f).is_file()]
   if missing:
-    raise FileNotFoundError(f"token folder {folder} lacks {', '.join(missing)}; build it with "
-                            f"`python -m s3r.experiments.lockstep build-tokens`")
+    raise FileNotFoundError(
+      f"token folder {folder} lacks {', '.join(missing)}; build it with "
+      f"`python -m s3r.experiments.lockstep build-tokens`"
+    )
   meta = json.loads((path / "meta.json").read_text())
   val = {p.stem: np.load(p, mmap_mode="r") for p in sorted(path.glob("*.npy")) if p.stem != "train"}
   return meta, np.load(path / "train.npy", mmap_mode="r"), val
@@ -131,8 +140,10 @@ class _Models:
 
   def __init__(self, cfg: LockstepConfig, vocab_size: int):
     base = s3r_model.PRESETS[cfg.preset]
-    self.cfgs = {r: s3r_model.preset(cfg.preset, vocab_size=vocab_size, recipe=r,
-                                     max_seq_len=max(base.max_seq_len, cfg.seq)) for r in cfg.recipes}
+    self.cfgs = {
+      r: s3r_model.preset(cfg.preset, vocab_size=vocab_size, recipe=r, max_seq_len=max(base.max_seq_len, cfg.seq))
+      for r in cfg.recipes
+    }
     opt = OptimizerConfig(lr=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup)
     tx = make_optimizer(opt)
     init_key, self.train_key, self.eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
@@ -144,8 +155,10 @@ class _Models:
       step = jax.jit(make_train_step(graphdef, tx, schedule(opt)), donate_argnums=0)
       self.train[r] = step.lower(self.states[r], batch, self.train_key).compile()
       self.eval[r] = jax.jit(make_eval_step(graphdef)).lower(self.states[r].params, batch, self.eval_key).compile()
-    sums = {r: float(sum(np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(s.params)))
-            for r, s in self.states.items()}
+    sums = {
+      r: float(sum(np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(s.params)))
+      for r, s in self.states.items()
+    }
     if len(set(sums.values())) != 1:
       raise RuntimeError(f"initial parameters differ between recipes: {sums}")
     self.param_count = s3r_model.param_count(next(iter(self.cfgs.values())))
@@ -183,15 +196,23 @@ def paired(records: list[dict], recipes: tuple[str, ...], steps_done: int) -> di
     se = float(np.std(d_batches, ddof=1) / math.sqrt(len(d_batches))) if len(d_batches) > 1 else None
     late = [d for r, d in zip(records, diffs) if d is not None and r["step"] >= 0.75 * steps_done]
     out[f"{a} - {b}"] = {
-        "final": diffs[-1], "final_step": records[-1]["step"], "eval_se": _finite(se) if se is not None else None,
-        "last_quarter_mean": float(np.mean(late)) if late else None, "curve": diffs,
-        "paper": round(PAPER_LOSS[a] - PAPER_LOSS[b], 3)}
+      "final": diffs[-1],
+      "final_step": records[-1]["step"],
+      "eval_se": _finite(se) if se is not None else None,
+      "last_quarter_mean": float(np.mean(late)) if late else None,
+      "curve": diffs,
+      "paper": round(PAPER_LOSS[a] - PAPER_LOSS[b], 3),
+    }
   return out
 
 
 def _record(step: int, cfg: LockstepConfig, elapsed: float, evals: dict, train_losses: dict) -> dict:
-  rec = {"step": step, "tokens": step * cfg.batch * cfg.seq, "elapsed_s": round(elapsed, 2),
-         "train_loss": {r: _finite(v) for r, v in train_losses.items()}}
+  rec = {
+    "step": step,
+    "tokens": step * cfg.batch * cfg.seq,
+    "elapsed_s": round(elapsed, 2),
+    "train_loss": {r: _finite(v) for r, v in train_losses.items()},
+  }
   for name, per in evals.items():
     key = "val" if name == "val" else f"val_{name}"
     rec[key] = {r: _finite(float(np.mean(v))) for r, v in per.items()}
@@ -207,21 +228,34 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   out.mkdir(parents=True, exist_ok=True)
   meta_tokens, train_tokens, val_tokens = load_tokens(cfg.data)
   loader = s3r_data.BatchLoader(train_tokens, batch_size=cfg.batch, seq_len=cfg.seq, seed=cfg.seed)
-  val_sets = {name: list(s3r_data.eval_batches(t, batch_size=cfg.batch, seq_len=cfg.seq,
-                                               max_batches=cfg.eval_batches)) for name, t in val_tokens.items()}
+  val_sets = {
+    name: list(s3r_data.eval_batches(t, batch_size=cfg.batch, seq_len=cfg.seq, max_batches=cfg.eval_batches))
+    for name, t in val_tokens.items()
+  }
   models = _Models(cfg, int(meta_tokens["vocab_size"]))
   compile_s = elapsed()
   log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s")
-  summary = {"config": dataclasses.asdict(cfg), "param_count": models.param_count, "data": meta_tokens,
-             "meta": provenance.run_metadata(), "compile_s": round(compile_s, 2), "one_seed": ONE_SEED}
+  summary = {
+    "config": dataclasses.asdict(cfg),
+    "param_count": models.param_count,
+    "data": meta_tokens,
+    "meta": provenance.run_metadata(),
+    "compile_s": round(compile_s, 2),
+    "one_seed": ONE_SEED,
+  }
   records, iter_times, eval_s, step, train_sum = [], [], None, 0, dict.fromkeys(cfg.recipes, 0.0)
   curves = (out / "curves.jsonl").open("w")
 
   def evaluate_now(reason: str):
     nonlocal eval_s
     t0 = time.monotonic()
-    rec = _record(step, cfg, 0.0, models.evaluate(val_sets),
-                  {r: v / max(step - (records[-1]["step"] if records else 0), 1) for r, v in train_sum.items()})
+    rec = _record(
+      step,
+      cfg,
+      0.0,
+      models.evaluate(val_sets),
+      {r: v / max(step - (records[-1]["step"] if records else 0), 1) for r, v in train_sum.items()},
+    )
     eval_s = time.monotonic() - t0
     rec["elapsed_s"] = round(elapsed(), 2)
     records.append(rec)
@@ -255,13 +289,23 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
 
 
 def _write_summary(out, summary, records, cfg, step, iter_times, *, complete, stopped_by) -> dict:
-  summary = {**summary, "complete": complete, "stopped_by": stopped_by, "steps_done": step,
-             "iteration_s_median": float(np.median(iter_times)) if iter_times else None,
-             "iteration_s_first": iter_times[0] if iter_times else None,
-             "curves": {"step": [r["step"] for r in records],
-                        **{k: {rc: [r[k][rc] for r in records] for rc in cfg.recipes}
-                           for k in (records[0] if records else {}) if k.startswith("val") and k != "val_batches"}},
-             "paired": paired(records, cfg.recipes, step)}
+  summary = {
+    **summary,
+    "complete": complete,
+    "stopped_by": stopped_by,
+    "steps_done": step,
+    "iteration_s_median": float(np.median(iter_times)) if iter_times else None,
+    "iteration_s_first": iter_times[0] if iter_times else None,
+    "curves": {
+      "step": [r["step"] for r in records],
+      **{
+        k: {rc: [r[k][rc] for r in records] for rc in cfg.recipes}
+        for k in (records[0] if records else {})
+        if k.startswith("val") and k != "val_batches"
+      },
+    },
+    "paired": paired(records, cfg.recipes, step),
+  }
   provenance.write_json(out / "summary.json", summary)
   return summary
 
@@ -291,18 +335,21 @@ def main(argv: list[str] | None = None) -> int:
       r.add_argument(flag, type=type(f.default), default=f.default)
   args = p.parse_args(argv)
   if args.command == "build-tokens":
-    build_tokens(args.out, data=args.data, vocab=args.vocab, cache_dir=args.cache_dir,
-                 max_train_tokens=args.max_train_tokens)
+    build_tokens(
+      args.out, data=args.data, vocab=args.vocab, cache_dir=args.cache_dir, max_train_tokens=args.max_train_tokens
+    )
     return 0
   values = {name: getattr(args, name) for name in fields}
   values["recipes"] = tuple(x for x in values["recipes"].split(",") if x)
   out = pathlib.Path(values["out"])
   out.mkdir(parents=True, exist_ok=True)
   with (out / "lockstep.log").open("a") as logf:
+
     def log(msg):
       print(msg, flush=True)
       logf.write(msg + "\n")
       logf.flush()
+
     summary = run(LockstepConfig(**values), log=log, t_start=t_start)
   for name, d in summary["paired"].items():
     print(f"{name}: {d['final']} (eval se {d['eval_se']}) at step {d['final_step']}; paper {d['paper']:+.3f}")

@@ -47,8 +47,15 @@ def projection_operands(cfg: s3r_model.ModelConfig, params, batch_BxS1) -> list[
   block projection (the INT8 forward graph with an exact backward)."""
   graphdef = s3r_model.graphdef(dataclasses.replace(cfg, recipe="int8_exact_bwd"))
   names = [(layer, name) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
-  widths = {"q": cfg.n_heads * cfg.head_dim, "k": cfg.n_kv_heads * cfg.head_dim, "v": cfg.n_kv_heads * cfg.head_dim,
-            "o": cfg.d_model, "gate": cfg.d_ff, "up": cfg.d_ff, "down": cfg.d_model}
+  widths = {
+    "q": cfg.n_heads * cfg.head_dim,
+    "k": cfg.n_kv_heads * cfg.head_dim,
+    "v": cfg.n_kv_heads * cfg.head_dim,
+    "o": cfg.d_model,
+    "gate": cfg.d_ff,
+    "up": cfg.d_ff,
+    "down": cfg.d_model,
+  }
 
   def run(params, batch, offsets):
     def loss(offsets):
@@ -74,7 +81,7 @@ def projection_operands(cfg: s3r_model.ModelConfig, params, batch_BxS1) -> list[
 def common_row_statistic(wq_KxN: np.ndarray) -> float:
   """ρ = Σ_i (Ŵ_i 1_N)² / Σ_i ||Ŵ_i||² (1 for unstructured rows, up to N for identical entries)."""
   w = np.asarray(wq_KxN, np.float64)
-  return float(np.sum(w.sum(axis=1) ** 2) / np.sum(w ** 2))
+  return float(np.sum(w.sum(axis=1) ** 2) / np.sum(w**2))
 
 
 def local_errors(x_BxSxK, w_KxN, g_BxSxN, *, tokens: int) -> dict:
@@ -94,45 +101,60 @@ def local_errors(x_BxSxK, w_KxN, g_BxSxN, *, tokens: int) -> dict:
   exact_dw = np.linalg.norm((xq.T @ v_TxN) / sw)
   # independent SR: Var(E) = p(1-p) per element
   var_sr = p * (1 - p)
-  dx_var = {"int8_sr": float(np.sum((var_sr @ wq.T ** 2) / sx_T[:, None] ** 2))}
-  dw_sr = float(np.sum(((xq ** 2).T @ var_sr) / sw ** 2))
+  dx_var = {"int8_sr": float(np.sum((var_sr @ wq.T**2) / sx_T[:, None] ** 2))}
+  dw_sr = float(np.sum(((xq**2).T @ var_sr) / sw**2))
   # per-token shared thresholds: enumerate the 128 equally likely values
   s1, s2, s1c, s2c, e1, e2 = (0.0,) * 6
   for u in np.asarray(thresholds.threshold_values(), np.float64):
     e_TxN = np.floor(v_TxN + u) - v_TxN
     r = e_TxN @ wq.T
     rc = r - e_TxN.mean(axis=1, keepdims=True) * wq.sum(axis=1)[None, :]
-    s1, s2 = s1 + r, s2 + r ** 2
-    s1c, s2c = s1c + rc, s2c + rc ** 2
-    e1, e2 = e1 + e_TxN, e2 + e_TxN ** 2
+    s1, s2 = s1 + r, s2 + r**2
+    s1c, s2c = s1c + rc, s2c + rc**2
+    e1, e2 = e1 + e_TxN, e2 + e_TxN**2
   n_levels = thresholds.LEVELS
   wgt = 1 / sx_T[:, None] ** 2
   dx_var["s3r"] = float(np.sum((s2 / n_levels - (s1 / n_levels) ** 2) * wgt))
   dx_var["s3r_ec_dx"] = float(np.sum((s2c / n_levels - (s1c / n_levels) ** 2) * wgt))
   var_tok = e2 / n_levels - (e1 / n_levels) ** 2
-  dw_tok = float(np.sum(((xq ** 2).T @ var_tok) / sw ** 2))  # tokens independent: per-element variances add
+  dw_tok = float(np.sum(((xq**2).T @ var_tok) / sw**2))  # tokens independent: per-element variances add
   rho = common_row_statistic(wq)
   dx = {r: float(np.sqrt(v) / exact_dx) for r, v in dx_var.items()}
   dw = {"int8_sr": float(np.sqrt(dw_sr) / exact_dw), "s3r": float(np.sqrt(dw_tok) / exact_dw)}
   dw["s3r_ec_dx"] = dw["s3r"]  # the dX-only correction leaves dW unchanged
-  return {"rho": rho, "N": int(w.shape[1]), "K": int(w.shape[0]), "tokens": int(len(v_TxN)), "dx": dx, "dw": dw,
-          "dx_ratio": dx["s3r"] / dx["int8_sr"], "dx_ratio_pred": float(np.sqrt((1 + rho) / 2)),
-          "ec_ratio": dx["s3r_ec_dx"] / dx["int8_sr"], "dw_ratio": dw["s3r"] / dw["int8_sr"],
-          "mean_p1mp": float(np.mean(var_sr))}
+  return {
+    "rho": rho,
+    "N": int(w.shape[1]),
+    "K": int(w.shape[0]),
+    "tokens": int(len(v_TxN)),
+    "dx": dx,
+    "dw": dw,
+    "dx_ratio": dx["s3r"] / dx["int8_sr"],
+    "dx_ratio_pred": float(np.sqrt((1 + rho) / 2)),
+    "ec_ratio": dx["s3r_ec_dx"] / dx["int8_sr"],
+    "dw_ratio": dw["s3r"] / dw["int8_sr"],
+    "mean_p1mp": float(np.mean(var_sr)),
+  }
 
 
 def measure(cfg, params, batch_BxS1, *, tokens: int) -> list[dict]:
   """local_errors of every block projection."""
-  return [{"layer": layer, "proj": name, **local_errors(x, w, g, tokens=tokens)}
-          for layer, name, x, w, g in projection_operands(cfg, params, batch_BxS1)]
+  return [
+    {"layer": layer, "proj": name, **local_errors(x, w, g, tokens=tokens)}
+    for layer, name, x, w, g in projection_operands(cfg, params, batch_BxS1)
+  ]
 
 
 # --- studies --------------------------------------------------------------------------------------
 
 # (name, d_model, n_layers, n_heads, n_kv_heads, d_ff, measured tokens): head dim 32, d_ff ~ 8/3 width
-SCALE_MODELS = (("w192-d4", 192, 4, 6, 2, 512, 256), ("w384-d4", 384, 4, 12, 4, 1024, 128),
-                ("w768-d4", 768, 4, 24, 8, 2048, 64), ("w192-d8", 192, 8, 6, 2, 512, 256),
-                ("w192-d12", 192, 12, 6, 2, 512, 256))
+SCALE_MODELS = (
+  ("w192-d4", 192, 4, 6, 2, 512, 256),
+  ("w384-d4", 384, 4, 12, 4, 1024, 128),
+  ("w768-d4", 768, 4, 24, 8, 2048, 64),
+  ("w192-d8", 192, 8, 6, 2, 512, 256),
+  ("w192-d12", 192, 12, 6, 2, 512, 256),
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -159,23 +181,40 @@ def _summarize(rows: list[dict]) -> dict:
   """Median and maximum over all projections, and medians over the gate projections (the largest ρ)."""
   med = lambda key, sel: float(np.median([r[key] for r in sel]))
   gate = [r for r in rows if r["proj"] == "gate"]
-  return {"rho": med("rho", rows), "rho_max": max(r["rho"] for r in rows), "dx_ratio": med("dx_ratio", rows),
-          "dx_ratio_max": max(r["dx_ratio"] for r in rows), "dx_ratio_pred": med("dx_ratio_pred", rows),
-          "ec_ratio": med("ec_ratio", rows), "dw_ratio": med("dw_ratio", rows), "gate_rho": med("rho", gate),
-          "gate_dx_ratio": med("dx_ratio", gate), "gate_dx_ratio_pred": med("dx_ratio_pred", gate),
-          "gate_ec_ratio": med("ec_ratio", gate)}
+  return {
+    "rho": med("rho", rows),
+    "rho_max": max(r["rho"] for r in rows),
+    "dx_ratio": med("dx_ratio", rows),
+    "dx_ratio_max": max(r["dx_ratio"] for r in rows),
+    "dx_ratio_pred": med("dx_ratio_pred", rows),
+    "ec_ratio": med("ec_ratio", rows),
+    "dw_ratio": med("dw_ratio", rows),
+    "gate_rho": med("rho", gate),
+    "gate_dx_ratio": med("dx_ratio", gate),
+    "gate_dx_ratio_pred": med("dx_ratio_pred", gate),
+    "gate_ec_ratio": med("ec_ratio", gate),
+  }
 
 
 def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, log=print) -> None:
   corpus = s3r_data.prepare(study.data, vocab_size=study.vocab, cache_dir=study.cache_dir, log=log)
-  batch_val = next(s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=study.batch, seq_len=study.seq,
-                                         max_batches=1))
+  batch_val = next(
+    s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=study.batch, seq_len=study.seq, max_batches=1)
+  )
   for name, d, layers, heads, kv, ff, tokens in models:
     todo = [s for s in study.measure_at if f"{name}@{s}" not in results["entries"]]
     if not todo:
       continue
-    cfg = s3r_model.ModelConfig(vocab_size=corpus.tokenizer.vocab_size, d_model=d, n_layers=layers, n_heads=heads,
-                                n_kv_heads=kv, d_ff=ff, max_seq_len=study.seq, recipe=study.recipe)
+    cfg = s3r_model.ModelConfig(
+      vocab_size=corpus.tokenizer.vocab_size,
+      d_model=d,
+      n_layers=layers,
+      n_heads=heads,
+      n_kv_heads=kv,
+      d_ff=ff,
+      max_seq_len=study.seq,
+      recipe=study.recipe,
+    )
     opt = OptimizerConfig(lr=study.lr, total_steps=study.steps, warmup_steps=min(10, study.steps))
     tx = make_optimizer(opt)
     init_key, train_key = jax.random.split(jax.random.key(study.seed))
@@ -186,9 +225,16 @@ def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, 
     for step in range(max(todo) + 1):
       if step in todo:
         rows = measure(cfg, state.params, batch_val, tokens=tokens)
-        results["entries"][f"{name}@{step}"] = {"study": "scale", "model": name, "d_model": d, "n_layers": layers,
-                                                "step": step, "train_loss": loss, "summary": _summarize(rows),
-                                                "projections": rows}
+        results["entries"][f"{name}@{step}"] = {
+          "study": "scale",
+          "model": name,
+          "d_model": d,
+          "n_layers": layers,
+          "step": step,
+          "train_loss": loss,
+          "summary": _summarize(rows),
+          "projections": rows,
+        }
         save()
         log(f"{name} step {step}: {_summarize(rows)} ({time.time() - t0:.0f}s)")
       if step < max(todo):
@@ -196,8 +242,7 @@ def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, 
         loss = float(metrics["loss"])
 
 
-def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256, n_keys: int = 4,
-                     log=print) -> None:
+def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256, n_keys: int = 4, log=print) -> None:
   """Measures every checkpoint of each run folder in `paths` (read-only) on a batch of enwiki shard 9
   encoded with the run's own tokenizer: the local errors per projection and, with the `s3r diagnose`
   machinery (s3r.experiments.gradients, `n_keys` keys), the errors propagated to the block inputs."""
@@ -221,11 +266,22 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
       state, _ = ckpt.restore(setup.abstract_state, step)
       batch = _shard9_batch(tok, cfg.batch, cfg.seq)
       rows = measure(setup.model_cfg, state.params, batch, tokens=tokens)
-      e2e = gradients.relative_errors(setup.model_cfg, state.params, jnp.asarray(batch), RECIPES, n_keys=n_keys, log=log)
-      results["entries"][key] = {"end_to_end": e2e, "study": "checkpoints", "model": cfg.preset, "run": pathlib.Path(path).name,
-                                 "recipe": cfg.recipe, "lr": cfg.lr, "d_model": setup.model_cfg.d_model,
-                                 "n_layers": setup.model_cfg.n_layers, "step": step, "summary": _summarize(rows),
-                                 "projections": rows}
+      e2e = gradients.relative_errors(
+        setup.model_cfg, state.params, jnp.asarray(batch), RECIPES, n_keys=n_keys, log=log
+      )
+      results["entries"][key] = {
+        "end_to_end": e2e,
+        "study": "checkpoints",
+        "model": cfg.preset,
+        "run": pathlib.Path(path).name,
+        "recipe": cfg.recipe,
+        "lr": cfg.lr,
+        "d_model": setup.model_cfg.d_model,
+        "n_layers": setup.model_cfg.n_layers,
+        "step": step,
+        "summary": _summarize(rows),
+        "projections": rows,
+      }
       save()
       log(f"{key}: {_summarize(rows)}")
     ckpt.close()
@@ -247,38 +303,51 @@ def _shard9_batch(tok, batch: int, seq: int) -> np.ndarray:
 
 
 def _markdown(results: dict) -> str:
-  lines = ["# Proposition 1 per projection: common row component vs the extra dX error of per-token sharing", "",
-           provenance.metadata_lines(results["meta"], {}),
-           f"Status: {'complete' if results.get('complete') else 'PARTIAL (the study was still running)'}.", "",
-           "Exact local errors of each block projection (module docstring of s3r/experiments/mechanism.py); "
-           "medians over the projections of each model. ratio = s3r / int8_sr relative dX error; "
-           "predicted = sqrt((1 + ρ) / 2) from the evenly-spread-residual moments.", "",
-           "| entry | d_model | layers | step | median ρ (all) | median ratio (all) | gate ρ | gate ratio | gate predicted "
-           "| gate EC / SR | max ρ | max ratio | dW ratio |",
-           "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
+  lines = [
+    "# Proposition 1 per projection: common row component vs the extra dX error of per-token sharing",
+    "",
+    provenance.metadata_lines(results["meta"], {}),
+    f"Status: {'complete' if results.get('complete') else 'PARTIAL (the study was still running)'}.",
+    "",
+    "Exact local errors of each block projection (module docstring of s3r/experiments/mechanism.py); "
+    "medians over the projections of each model. ratio = s3r / int8_sr relative dX error; "
+    "predicted = sqrt((1 + ρ) / 2) from the evenly-spread-residual moments.",
+    "",
+    "| entry | d_model | layers | step | median ρ (all) | median ratio (all) | gate ρ | gate ratio | gate predicted "
+    "| gate EC / SR | max ρ | max ratio | dW ratio |",
+    "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
+  ]
   for key, e in results["entries"].items():
     s = _summarize(e["projections"])
-    lines.append(f"| {key} | {e['d_model']} | {e['n_layers']} | {e['step']} | {s['rho']:.2f} | {s['dx_ratio']:.3f} | "
-                 f"{s['gate_rho']:.2f} | {s['gate_dx_ratio']:.3f} | {s['gate_dx_ratio_pred']:.3f} | "
-                 f"{s['gate_ec_ratio']:.3f} | {s['rho_max']:.1f} | {s['dx_ratio_max']:.3f} | {s['dw_ratio']:.4f} |")
+    lines.append(
+      f"| {key} | {e['d_model']} | {e['n_layers']} | {e['step']} | {s['rho']:.2f} | {s['dx_ratio']:.3f} | "
+      f"{s['gate_rho']:.2f} | {s['gate_dx_ratio']:.3f} | {s['gate_dx_ratio_pred']:.3f} | "
+      f"{s['gate_ec_ratio']:.3f} | {s['rho_max']:.1f} | {s['dx_ratio_max']:.3f} | {s['dw_ratio']:.4f} |"
+    )
     if "end_to_end" in e:
       ee = e["end_to_end"]
-      lines.append(f"|  ↳ propagated (s3r diagnose, {key}) | | | | | dX block 0 input s3r/int8_sr "
-                   f"{ee['s3r']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | last block input "
-                   f"{ee['s3r']['dx_last'] / ee['int8_sr']['dx_last']:.3f} | | s3r_ec_dx/int8_sr "
-                   f"{ee['s3r_ec_dx']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | | |")
+      lines.append(
+        f"|  ↳ propagated (s3r diagnose, {key}) | | | | | dX block 0 input s3r/int8_sr "
+        f"{ee['s3r']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | last block input "
+        f"{ee['s3r']['dx_last'] / ee['int8_sr']['dx_last']:.3f} | | s3r_ec_dx/int8_sr "
+        f"{ee['s3r_ec_dx']['dx_first'] / ee['int8_sr']['dx_first']:.3f} | | | |"
+      )
   rows = [r for e in results["entries"].values() for r in e["projections"]]
   if rows:
     meas, pred = np.array([r["dx_ratio"] for r in rows]), np.array([r["dx_ratio_pred"] for r in rows])
-    lines += ["", f"All {len(rows)} projections: correlation of measured and predicted ratio "
-              f"{np.corrcoef(meas, pred)[0, 1]:.3f}; median measured / predicted {np.median(meas / pred):.3f} "
-              f"(IQR {np.percentile(meas / pred, 25):.3f}-{np.percentile(meas / pred, 75):.3f}); "
-              f"max ρ {max(r['rho'] for r in rows):.2f}; max measured ratio {meas.max():.3f}."]
+    lines += [
+      "",
+      f"All {len(rows)} projections: correlation of measured and predicted ratio "
+      f"{np.corrcoef(meas, pred)[0, 1]:.3f}; median measured / predicted {np.median(meas / pred):.3f} "
+      f"(IQR {np.percentile(meas / pred, 25):.3f}-{np.percentile(meas / pred, 75):.3f}); "
+      f"max ρ {max(r['rho'] for r in rows):.2f}; max measured ratio {meas.max():.3f}.",
+    ]
   return "\n".join(lines) + "\n"
 
 
 def _plot(results: dict, path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

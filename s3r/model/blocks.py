@@ -55,9 +55,15 @@ class Gemma3Block(Qwen3Block):
   def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
     cfg = self.cfg
     window = None if cfg.is_global(self.layer) else (cfg.sliding_window - 1, 0)
-    return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True,
-                                        scale=cfg.query_pre_attn_scalar ** -0.5, local_window_size=window,
-                                        implementation=cfg.attention_impl)
+    return jax.nn.dot_product_attention(
+      q_BxSxNxH,
+      k_BxSxKxH,
+      v_BxSxKxH,
+      is_causal=True,
+      scale=cfg.query_pre_attn_scalar**-0.5,
+      local_window_size=window,
+      implementation=cfg.attention_impl,
+    )
 
   def _act(self, gate_BxSxF):
     return jax.nn.gelu(gate_BxSxF, approximate=True)
@@ -70,10 +76,20 @@ def moe_feed_forward(cfg, key) -> nnx.Module:
   """The routed MoE feed-forward of an MoE-family config (imported only by the MoE families)."""
   from s3r.model.moe import MoEFeedForward  # noqa: PLC0415 (dense families never need it)
 
-  return MoEFeedForward(d_model=cfg.d_model, d_expert=cfg.d_expert, n_experts=cfg.n_experts, top_k=cfg.top_k,
-                        n_shared=cfg.n_shared, d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
-                        renormalize=cfg.renormalize, capacity_factor=cfg.capacity_factor,
-                        aux_loss_weight=cfg.aux_loss_weight, recipe=cfg.recipe, act="silu", rngs=nnx.Rngs(key))
+  return MoEFeedForward(
+    d_model=cfg.d_model,
+    d_expert=cfg.d_expert,
+    n_experts=cfg.n_experts,
+    top_k=cfg.top_k,
+    n_shared=cfg.n_shared,
+    d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
+    renormalize=cfg.renormalize,
+    capacity_factor=cfg.capacity_factor,
+    aux_loss_weight=cfg.aux_loss_weight,
+    recipe=cfg.recipe,
+    act="silu",
+    rngs=nnx.Rngs(key),
+  )
 
 
 def moe_call(moe: nnx.Module, h_BxSxD, layer_key, index: int):

@@ -84,8 +84,9 @@ class RopeScaling:
     _check_positive(self, ("factor", "high_freq_factor", "low_freq_factor", "beta_fast", "beta_slow"), float)
     _check_positive(self, ("original_max_seq_len",))
     if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
-      raise ValueError(f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
-                       f"({self.low_freq_factor})")
+      raise ValueError(
+        f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})"
+      )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,9 @@ class ModelConfig:
   init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
   recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
-  tp_partial_sums: str = "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
+  tp_partial_sums: str = (
+    "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
+  )
   attention_impl: str = "xla"  # attention kernel: "xla" (any platform) or "cudnn" (fused flash attention, NVIDIA GPUs)
 
   def __post_init__(self):
@@ -117,8 +120,9 @@ class ModelConfig:
     _check_positive(self, ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"))
     if self.d_head is None:
       if self.d_model % self.n_heads:
-        raise ValueError(f"{name}.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
-                         f"when d_head is None")
+        raise ValueError(
+          f"{name}.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) when d_head is None"
+        )
     else:
       _check_positive(self, ("d_head",))
     if self.n_heads % self.n_kv_heads:
@@ -131,10 +135,13 @@ class ModelConfig:
     if self.recipe not in RECIPES:
       raise ValueError(f"{name}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
     if self.tp_partial_sums not in TP_PARTIAL_SUMS:
-      raise ValueError(f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; "
-                       f"got {self.tp_partial_sums!r}")
+      raise ValueError(
+        f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; got {self.tp_partial_sums!r}"
+      )
     if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(f"{name}.attention_impl must be one of {', '.join(ATTENTION_IMPLS)}; got {self.attention_impl!r}")
+      raise ValueError(
+        f"{name}.attention_impl must be one of {', '.join(ATTENTION_IMPLS)}; got {self.attention_impl!r}"
+      )
 
   @property
   def head_dim(self) -> int:
@@ -145,7 +152,7 @@ class ModelConfig:
     return d if self.family == "llama" else {"family": self.family, **d}
 
   @classmethod
-  def from_dict(cls, d: dict) -> "ModelConfig":
+  def from_dict(cls, d: dict) -> ModelConfig:
     d = dict(d)
     family = FAMILIES[d.pop("family", cls.family)]
     if d.get("rope_scaling") is not None:
@@ -223,8 +230,9 @@ class MoeFields:
     if not isinstance(self.n_shared, int) or self.n_shared < 0:
       raise ValueError(f"{name}.n_shared must be an int >= 0, got {self.n_shared!r}")
     if not isinstance(self.dense_layers, int) or not 0 <= self.dense_layers <= self.n_layers:
-      raise ValueError(f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got "
-                       f"{self.dense_layers!r}")
+      raise ValueError(
+        f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got {self.dense_layers!r}"
+      )
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
 
@@ -273,8 +281,10 @@ class DeepSeekV2Config(MoeFields, ModelConfig):
     if self.qk_rope_head_dim % 2:
       raise ValueError(f"DeepSeekV2Config.qk_rope_head_dim must be even for RoPE, got {self.qk_rope_head_dim}")
     if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
-      raise ValueError(f"DeepSeekV2Config.v_head_dim ({self.v_head_dim}) must be <= qk_nope_head_dim + "
-                       f"qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})")
+      raise ValueError(
+        f"DeepSeekV2Config.v_head_dim ({self.v_head_dim}) must be <= qk_nope_head_dim + "
+        f"qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})"
+      )
 
   def attention_params(self) -> int:
     d, n, qk = self.d_model, self.n_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -283,55 +293,146 @@ class DeepSeekV2Config(MoeFields, ModelConfig):
     return q + kv + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim) + n * self.v_head_dim * d
 
 
-FAMILIES: dict[str, type[ModelConfig]] = {c.family: c for c in
-                                          (ModelConfig, Qwen3Config, Gemma3Config, Qwen3MoeConfig, DeepSeekV2Config)}
+FAMILIES: dict[str, type[ModelConfig]] = {
+  c.family: c for c in (ModelConfig, Qwen3Config, Gemma3Config, Qwen3MoeConfig, DeepSeekV2Config)
+}
 
-_LLAMA3_ROPE = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192)
-_DEEPSEEK_YARN = RopeScaling(kind="yarn", factor=40.0, original_max_seq_len=4096, beta_fast=32.0, beta_slow=1.0,
-                             mscale=0.707, mscale_all_dim=0.707)
+_LLAMA3_ROPE = RopeScaling(
+  kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192
+)
+_DEEPSEEK_YARN = RopeScaling(
+  kind="yarn", factor=40.0, original_max_seq_len=4096, beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707
+)
 _TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=128)
 
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(**_TINY),
-    "cpu-small": ModelConfig(vocab_size=8192, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
-                             max_seq_len=256),
-    "paper-12l": ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
-                             d_ff=2048, max_seq_len=2048),
-    # Published dimensions (config.json of each model; see docs/models.md).
-    "llama3.1-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-                               max_seq_len=131072, rope_theta=500_000.0, rope_scaling=_LLAMA3_ROPE, norm_eps=1e-5),
-    "qwen3-8b": Qwen3Config(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, d_head=128,
-                            d_ff=12288, max_seq_len=40960, rope_theta=1_000_000.0),
-    "gemma3-12b": Gemma3Config(vocab_size=262208, d_model=3840, n_layers=48, n_heads=16, n_kv_heads=8, d_head=256,
-                               d_ff=15360, max_seq_len=131072, rope_theta=1_000_000.0,
-                               rope_scaling=RopeScaling(kind="linear", factor=8.0), sliding_window=1024,
-                               local_rope_theta=10_000.0, query_pre_attn_scalar=256.0),
-    "qwen3-30b-a3b": Qwen3MoeConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4,
-                                    d_head=128, d_ff=6144, max_seq_len=40960, rope_theta=1_000_000.0,
-                                    n_experts=128, top_k=8, d_expert=768, renormalize=True),
-    "deepseek-v2-lite": DeepSeekV2Config(vocab_size=102400, d_model=2048, n_layers=27, n_heads=16, n_kv_heads=16,
-                                         d_ff=10944, max_seq_len=163840, rope_scaling=_DEEPSEEK_YARN,
-                                         n_experts=64, top_k=6, d_expert=1408, n_shared=2, dense_layers=1,
-                                         renormalize=False, q_lora_rank=None, kv_lora_rank=512,
-                                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-    # CPU-sized siblings (tests, CPU training): each family's structure at width 64.
-    "llama-tiny": ModelConfig(**_TINY, rope_theta=500_000.0,
-                              rope_scaling=RopeScaling(kind="llama3", factor=8.0, original_max_seq_len=32)),
-    "qwen3-tiny": Qwen3Config(**{**_TINY, "d_head": 16}, rope_theta=1_000_000.0),
-    "gemma3-tiny": Gemma3Config(**{**_TINY, "n_layers": 6, "d_head": 32, "d_ff": 128}, rope_theta=1_000_000.0,
-                                rope_scaling=RopeScaling(kind="linear", factor=8.0), sliding_window=16,
-                                query_pre_attn_scalar=32.0),
-    "qwen3-moe-tiny": Qwen3MoeConfig(**{**_TINY, "d_head": 16}, rope_theta=1_000_000.0, n_experts=8, top_k=2,
-                                     d_expert=64),
-    "deepseek-tiny": DeepSeekV2Config(**{**_TINY, "n_layers": 3, "n_kv_heads": 4}, rope_scaling=RopeScaling(
-        kind="yarn", factor=4.0, original_max_seq_len=32, mscale=0.707, mscale_all_dim=0.707), n_experts=8, top_k=2,
-                                      d_expert=48, n_shared=1, dense_layers=1, renormalize=False, kv_lora_rank=32,
-                                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
-    # MoE training presets: Qwen3-MoE blocks with one shared expert; moe-cpu-small costs about what
-    # cpu-small costs per step (top-2 + shared = 3 x 160 active expert units against d_ff = 512).
-    "moe-tiny": Qwen3MoeConfig(**{**_TINY, "d_head": 16}, n_experts=4, top_k=2, d_expert=32, n_shared=1),
-    "moe-cpu-small": Qwen3MoeConfig(vocab_size=8192, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
-                                    max_seq_len=256, n_experts=8, top_k=2, d_expert=160, n_shared=1),
+  "tiny": ModelConfig(**_TINY),
+  "cpu-small": ModelConfig(
+    vocab_size=8192, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512, max_seq_len=256
+  ),
+  "paper-12l": ModelConfig(
+    vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, d_ff=2048, max_seq_len=2048
+  ),
+  # Published dimensions (config.json of each model; see docs/models.md).
+  "llama3.1-8b": ModelConfig(
+    vocab_size=128256,
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=8,
+    d_ff=14336,
+    max_seq_len=131072,
+    rope_theta=500_000.0,
+    rope_scaling=_LLAMA3_ROPE,
+    norm_eps=1e-5,
+  ),
+  "qwen3-8b": Qwen3Config(
+    vocab_size=151936,
+    d_model=4096,
+    n_layers=36,
+    n_heads=32,
+    n_kv_heads=8,
+    d_head=128,
+    d_ff=12288,
+    max_seq_len=40960,
+    rope_theta=1_000_000.0,
+  ),
+  "gemma3-12b": Gemma3Config(
+    vocab_size=262208,
+    d_model=3840,
+    n_layers=48,
+    n_heads=16,
+    n_kv_heads=8,
+    d_head=256,
+    d_ff=15360,
+    max_seq_len=131072,
+    rope_theta=1_000_000.0,
+    rope_scaling=RopeScaling(kind="linear", factor=8.0),
+    sliding_window=1024,
+    local_rope_theta=10_000.0,
+    query_pre_attn_scalar=256.0,
+  ),
+  "qwen3-30b-a3b": Qwen3MoeConfig(
+    vocab_size=151936,
+    d_model=2048,
+    n_layers=48,
+    n_heads=32,
+    n_kv_heads=4,
+    d_head=128,
+    d_ff=6144,
+    max_seq_len=40960,
+    rope_theta=1_000_000.0,
+    n_experts=128,
+    top_k=8,
+    d_expert=768,
+    renormalize=True,
+  ),
+  "deepseek-v2-lite": DeepSeekV2Config(
+    vocab_size=102400,
+    d_model=2048,
+    n_layers=27,
+    n_heads=16,
+    n_kv_heads=16,
+    d_ff=10944,
+    max_seq_len=163840,
+    rope_scaling=_DEEPSEEK_YARN,
+    n_experts=64,
+    top_k=6,
+    d_expert=1408,
+    n_shared=2,
+    dense_layers=1,
+    renormalize=False,
+    q_lora_rank=None,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+  ),
+  # CPU-sized siblings (tests, CPU training): each family's structure at width 64.
+  "llama-tiny": ModelConfig(
+    **_TINY, rope_theta=500_000.0, rope_scaling=RopeScaling(kind="llama3", factor=8.0, original_max_seq_len=32)
+  ),
+  "qwen3-tiny": Qwen3Config(**{**_TINY, "d_head": 16}, rope_theta=1_000_000.0),
+  "gemma3-tiny": Gemma3Config(
+    **{**_TINY, "n_layers": 6, "d_head": 32, "d_ff": 128},
+    rope_theta=1_000_000.0,
+    rope_scaling=RopeScaling(kind="linear", factor=8.0),
+    sliding_window=16,
+    query_pre_attn_scalar=32.0,
+  ),
+  "qwen3-moe-tiny": Qwen3MoeConfig(
+    **{**_TINY, "d_head": 16}, rope_theta=1_000_000.0, n_experts=8, top_k=2, d_expert=64
+  ),
+  "deepseek-tiny": DeepSeekV2Config(
+    **{**_TINY, "n_layers": 3, "n_kv_heads": 4},
+    rope_scaling=RopeScaling(kind="yarn", factor=4.0, original_max_seq_len=32, mscale=0.707, mscale_all_dim=0.707),
+    n_experts=8,
+    top_k=2,
+    d_expert=48,
+    n_shared=1,
+    dense_layers=1,
+    renormalize=False,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+  ),
+  # MoE training presets: Qwen3-MoE blocks with one shared expert; moe-cpu-small costs about what
+  # cpu-small costs per step (top-2 + shared = 3 x 160 active expert units against d_ff = 512).
+  "moe-tiny": Qwen3MoeConfig(**{**_TINY, "d_head": 16}, n_experts=4, top_k=2, d_expert=32, n_shared=1),
+  "moe-cpu-small": Qwen3MoeConfig(
+    vocab_size=8192,
+    d_model=192,
+    n_layers=4,
+    n_heads=6,
+    n_kv_heads=2,
+    d_ff=512,
+    max_seq_len=256,
+    n_experts=8,
+    top_k=2,
+    d_expert=160,
+    n_shared=1,
+  ),
 }
 OVERRIDES = {"layers": "n_layers", "seq": "max_seq_len", "width": "d_model"}  # short names accepted by preset()
 

@@ -29,9 +29,18 @@ def counts(cfg) -> dict:
 def rows() -> list[dict]:
   from s3r.model import PRESETS
 
-  return [{"name": name, "family": cfg.family, "layers": cfg.n_layers, "width": cfg.d_model,
-           "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, **counts(cfg)}
-          for name, cfg in PRESETS.items()]
+  return [
+    {
+      "name": name,
+      "family": cfg.family,
+      "layers": cfg.n_layers,
+      "width": cfg.d_model,
+      "vocab_size": cfg.vocab_size,
+      "max_seq_len": cfg.max_seq_len,
+      **counts(cfg),
+    }
+    for name, cfg in PRESETS.items()
+  ]
 
 
 def run(args) -> int:
@@ -42,15 +51,21 @@ def run(args) -> int:
   print(f"{'preset':<18} {'family':<12} {'layers':>6} {'width':>6} {'params':>16} {'active':>16}")
   for r in table:
     note = "" if r["counted_from"] == "shapes" else "  (arithmetic)"
-    print(f"{r['name']:<18} {r['family']:<12} {r['layers']:>6} {r['width']:>6} {r['params_total']:>16,} "
-          f"{r['params_active']:>16,}{note}")
+    print(
+      f"{r['name']:<18} {r['family']:<12} {r['layers']:>6} {r['width']:>6} {r['params_total']:>16,} "
+      f"{r['params_active']:>16,}{note}"
+    )
   return 0
 
 
 def register(subparsers) -> None:
-  p = subparsers.add_parser("models", help="list the model presets with their parameter counts",
-                            description="Every model preset with its family, depth, width and total / active "
-                                        "(per-token) parameter counts, computed from shapes without allocating.")
-  p.add_argument("--json", action="store_true", help="print a JSON list of objects (name, params_total, "
-                                                     "params_active, ...)")
+  p = subparsers.add_parser(
+    "models",
+    help="list the model presets with their parameter counts",
+    description="Every model preset with its family, depth, width and total / active "
+    "(per-token) parameter counts, computed from shapes without allocating.",
+  )
+  p.add_argument(
+    "--json", action="store_true", help="print a JSON list of objects (name, params_total, params_active, ...)"
+  )
   p.set_defaults(func=run)

@@ -27,8 +27,17 @@ from s3r.model.transformer import Block, _param, _yarn_mscale, constrain, rope
 
 MLA_PROJECTIONS = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "gate", "up", "down")  # index j of the per-projection key
 # Tensor-parallel split (s3r.train.sharding RULES): heads are split; the latents (q_a, kv_a outputs) are replicated.
-_MLA_TP_SPLIT = {"q": "column", "q_a": None, "q_b": "column", "kv_a": None, "kv_b": "column", "o": "row",
-                 "gate": "column", "up": "column", "down": "row"}
+_MLA_TP_SPLIT = {
+  "q": "column",
+  "q_a": None,
+  "q_b": "column",
+  "kv_a": None,
+  "kv_b": "column",
+  "o": "row",
+  "gate": "column",
+  "up": "column",
+  "down": "row",
+}
 
 
 class DeepSeekV2Block(Block):
@@ -80,15 +89,17 @@ class DeepSeekV2Block(Block):
     latent_BxSxC, k_rope_BxSx1xR = kv_BxSxCR[..., :c], kv_BxSxCR[..., c:].reshape(b, s, 1, r)
     kv_BxSxNxPU = self._proj("kv_b", self.kv_a_norm(latent_BxSxC), layer_key).reshape(b, s, n, p + u)
     k_rope_BxSx1xR = rope(k_rope_BxSx1xR, cfg.rope_theta, cfg.rope_scaling)
-    q_BxSxNxM = jnp.concatenate([q_BxSxNxM[..., :p], rope(q_BxSxNxM[..., p:], cfg.rope_theta, cfg.rope_scaling)],
-                                axis=-1)
+    q_BxSxNxM = jnp.concatenate(
+      [q_BxSxNxM[..., :p], rope(q_BxSxNxM[..., p:], cfg.rope_theta, cfg.rope_scaling)], axis=-1
+    )
     k_BxSxNxM = jnp.concatenate([kv_BxSxNxPU[..., :p], jnp.broadcast_to(k_rope_BxSx1xR, (b, s, n, r))], axis=-1)
     v_BxSxNxM = jnp.pad(kv_BxSxNxPU[..., p:], ((0, 0), (0, 0), (0, 0), (0, p + r - u)))
     q_BxSxNxM = constrain(q_BxSxNxM, ("batch", "seq", "act_heads", None))
     k_BxSxNxM = constrain(k_BxSxNxM, ("batch", "seq", "act_heads", None))
     v_BxSxNxM = constrain(v_BxSxNxM, ("batch", "seq", "act_heads", None))
-    a_BxSxNxM = jax.nn.dot_product_attention(q_BxSxNxM, k_BxSxNxM, v_BxSxNxM, is_causal=True,
-                                             scale=self._softmax_scale(), implementation=cfg.attention_impl)
+    a_BxSxNxM = jax.nn.dot_product_attention(
+      q_BxSxNxM, k_BxSxNxM, v_BxSxNxM, is_causal=True, scale=self._softmax_scale(), implementation=cfg.attention_impl
+    )
     return self._proj("o", a_BxSxNxM[..., :u].reshape(b, s, n * u), layer_key)
 
   def _ffn(self, h_BxSxD, layer_key):

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from s3r.quant import grouped_qmatmul, qmatmul, recipe as get_recipe
+from s3r.quant import grouped_qmatmul, qmatmul
+from s3r.quant import recipe as get_recipe
 
 PURPOSES = ("gate", "up", "down", "shared_gate", "shared_up", "shared_down")  # index = fold_in data of each GEMM key
 _ACTS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
@@ -39,9 +40,23 @@ def _param(key, shape, std, axes) -> nnx.Param:
 class MoEFeedForward(nnx.Module):
   """Top-k routed SwiGLU experts (+ optional shared experts) with INT8 grouped expert GEMMs."""
 
-  def __init__(self, *, d_model: int, d_expert: int, n_experts: int, top_k: int, n_shared: int = 0,
-               d_shared: int | None = None, renormalize: bool = True, capacity_factor: float | None = None,
-               aux_loss_weight: float = 0.01, recipe, act: str = "silu", rngs: nnx.Rngs, init_std: float = 0.02):
+  def __init__(
+    self,
+    *,
+    d_model: int,
+    d_expert: int,
+    n_experts: int,
+    top_k: int,
+    n_shared: int = 0,
+    d_shared: int | None = None,
+    renormalize: bool = True,
+    capacity_factor: float | None = None,
+    aux_loss_weight: float = 0.01,
+    recipe,
+    act: str = "silu",
+    rngs: nnx.Rngs,
+    init_std: float = 0.02,
+  ):
     if not 1 <= top_k <= n_experts:
       raise ValueError(f"MoEFeedForward: top_k must be in [1, n_experts={n_experts}], got {top_k}")
     if capacity_factor is not None and not capacity_factor > 0:
@@ -98,16 +113,20 @@ class MoEFeedForward(nnx.Module):
     order = jnp.argsort(expert_A, stable=True)
     cap = self.capacity(t)
     if cap is not None:
-      rank_A = jnp.zeros_like(expert_A).at[order].set(jnp.arange(t * k, dtype=jnp.int32)
-                                                       - (jnp.cumsum(routed_E) - routed_E)[expert_A[order]])
+      rank_A = (
+        jnp.zeros_like(expert_A)
+        .at[order]
+        .set(jnp.arange(t * k, dtype=jnp.int32) - (jnp.cumsum(routed_E) - routed_E)[expert_A[order]])
+      )
       expert_A = jnp.where(rank_A < cap, expert_A, e)  # dropped: sorted past every group
       order = jnp.argsort(expert_A, stable=True)
     group_sizes = jnp.bincount(expert_A, length=e + 1)[:e].astype(jnp.int32)
     token_R, weight_R = token_A[order], weight_A[order]
 
     x_RxD = x_TxD[token_R]
-    gq = lambda a, name: grouped_qmatmul(a, getattr(self, name)[...], group_sizes, key=self._key(key, name),
-                                         recipe=self.recipe)
+    gq = lambda a, name: grouped_qmatmul(
+      a, getattr(self, name)[...], group_sizes, key=self._key(key, name), recipe=self.recipe
+    )
     h_RxF = _ACTS[self.act](gq(x_RxD, "gate")) * gq(x_RxD, "up")
     out_RxD = gq(h_RxF, "down")  # rows past sum(group_sizes) are exactly zero
     y_TxD = jnp.zeros((t, d), jnp.float32).at[token_R].add(out_RxD.astype(jnp.float32) * weight_R[:, None])
@@ -116,8 +135,10 @@ class MoEFeedForward(nnx.Module):
 
     fraction_E = routed_E.astype(jnp.float32) / (t * k)
     balance = e * jnp.sum(fraction_E * jnp.mean(probs_TxE, axis=0))
-    aux = {"load_balance_loss": self.aux_loss_weight * balance,
-           "dropped_fraction": 1.0 - jnp.sum(group_sizes).astype(jnp.float32) / (t * k)}
+    aux = {
+      "load_balance_loss": self.aux_loss_weight * balance,
+      "dropped_fraction": 1.0 - jnp.sum(group_sizes).astype(jnp.float32) / (t * k),
+    }
     return y_TxD.astype(x_BxSxD.dtype).reshape(b, s, d), aux
 
   def _shared(self, x_BxSxD, key):

@@ -28,14 +28,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model.config import ModelConfig, RopeScaling
-from s3r.quant import qmatmul, recipe as get_recipe
+from s3r.quant import qmatmul
+from s3r.quant import recipe as get_recipe
 
 ACT_DTYPE = jnp.bfloat16
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-projection key
@@ -43,8 +44,7 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-p
 # RULES): column-parallel W [D, F] split along its outputs, row-parallel along its inputs.
 _TP_SPLIT = {"q": "column", "k": "column", "v": "column", "o": "row", "gate": "column", "up": "column", "down": "row"}
 
-_constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint",
-                                                                              default=None)
+_constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint", default=None)
 _projection: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_projection", default=None)
 
 
@@ -111,14 +111,16 @@ def rope_frequencies(h: int, theta: float, scaling: RopeScaling | None):
   if scaling.kind == "llama3":  # keep short wavelengths, divide long ones by factor, interpolate in between
     wavelen = 2 * math.pi / inv_freq
     smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor)
+      scaling.high_freq_factor - scaling.low_freq_factor
+    )
     mid = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
     long_ = wavelen > scaling.original_max_seq_len / scaling.low_freq_factor
     short = wavelen < scaling.original_max_seq_len / scaling.high_freq_factor
     return jnp.where(long_, inv_freq / scaling.factor, jnp.where(short, inv_freq, mid)), 1.0
   # yarn: extrapolate the high frequencies, interpolate (/ factor) the low ones, linear ramp between.
-  dim_of = lambda rotations: h * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (
-      2 * math.log(theta))
+  dim_of = lambda rotations: (
+    h * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+  )
   low = max(math.floor(dim_of(scaling.beta_fast)), 0)
   high = min(math.ceil(dim_of(scaling.beta_slow)), h - 1)
   ramp = jnp.clip((jnp.arange(h // 2, dtype=jnp.float32) - low) / max(high - low, 1e-3), 0, 1)
@@ -187,8 +189,9 @@ class Block(nnx.Module):
 
   def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
     # bf16 scores and probability-value products (f32 softmax); attention_impl="cudnn": fused flash attention.
-    return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True,
-                                        implementation=self.cfg.attention_impl)
+    return jax.nn.dot_product_attention(
+      q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True, implementation=self.cfg.attention_impl
+    )
 
   def _after(self, name: str, y_BxSxD):
     return y_BxSxD
@@ -228,8 +231,13 @@ def block_class(cfg: ModelConfig) -> type[nnx.Module]:
   if cfg.family == "llama":
     return Block
   from s3r.model import blocks, mla  # noqa: PLC0415 (the families build on this module)
-  return {"qwen3": blocks.Qwen3Block, "gemma3": blocks.Gemma3Block, "qwen3_moe": blocks.Qwen3MoeBlock,
-          "deepseek_v2": mla.DeepSeekV2Block}[cfg.family]
+
+  return {
+    "qwen3": blocks.Qwen3Block,
+    "gemma3": blocks.Gemma3Block,
+    "qwen3_moe": blocks.Qwen3MoeBlock,
+    "deepseek_v2": mla.DeepSeekV2Block,
+  }[cfg.family]
 
 
 class Transformer(nnx.Module):
@@ -246,8 +254,9 @@ class Transformer(nnx.Module):
       self.out = _param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
     self.cfg = cfg
 
-  def __call__(self, tokens_BxS: jax.Array, *, key: jax.Array | None = None,
-               probes: list | None = None, aux: list | None = None) -> jax.Array:
+  def __call__(
+    self, tokens_BxS: jax.Array, *, key: jax.Array | None = None, probes: list | None = None, aux: list | None = None
+  ) -> jax.Array:
     """Returns f32 logits [B, S, V]. `key` (one per step) is required by stochastic recipes.
 
     `probes` (diagnostics): one [B, S, D] array per block, added to the block's input; the
@@ -293,28 +302,31 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
   return nnx.to_pure_dict(nnx.state(Transformer(cfg, key=key)))
 
 
-def apply(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None,
-          probes: list | None = None) -> jax.Array:
+def apply(
+  graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None, probes: list | None = None
+) -> jax.Array:
   """f32 logits [B, S, V] of the model `graphdef` with parameters `params` (see Transformer)."""
   return nnx.merge(graphdef, params)(tokens_BxS, key=key, probes=probes)
 
 
-def apply_with_aux(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *,
-                   key: jax.Array | None) -> tuple[jax.Array, dict]:
+def apply_with_aux(
+  graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None
+) -> tuple[jax.Array, dict]:
   """(f32 logits [B, S, V], MoE auxiliary terms): `load_balance_loss` summed over the MoE layers
   (add it to the training loss) and `dropped_fraction` averaged over them; {} for a dense model."""
   per_layer: list[dict] = []
   logits_BxSxV = nnx.merge(graphdef, params)(tokens_BxS, key=key, aux=per_layer)
   if not per_layer:
     return logits_BxSxV, {}
-  return logits_BxSxV, {"load_balance_loss": sum(a["load_balance_loss"] for a in per_layer),
-                        "dropped_fraction": sum(a["dropped_fraction"] for a in per_layer) / len(per_layer)}
+  return logits_BxSxV, {
+    "load_balance_loss": sum(a["load_balance_loss"] for a in per_layer),
+    "dropped_fraction": sum(a["dropped_fraction"] for a in per_layer) / len(per_layer),
+  }
 
 
 def logical_axes(cfg: ModelConfig) -> dict:
   """The params tree with each leaf replaced by a PartitionSpec of logical axis names."""
   state = jax.eval_shape(lambda: nnx.split(Transformer(cfg, key=jax.random.key(0)))[1])
   is_var = lambda x: isinstance(x, nnx.Variable)
-  specs = jax.tree.map(lambda v: jax.sharding.PartitionSpec(*v.get_metadata()["logical_axes"]), state,
-                       is_leaf=is_var)
+  specs = jax.tree.map(lambda v: jax.sharding.PartitionSpec(*v.get_metadata()["logical_axes"]), state, is_leaf=is_var)
   return nnx.to_pure_dict(specs)

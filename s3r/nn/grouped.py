@@ -15,20 +15,33 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.quant.grouped import grouped_qmatmul
-from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import recipe as lookup_recipe
 
 
 class GroupedLinear(nnx.Module):
   """y[t] = x[t] @ kernel[e(t)] for rows sorted by expert, with the recipe's INT8 numerics."""
 
-  def __init__(self, in_features: int, out_features: int, n_experts: int, *, recipe: str | Recipe = "s3r_ec_dx",
-               rngs: nnx.Rngs, stream: str = "quant", init_std: float = 0.02, impl: str | None = None,
-               logical_axes: tuple = ("expert", "embed", "mlp")):
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    n_experts: int,
+    *,
+    recipe: str | Recipe = "s3r_ec_dx",
+    rngs: nnx.Rngs,
+    stream: str = "quant",
+    init_std: float = 0.02,
+    impl: str | None = None,
+    logical_axes: tuple = ("expert", "embed", "mlp"),
+  ):
     self.recipe = lookup_recipe(recipe)
     self.stream = stream
     self.impl = impl  # grouped GEMM implementation (see s3r.grouped_qmatmul); None picks the default
-    self.kernel = nnx.Param(init_std * jax.random.normal(rngs.params(), (n_experts, in_features, out_features),
-                                                         jnp.float32), logical_axes=logical_axes)
+    self.kernel = nnx.Param(
+      init_std * jax.random.normal(rngs.params(), (n_experts, in_features, out_features), jnp.float32),
+      logical_axes=logical_axes,
+    )
     self.rngs = rngs.fork() if hasattr(rngs, "fork") else rngs
 
   def __call__(self, x_TxK: jax.Array, group_sizes: jax.Array) -> jax.Array:

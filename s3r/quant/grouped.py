@@ -27,14 +27,22 @@ import numpy as np
 
 from s3r.quant import grouped_ec, grouped_gemm, numerics, thresholds
 from s3r.quant.matmul import quantize_gradient
-from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import recipe as lookup_recipe
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 _NAME = "grouped_qmatmul"
 
 
-def grouped_qmatmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, key: jax.Array | None = None,
-                    recipe: str | Recipe = "s3r_ec_dx", impl: str | None = None) -> jax.Array:
+def grouped_qmatmul(
+  x: jax.Array,
+  w: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  key: jax.Array | None = None,
+  recipe: str | Recipe = "s3r_ec_dx",
+  impl: str | None = None,
+) -> jax.Array:
   """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's INT8 forward and backward.
 
   Args:
@@ -179,20 +187,24 @@ def _check_operands(x, w, group_sizes) -> None:
       raise TypeError(f"{_NAME}: {name} must be an array, got {type(a).__name__}")
   for name, a in (("x", x), ("w", w)):
     if not any(a.dtype == f for f in _FLOATS):
-      raise TypeError(f"{_NAME}: {name} must have a real floating dtype (bfloat16, float16, float32), "
-                      f"got {_describe(a)}")
+      raise TypeError(
+        f"{_NAME}: {name} must have a real floating dtype (bfloat16, float16, float32), got {_describe(a)}"
+      )
   if x.ndim != 2:
     raise ValueError(f"{_NAME}: x must be [T, K] (rows sorted by expert), got {_describe(x)}")
   if w.ndim != 3:
     raise ValueError(f"{_NAME}: w must be [E, K, N] (one [K, N] weight per expert), got {_describe(w)}")
   if x.shape[1] != w.shape[1]:
-    raise ValueError(f"{_NAME}: the last dim of x ({x.shape[1]}) must equal dim 1 of w ({w.shape[1]}); "
-                     f"x has {_describe(x)}, w has {_describe(w)}")
+    raise ValueError(
+      f"{_NAME}: the last dim of x ({x.shape[1]}) must equal dim 1 of w ({w.shape[1]}); "
+      f"x has {_describe(x)}, w has {_describe(w)}"
+    )
   if group_sizes.dtype != jnp.int32:
     raise TypeError(f"{_NAME}: group_sizes must be int32, got {_describe(group_sizes)}")
   if group_sizes.shape != (w.shape[0],):
-    raise ValueError(f"{_NAME}: group_sizes must be [E] = [{w.shape[0]}] (one size per expert of w), "
-                     f"got {_describe(group_sizes)}")
+    raise ValueError(
+      f"{_NAME}: group_sizes must be [E] = [{w.shape[0]}] (one size per expert of w), got {_describe(group_sizes)}"
+    )
   if isinstance(group_sizes, jax.core.Tracer):
     return  # traced: see grouped_qmatmul's docstring
   sizes = np.asarray(group_sizes, np.int64)

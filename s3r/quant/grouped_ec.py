@@ -25,9 +25,11 @@ def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array):
   experts = group_sizes.shape[0]
   count_E = jnp.maximum(group_sizes, 1).astype(jnp.float32)  # an empty segment's sums are 0
   r_T = jnp.mean(e_TxN, axis=1)
+
   def seg_mean(a):
     total = jax.ops.segment_sum(a, seg_T, num_segments=experts + 1, indices_are_sorted=True)[:experts]
     return total / count_E.reshape((experts,) + (1,) * (a.ndim - 1))
+
   return r_T, seg_mean(e_TxN), seg_mean(r_T)
 
 

@@ -99,6 +99,7 @@ def materialized_swap(a_BxMxN: jax.Array, nonnegative: jax.Array) -> jax.Array:
   whose conditional trick this repeats; `nonnegative` is any runtime scalar >= 0). Other
   backends get the plain transpose.
   """
+
   def cpu(a):
     take = jnp.logical_not(nonnegative < 0)
     return lax.cond(take, lambda a: jnp.swapaxes(a, 1, 2), lambda a: jnp.zeros_like(jnp.swapaxes(a, 1, 2)), a)
@@ -113,8 +114,9 @@ def _untile(acc: jax.Array, lay: Layout) -> jax.Array:
 
 
 def _ragged_dims(contract, lhs_ragged, rhs_group):
-  return lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(contract, ((), ())),
-                                       lhs_ragged_dimensions=lhs_ragged, rhs_group_dimensions=rhs_group)
+  return lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(contract, ((), ())), lhs_ragged_dimensions=lhs_ragged, rhs_group_dimensions=rhs_group
+  )
 
 
 def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
@@ -122,8 +124,9 @@ def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.in
   if impl == "ragged":
     return lax.ragged_dot(a_TxC, b_ExCxN, lay.group_sizes, preferred_element_type=out, precision=precision)
   b_tiles = jnp.take(b_ExCxN, lay.tile_expert, axis=0)
-  acc = lax.dot_general(_tiles(a_TxC, lay), b_tiles, (((2,), (1,)), ((0,), (0,))), precision=precision,
-                        preferred_element_type=out)
+  acc = lax.dot_general(
+    _tiles(a_TxC, lay), b_tiles, (((2,), (1,)), ((0,), (0,))), precision=precision, preferred_element_type=out
+  )
   return _untile(acc, lay)
 
 
@@ -131,21 +134,21 @@ def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp
   """out[t] = a[t] b[e(t)]ᵀ, [T, K] in `out` (zero rows past the sum)."""
   if impl == "ragged":
     dims = _ragged_dims(((1,), (2,)), (0,), (0,))
-    return lax.ragged_dot_general(a_TxN, b_ExKxN, lay.group_sizes, dims, precision=precision,
-                                  preferred_element_type=out)
+    return lax.ragged_dot_general(
+      a_TxN, b_ExKxN, lay.group_sizes, dims, precision=precision, preferred_element_type=out
+    )
   b_tiles = jnp.take(b_ExKxN, lay.tile_expert, axis=0)
-  acc = lax.dot_general(_tiles(a_TxN, lay), b_tiles, (((2,), (2,)), ((0,), (0,))), precision=precision,
-                        preferred_element_type=out)
+  acc = lax.dot_general(
+    _tiles(a_TxN, lay), b_tiles, (((2,), (2,)), ((0,), (0,))), precision=precision, preferred_element_type=out
+  )
   return _untile(acc, lay)
 
 
 def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
   """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
-  experts = lay.group_sizes.shape[0]
   if impl == "ragged":
     dims = _ragged_dims(((0,), (0,)), (0,), ())
-    return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision,
-                                  preferred_element_type=out)
+    return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision, preferred_element_type=out)
   return _tgmm_windows(a_TxK, b_TxN, lay, out, precision)
 
 

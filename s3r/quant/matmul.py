@@ -33,13 +33,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from s3r.quant import ec, numerics, tensor_parallel, thresholds
-from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import recipe as lookup_recipe
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 
 
-def qmatmul(x: jax.Array, w: jax.Array, *, key: jax.Array | None = None,
-            recipe: str | Recipe = "s3r_ec_dx", tp: str | None = None, tp_axis: str = "tensor") -> jax.Array:
+def qmatmul(
+  x: jax.Array,
+  w: jax.Array,
+  *,
+  key: jax.Array | None = None,
+  recipe: str | Recipe = "s3r_ec_dx",
+  tp: str | None = None,
+  tp_axis: str = "tensor",
+) -> jax.Array:
   """x @ w with the recipe's INT8 forward and backward; returns [..., N] in x's dtype.
 
   Args:
@@ -103,6 +111,7 @@ def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
   sw_N = numerics.absmax_scale(w_KxN, axis=0)
   xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None]).reshape(batch * seq, k)
   wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :])
+
   def rescale(acc_TxN):
     return acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
 
@@ -119,10 +128,11 @@ def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
 def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   if r.stochastic and res[-1] is None:
     raise ValueError(
-        f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
-        "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
-        "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply(); "
-        "NNX adapters draw from their own 'quant' stream. Forward-only use needs no key.")
+      f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
+      "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
+      "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply(); "
+      "NNX adapters draw from their own 'quant' stream. Forward-only use needs no key."
+    )
   return _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN)
 
 
@@ -157,10 +167,11 @@ def _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN):
 def _backward_jvp(r, tp, x_dtype, w_dtype, primals, tangents):
   del tp, x_dtype, w_dtype, primals, tangents
   raise NotImplementedError(
-      f"qmatmul: higher-order derivatives through recipe {r.name!r} are not defined: its backward pass "
-      "quantizes the gradient and is not differentiable (grad of grad, jax.hessian and jvp of a gradient "
-      "all differentiate it). Use recipe='bf16' for the part differentiated twice, or wrap it in "
-      "jax.lax.stop_gradient.")
+    f"qmatmul: higher-order derivatives through recipe {r.name!r} are not defined: its backward pass "
+    "quantizes the gradient and is not differentiable (grad of grad, jax.hessian and jvp of a gradient "
+    "all differentiate it). Use recipe='bf16' for the part differentiated twice, or wrap it in "
+    "jax.lax.stop_gradient."
+  )
 
 
 def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
@@ -175,15 +186,17 @@ def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
     if correction_TxK is not None:
       acc_TxK = acc_TxK - correction_TxK
     return (acc_TxK * scale_Tx1).astype(x_dtype)
-  dx_TxK = tensor_parallel.split_contraction(q_TxN, wq_KxN, tp, b_transposed=True,
-                                             rescale=lambda acc: acc * scale_Tx1, dtype=x_dtype)
+  dx_TxK = tensor_parallel.split_contraction(
+    q_TxN, wq_KxN, tp, b_transposed=True, rescale=lambda acc: acc * scale_Tx1, dtype=x_dtype
+  )
   if correction_TxK is None:
     return dx_TxK
   return (dx_TxK.astype(jnp.float32) - correction_TxK * scale_Tx1).astype(x_dtype)
 
 
-def quantize_gradient(r: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array,
-                      key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def quantize_gradient(
+  r: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array, key: jax.Array | None
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW): the backward's quantization of the upstream gradient.
 
   The code path of `qmatmul`'s backward (benchmarks and diagnostics call it directly):
@@ -203,8 +216,9 @@ def quantize_gradient(r: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxS
   return delta, v_BxSxN, q_dx, q_dw
 
 
-def gradient_codes(x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array | None = None,
-                   recipe: str | Recipe = "s3r") -> tuple[jax.Array, jax.Array, jax.Array]:
+def gradient_codes(
+  x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array | None = None, recipe: str | Recipe = "s3r"
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(Q for dX, Q for dW, Δ): the int8 codes and step that the backward of `qmatmul(x, w)`
   makes of the upstream gradient `g` ([..., N], the shape of the output). Same code path as
   the backward pass (for tests and diagnostics); one Q returned twice unless the recipe splits.
@@ -233,6 +247,7 @@ def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
 
 def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
   """int8 codes (Q for dX, Q for dW) of v = G'/Δ: one array, returned twice, unless split."""
+
   def codes(noise):
     rounded = jnp.round(v_BxSxN) if noise is None else jnp.floor(v_BxSxN + noise)
     return jnp.clip(rounded, -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
@@ -243,14 +258,15 @@ def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
   batch, seq, _ = v_BxSxN.shape
   if r.rounding == "sr":
     key_dx, key_dw = jax.random.split(key)
-    return (codes(jax.random.uniform(key_dx, v_BxSxN.shape)),
-            codes(jax.random.uniform(key_dw, v_BxSxN.shape)))
+    return (codes(jax.random.uniform(key_dx, v_BxSxN.shape)), codes(jax.random.uniform(key_dw, v_BxSxN.shape)))
   if not r.split:
     q = codes(thresholds.shared_thresholds(key, batch, seq, r.dx_topology))
     return q, q
   key_dx, key_dw = jax.random.split(key)
-  return (codes(thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)),
-          codes(thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)))
+  return (
+    codes(thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)),
+    codes(thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)),
+  )
 
 
 # --- argument checks (trace time) ------------------------------------------------------------
@@ -273,15 +289,18 @@ def _check_operands(x, w) -> None:
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
       raise TypeError(f"qmatmul: {name} must be an array, got {type(a).__name__}")
     if not any(a.dtype == f for f in _FLOATS):
-      raise TypeError(f"qmatmul: {name} must have a real floating dtype (bfloat16, float16, float32), "
-                      f"got {_describe(a)}")
+      raise TypeError(
+        f"qmatmul: {name} must have a real floating dtype (bfloat16, float16, float32), got {_describe(a)}"
+      )
   if x.ndim < 1:
     raise ValueError(f"qmatmul: x must be [..., K] (at least one dim), got {_describe(x)}")
   if w.ndim != 2:
     raise ValueError(f"qmatmul: w must be [K, N], got {_describe(w)}")
   if x.shape[-1] != w.shape[0]:
-    raise ValueError(f"qmatmul: the last dim of x ({x.shape[-1]}) must equal the first dim of w "
-                     f"({w.shape[0]}); x has {_describe(x)}, w has {_describe(w)}")
+    raise ValueError(
+      f"qmatmul: the last dim of x ({x.shape[-1]}) must equal the first dim of w "
+      f"({w.shape[0]}); x has {_describe(x)}, w has {_describe(w)}"
+    )
 
 
 def _check_key(key, r: Recipe, *, required: bool):

@@ -71,6 +71,7 @@ def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Arra
   same shape; the second is never taken. Other backends get the plain transpose (their
   GEMMs take either layout, and a conditional would cost a device-to-host sync on GPU).
   """
+
   def cpu(a):
     take = jnp.logical_not(nonnegative < 0)  # true for every scale, NaN included
     return lax.cond(take, lambda a: a.T, lambda a: jnp.zeros_like(a.T), a)

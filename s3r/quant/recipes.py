@@ -25,7 +25,9 @@ class Recipe:
   name: str  # registry name, e.g. "s3r_ec_dx"
   rounding: Rounding  # "none" = bf16; "rtne"; "sr" = independent; "shared" = S3R; "exact" = f32 backward (diagnostic)
   dx_topology: Topology | None = None  # shared thresholds of the dX product: one per token or per example
-  dw_topology: Topology | None = None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
+  dw_topology: Topology | None = (
+    None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
+  )
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
   correct_dw: bool = False  # S3R-EC: subtract the structured rounding error from dW
   description: str = ""  # one line for `s3r recipes`
@@ -43,7 +45,9 @@ class Recipe:
     if (self.correct_dx or self.correct_dw) and not shared:
       raise ValueError(f"Recipe.correct_dx/correct_dw need rounding='shared' (S3R-EC), got rounding={self.rounding!r}")
     if (self.correct_dx or self.correct_dw) and self.split:
-      raise ValueError("Recipe.correct_dx/correct_dw are not defined for split quantization (dx_topology != dw_topology)")
+      raise ValueError(
+        "Recipe.correct_dx/correct_dw are not defined for split quantization (dx_topology != dw_topology)"
+      )
 
   @property
   def quantized(self) -> bool:
@@ -67,36 +71,63 @@ class Recipe:
 
 
 def _shared(name, topo, *, dx=False, dw=False, dw_topo=None, description):
-  return Recipe(name=name, rounding="shared", dx_topology=topo, dw_topology=dw_topo or topo,
-                correct_dx=dx, correct_dw=dw, description=description)
+  return Recipe(
+    name=name,
+    rounding="shared",
+    dx_topology=topo,
+    dw_topology=dw_topo or topo,
+    correct_dx=dx,
+    correct_dw=dw,
+    description=description,
+  )
 
 
 _RECIPES = (
-    Recipe(name="bf16", rounding="none", description="no quantization: bf16 operands, f32 accumulation"),
-    Recipe(name="int8_rtne", rounding="rtne", description="INT8, gradient rounded to nearest even (biased)"),
-    Recipe(name="int8_sr", rounding="sr",
-           description="INT8, independent stochastic rounding: two full-size uniform draws, G' quantized twice"),
-    _shared("s3r", "token", description="S3R: one shared threshold per token, one Q for both products"),
-    _shared("s3r_bcast", "example", description="S3R ablation: one shared threshold per example"),
-    _shared("s3r_ec", "token", dx=True, dw=True, description="S3R-EC: per-token thresholds, dX and dW corrected"),
-    _shared("s3r_ec_dx", "token", dx=True, description="S3R-EC: per-token thresholds, dX corrected (recommended)"),
-    _shared("s3r_ec_bcast", "example", dx=True, dw=True,
-            description="S3R-EC: per-example thresholds, dX and dW corrected"),
-    _shared("s3r_ec_dx_bcast", "example", dx=True, description="S3R-EC: per-example thresholds, dX corrected"),
-    # Diagnostic variants (Table II of the paper).
-    _shared("s3r_ec_dw", "token", dw=True, description="diagnostic: per-token thresholds, dW-only correction"),
-    _shared("s3r_ec_dw_bcast", "example", dw=True, description="diagnostic: per-example thresholds, dW-only correction"),
-    _shared("s3r_split_dx2d_dwbcast", "token", dw_topo="example",
-            description="diagnostic: G' quantized twice, dX per-token / dW per-example thresholds"),
-    _shared("s3r_split_dxbcast_dw2d", "example", dw_topo="token",
-            description="diagnostic: G' quantized twice, dX per-example / dW per-token thresholds"),
-    Recipe(name="int8_exact_bwd", rounding="exact",
-           description="reference: INT8 forward, exact f32 backward of that forward graph (for gradient errors)"),
+  Recipe(name="bf16", rounding="none", description="no quantization: bf16 operands, f32 accumulation"),
+  Recipe(name="int8_rtne", rounding="rtne", description="INT8, gradient rounded to nearest even (biased)"),
+  Recipe(
+    name="int8_sr",
+    rounding="sr",
+    description="INT8, independent stochastic rounding: two full-size uniform draws, G' quantized twice",
+  ),
+  _shared("s3r", "token", description="S3R: one shared threshold per token, one Q for both products"),
+  _shared("s3r_bcast", "example", description="S3R ablation: one shared threshold per example"),
+  _shared("s3r_ec", "token", dx=True, dw=True, description="S3R-EC: per-token thresholds, dX and dW corrected"),
+  _shared("s3r_ec_dx", "token", dx=True, description="S3R-EC: per-token thresholds, dX corrected (recommended)"),
+  _shared(
+    "s3r_ec_bcast", "example", dx=True, dw=True, description="S3R-EC: per-example thresholds, dX and dW corrected"
+  ),
+  _shared("s3r_ec_dx_bcast", "example", dx=True, description="S3R-EC: per-example thresholds, dX corrected"),
+  # Diagnostic variants (Table II of the paper).
+  _shared("s3r_ec_dw", "token", dw=True, description="diagnostic: per-token thresholds, dW-only correction"),
+  _shared("s3r_ec_dw_bcast", "example", dw=True, description="diagnostic: per-example thresholds, dW-only correction"),
+  _shared(
+    "s3r_split_dx2d_dwbcast",
+    "token",
+    dw_topo="example",
+    description="diagnostic: G' quantized twice, dX per-token / dW per-example thresholds",
+  ),
+  _shared(
+    "s3r_split_dxbcast_dw2d",
+    "example",
+    dw_topo="token",
+    description="diagnostic: G' quantized twice, dX per-example / dW per-token thresholds",
+  ),
+  Recipe(
+    name="int8_exact_bwd",
+    rounding="exact",
+    description="reference: INT8 forward, exact f32 backward of that forward graph (for gradient errors)",
+  ),
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
-DIAGNOSTIC_RECIPES = ("s3r_ec_dw", "s3r_ec_dw_bcast", "s3r_split_dx2d_dwbcast", "s3r_split_dxbcast_dw2d",
-                      "int8_exact_bwd")
+DIAGNOSTIC_RECIPES = (
+  "s3r_ec_dw",
+  "s3r_ec_dw_bcast",
+  "s3r_split_dx2d_dwbcast",
+  "s3r_split_dxbcast_dw2d",
+  "int8_exact_bwd",
+)
 
 
 def recipe(name_or_recipe: str | Recipe) -> Recipe:

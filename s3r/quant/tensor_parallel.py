@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -58,8 +58,15 @@ def resolve(kind: str | None, axis: str, contracted: int) -> TensorParallel | No
   return TensorParallel(kind=kind, axis=axis, shards=shards)
 
 
-def split_contraction(a_MxC: jax.Array, b: jax.Array, tp: TensorParallel, *, b_transposed: bool,
-                      rescale: Callable[[jax.Array], jax.Array], dtype) -> jax.Array:
+def split_contraction(
+  a_MxC: jax.Array,
+  b: jax.Array,
+  tp: TensorParallel,
+  *,
+  b_transposed: bool,
+  rescale: Callable[[jax.Array], jax.Array],
+  dtype,
+) -> jax.Array:
   """Σ_t dtype(rescale(a[:, C_t] b[C_t, :])) summed in `dtype`: [M, N].
 
   `b` is [C, N], or [N, C] when `b_transposed` (the layout of `numerics.int8_matmul_nt`);

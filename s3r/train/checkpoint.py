@@ -33,8 +33,7 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, create: bool = True):
     self.directory = pathlib.Path(directory).absolute()
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
@@ -87,11 +86,14 @@ class Checkpointer:
         problems.append(f"step {step} (meta has no train_config)")
         continue
       if problems:
-        log(f"checkpoint: using step {step} of {self.directory}; skipped the unreadable newer checkpoint(s) "
-            f"{'; '.join(problems)}")
+        log(
+          f"checkpoint: using step {step} of {self.directory}; skipped the unreadable newer checkpoint(s) "
+          f"{'; '.join(problems)}"
+        )
       return (step, *value) if unpack else (step, value)
-    raise CorruptCheckpoint(f"no readable checkpoint in {self.directory}" +
-                            (f": {'; '.join(problems)}" if problems else ""))
+    raise CorruptCheckpoint(
+      f"no readable checkpoint in {self.directory}" + (f": {'; '.join(problems)}" if problems else "")
+    )
 
   def _require(self, step: int | None) -> int:
     step = self.latest_step() if step is None else step

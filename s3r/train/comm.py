@@ -125,8 +125,10 @@ def tables_markdown(results: list[dict]) -> str:
       sent = sum(b for per in r["wire_bytes"].values() for b in per.values())
       body.append([f"`{r['recipe']}`"] + [_mib(c) for c in cells] + [_mib(sum(cells)), _mib(sent)])
     shape = "x".join(str(v) for v in rows[0]["mesh"].values())
-    out.append(f"### mesh {mesh_spec} ({shape} {' x '.join(rows[0]['mesh'])}), MiB per device per step\n\n"
-               + markdown_table(headers, body))
+    out.append(
+      f"### mesh {mesh_spec} ({shape} {' x '.join(rows[0]['mesh'])}), MiB per device per step\n\n"
+      + markdown_table(headers, body)
+    )
     base = next((r for r in rows if r["recipe"] == "s3r"), None)
     deltas = [r for r in rows if r["recipe"].startswith("s3r_ec")]
     if base is not None and deltas:

@@ -12,7 +12,8 @@ import dataclasses
 import math
 
 from s3r.data.tokenizer import MIN_VOCAB_SIZE
-from s3r.model import PRESETS, ModelConfig, preset as model_preset
+from s3r.model import PRESETS, ModelConfig
+from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import RECIPES
 from s3r.train.optimizer import OptimizerConfig
@@ -102,8 +103,13 @@ class TrainConfig:
   def model_config(self, vocab_size: int) -> ModelConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
     base = PRESETS[self.preset]
-    return model_preset(self.preset, vocab_size=vocab_size, recipe=self.recipe,
-                        max_seq_len=max(base.max_seq_len, self.seq), tp_partial_sums=self.tp_partial_sums)
+    return model_preset(
+      self.preset,
+      vocab_size=vocab_size,
+      recipe=self.recipe,
+      max_seq_len=max(base.max_seq_len, self.seq),
+      tp_partial_sums=self.tp_partial_sums,
+    )
 
   def optimizer_config(self) -> OptimizerConfig:
     return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup)
@@ -112,17 +118,20 @@ class TrainConfig:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_dict(cls, d: dict) -> "TrainConfig":
+  def from_dict(cls, d: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in known})
 
-  def resume_mismatches(self, saved: "TrainConfig", *, at_step: int = 0) -> list[str]:
+  def resume_mismatches(self, saved: TrainConfig, *, at_step: int = 0) -> list[str]:
     """What in this config may not differ from `saved` when resuming at `at_step`: every field but
     RESUMABLE_CHANGES, and `steps` only when it is lower than `at_step` (a larger `steps` extends the run:
     the cosine decay is stretched to the new total from `at_step` on)."""
     mine, theirs = self.to_dict(), saved.to_dict()
-    out = [f"{flag(k)}: {theirs[k]!r} -> {mine[k]!r}" for k in mine
-           if k not in RESUMABLE_CHANGES + EXTENDABLE and mine[k] != theirs[k]]
+    out = [
+      f"{flag(k)}: {theirs[k]!r} -> {mine[k]!r}"
+      for k in mine
+      if k not in RESUMABLE_CHANGES + EXTENDABLE and mine[k] != theirs[k]
+    ]
     if self.steps < at_step:
       out.append(f"--steps: {self.steps} is below the checkpoint's step {at_step}")
     return out

@@ -30,8 +30,9 @@ def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[st
   out = {}
   for name, tokens in corpus_val.items():
     try:
-      out[name] = list(s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq,
-                                             max_batches=cfg.eval_batches))
+      out[name] = list(
+        s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq, max_batches=cfg.eval_batches)
+      )
     except s3r_data.DataError as e:
       if name == "val":
         raise
@@ -80,8 +81,10 @@ def _same_corpus(data: str, cfg: TrainConfig) -> bool:
 def training_overlap(docs: list[str], cfg: TrainConfig) -> int:
   """How many of `docs` are (exact) training documents of the run `cfg`."""
   digest = lambda d: hashlib.blake2b(d.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-  train = {digest(d) for d in s3r_corpus.select_documents(cfg.data, max_train_docs=cfg.max_train_docs,
-                                                          log=lambda *_: None).train}
+  train = {
+    digest(d)
+    for d in s3r_corpus.select_documents(cfg.data, max_train_docs=cfg.max_train_docs, log=lambda *_: None).train
+  }
   return sum(digest(d) in train for d in docs)
 
 
@@ -89,8 +92,9 @@ def _warn(message: str) -> None:
   print(f"s3r: warning: {message}", file=sys.stderr)
 
 
-def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int | None = None,
-                        log=print, warn=_warn) -> dict[str, float]:
+def evaluate_checkpoint(
+  path: str, *, data: str | None = None, max_batches: int | None = None, log=print, warn=_warn
+) -> dict[str, float]:
   """Validation losses of the newest readable checkpoint under `path` (a run or its checkpoints/ folder).
 
   Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
@@ -118,8 +122,10 @@ def evaluate_checkpoint(path: str, *, data: str | None = None, max_batches: int 
   else:
     docs = _eval_documents(data, log)
     if overlap := training_overlap(docs, cfg):
-      warn(f"{overlap} of the {len(docs)} documents of {data} are training documents of this run: "
-           f"the loss on them is optimistic")
+      warn(
+        f"{overlap} of the {len(docs)} documents of {data} are training documents of this run: "
+        f"the loss on them is optimistic"
+      )
     ids = s3r_data.cache.encode_long(tok, docs)
     val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
   log(f"eval: step {step} of {ckpt.directory}")

@@ -45,8 +45,9 @@ class RunLock:
     except BlockingIOError:
       holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
       os.close(fd)
-      raise ConfigError(f"another training is running on {self.path.parent} (pid {holder}); wait for it to end "
-                        f"or choose another --out") from None
+      raise ConfigError(
+        f"another training is running on {self.path.parent} (pid {holder}); wait for it to end or choose another --out"
+      ) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     self._fd = fd
@@ -103,7 +104,9 @@ class DivergenceMonitor:
     if grad_norm == 0.0:
       return f"dead training at step {step}: gradient norm exactly 0 (loss {loss:.4f})"
     if self.level is not None and loss > self.blowup * self.level:
-      return (f"loss blew up at step {step}: {loss:.4g}, more than {self.blowup:g}x its running level "
-              f"{self.level:.4g} (grad_norm {grad_norm:.4g})")
+      return (
+        f"loss blew up at step {step}: {loss:.4g}, more than {self.blowup:g}x its running level "
+        f"{self.level:.4g} (grad_norm {grad_norm:.4g})"
+      )
     self.level = loss if self.level is None else self.decay * self.level + (1 - self.decay) * loss
     return None

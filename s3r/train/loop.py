@@ -52,8 +52,17 @@ from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDive
 from s3r.train.placement import Batches, is_main_process
 from s3r.train.setup import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
 
-__all__ = ["ResourceError", "TrainingDiverged", "TrainingInterrupted", "build", "evaluate_checkpoint", "make_mesh",
-           "open_run", "prepare_data", "train"]
+__all__ = [
+  "ResourceError",
+  "TrainingDiverged",
+  "TrainingInterrupted",
+  "build",
+  "evaluate_checkpoint",
+  "make_mesh",
+  "open_run",
+  "prepare_data",
+  "train",
+]
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
@@ -126,17 +135,24 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
     start = int(state.step)
     if train_step is None and start < cfg.steps:  # resumed from before a damaged final checkpoint
       train_step = compile_train_step(setup, cfg, log)
-    meta = lambda: {"train_config": cfg.to_dict(), "model_config": setup.model_cfg.to_dict(),
-                    "loader": loader.state(), "tokenizer": corpus.tokenizer.hf.to_str(),
-                    "mesh": dict(setup.mesh.shape), "process_count": jax.process_count(),
-                    "wall_s": wall_before + time.time() - t_start}
+    meta = lambda: {
+      "train_config": cfg.to_dict(),
+      "model_config": setup.model_cfg.to_dict(),
+      "loader": loader.state(),
+      "tokenizer": corpus.tokenizer.hf.to_str(),
+      "mesh": dict(setup.mesh.shape),
+      "process_count": jax.process_count(),
+      "wall_s": wall_before + time.time() - t_start,
+    }
     writer = None
     if main:
       _write_config(out, cfg, setup, corpus)
       writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
     processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
-    log(f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
-        f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}")
+    log(
+      f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
+      f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
+    )
     wall = lambda: wall_before + time.time() - t_start
     initial_loss = None
     if start == 0:
@@ -154,8 +170,12 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
   finally:
     ckpt.close()
   if not main:
-    return {"val_losses": val_losses, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "seconds": time.time() - t_start, "process_index": jax.process_index()}
+    return {
+      "val_losses": val_losses,
+      "checkpoint": str(last_ckpt) if last_ckpt else None,
+      "seconds": time.time() - t_start,
+      "process_index": jax.process_index(),
+    }
   return _finish(cfg, out, val_losses, last_ckpt, time.time() - t_start, wall(), log)
 
 
@@ -178,8 +198,9 @@ class _Run:
   def steps(self, state, start: int, train_step, monitor: DivergenceMonitor):
     """Steps start+1 .. cfg.steps; (last validation losses, last checkpoint path written)."""
     cfg, val_losses, last_ckpt = self.cfg, {}, None
-    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step",
-               dynamic_ncols=True)
+    bar = tqdm(
+      total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
+    )
     with bar, Interrupts() as interrupts:
       for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
@@ -188,14 +209,21 @@ class _Run:
         step_time = time.time() - t0
         if why := monitor.check(step, metrics["loss"], metrics["grad_norm"]):
           raise TrainingDiverged(f"{why}; stopping: {self._last_good(last_ckpt, step)}")
-        record = {"step": step, **metrics, "tokens_per_s": cfg.batch * cfg.seq / step_time, "step_time_s": step_time,
-                  "wall_s": self.wall()}
+        record = {
+          "step": step,
+          **metrics,
+          "tokens_per_s": cfg.batch * cfg.seq / step_time,
+          "step_time_s": step_time,
+          "wall_s": self.wall(),
+        }
         if step % cfg.eval_every == 0 or step == cfg.steps:
           val_losses = evaluate(self.setup, state.params, self.val_sets)
           record.update({report.val_key(k): v for k, v in val_losses.items()})
           if self.main:
-            bar.write(f"step {step}: loss {metrics['loss']:.4f}, " +
-                      ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items()))
+            bar.write(
+              f"step {step}: loss {metrics['loss']:.4f}, "
+              + ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
+            )
         if self.writer is not None:
           self.writer.write(record)
         if step % cfg.ckpt_every == 0 or step == cfg.steps or interrupts.requested:
@@ -203,24 +231,31 @@ class _Run:
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         bar.update(1)
         if interrupts.requested and step < cfg.steps:
-          raise TrainingInterrupted(f"{interrupts.requested} at step {step}: saved {last_ckpt}; continue with "
-                                    f"s3r train --out {cfg.out} --resume")
+          raise TrainingInterrupted(
+            f"{interrupts.requested} at step {step}: saved {last_ckpt}; continue with "
+            f"s3r train --out {cfg.out} --resume"
+          )
     return val_losses, last_ckpt
 
   def _last_good(self, last_ckpt, step: int) -> str:
     if last_ckpt:
       return f"{last_ckpt} is the last checkpoint written before step {step}"
     latest = self.ckpt.latest_step()
-    return ("no checkpoint was written before it" if latest is None
-            else f"no checkpoint was written in this session; the latest is {self.ckpt.directory / str(latest)}")
+    return (
+      "no checkpoint was written before it"
+      if latest is None
+      else f"no checkpoint was written in this session; the latest is {self.ckpt.directory / str(latest)}"
+    )
 
 
 def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log) -> int | None:
   """The step to resume from (checked against the run's config), or None for a fresh start."""
   latest = ckpt.latest_step()
   if latest is not None and not cfg.resume:
-    raise ConfigError(f"{ckpt.directory} already has checkpoints (latest: step {latest}); "
-                      f"pass --resume to continue that run or choose another --out")
+    raise ConfigError(
+      f"{ckpt.directory} already has checkpoints (latest: step {latest}); "
+      f"pass --resume to continue that run or choose another --out"
+    )
   if latest is None:
     if cfg.resume:
       log(f"resume: no checkpoint in {ckpt.directory}; starting from step 0")
@@ -231,11 +266,16 @@ def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log) -> int | 
     raise ConfigError(f"{e}; start a new run with another --out") from None
   saved = TrainConfig.from_dict(meta["train_config"])
   if mismatches := cfg.resume_mismatches(absolute_paths(saved), at_step=step):
-    raise ConfigError("--resume with a different configuration than the checkpoint: " + "; ".join(mismatches) +
-                      " (resume with `s3r train --out RUN --resume` alone to keep the run's settings)")
+    raise ConfigError(
+      "--resume with a different configuration than the checkpoint: "
+      + "; ".join(mismatches)
+      + " (resume with `s3r train --out RUN --resume` alone to keep the run's settings)"
+    )
   if cfg.steps != saved.steps:
-    log(f"resume: --steps {saved.steps} -> {cfg.steps}: the cosine schedule is stretched to {cfg.steps} steps "
-        f"from step {step} on")
+    log(
+      f"resume: --steps {saved.steps} -> {cfg.steps}: the cosine schedule is stretched to {cfg.steps} steps "
+      f"from step {step} on"
+    )
   return step
 
 
@@ -283,16 +323,27 @@ def _prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:
   mine = np.frombuffer(digest.digest()[:8], np.int64)
   every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
   if not np.all(every == every[0]):
-    raise ConfigError("the processes prepared different corpora or tokenizers; give every process the same "
-                      "--data and a shared --cache-dir")
+    raise ConfigError(
+      "the processes prepared different corpora or tokenizers; give every process the same "
+      "--data and a shared --cache-dir"
+    )
   return corpus
 
 
 def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r_data.Corpus) -> None:
   data = {k: corpus.info[k] for k in ("name", "split", "n_docs", "n_tokens", "vocab_size")}
-  (out / "config.json").write_text(json.dumps(
-      {"train": cfg.to_dict(), "model": setup.model_cfg.to_dict(), "param_count": s3r_model.param_count(setup.model_cfg),
-       "mesh": dict(setup.mesh.shape), "data": data}, indent=2))
+  (out / "config.json").write_text(
+    json.dumps(
+      {
+        "train": cfg.to_dict(),
+        "model": setup.model_cfg.to_dict(),
+        "param_count": s3r_model.param_count(setup.model_cfg),
+        "mesh": dict(setup.mesh.shape),
+        "data": data,
+      },
+      indent=2,
+    )
+  )
 
 
 def _plot(cfg: TrainConfig, out: pathlib.Path) -> pathlib.Path:
@@ -300,16 +351,27 @@ def _plot(cfg: TrainConfig, out: pathlib.Path) -> pathlib.Path:
   return report.plot_losses(records, out / report.PLOT_FILE, title=f"{cfg.preset} / {cfg.recipe}")
 
 
-def _finish(cfg: TrainConfig, out: pathlib.Path, val_losses: dict, last_ckpt, seconds: float, wall_s: float,
-            log) -> dict:
+def _finish(
+  cfg: TrainConfig, out: pathlib.Path, val_losses: dict, last_ckpt, seconds: float, wall_s: float, log
+) -> dict:
   records = report.read_metrics(out / report.METRICS_FILE)
   plot = _plot(cfg, out)
   if not val_losses:  # nothing left to train: report the last validation losses on file
-    val_losses = {k.removeprefix("val_loss_") if k != "val_loss" else "val": v
-                  for r in records for k, v in r.items() if k.startswith("val_loss")}
+    val_losses = {
+      k.removeprefix("val_loss_") if k != "val_loss" else "val": v
+      for r in records
+      for k, v in r.items()
+      if k.startswith("val_loss")
+    }
   final = ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
   log(f"final validation loss: {final or 'n/a'}")
   log(f"loss curve: {plot}")
-  return {"val_losses": val_losses, "plot": str(plot), "metrics": str(out / report.METRICS_FILE),
-          "checkpoint": str(last_ckpt) if last_ckpt else None, "seconds": seconds, "wall_s": wall_s,
-          "final_loss": records[-1]["loss"] if records else None}
+  return {
+    "val_losses": val_losses,
+    "plot": str(plot),
+    "metrics": str(out / report.METRICS_FILE),
+    "checkpoint": str(last_ckpt) if last_ckpt else None,
+    "seconds": seconds,
+    "wall_s": wall_s,
+    "final_loss": records[-1]["loss"] if records else None,
+  }

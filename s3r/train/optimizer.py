@@ -32,8 +32,9 @@ class OptimizerConfig:
     if not isinstance(self.total_steps, int) or self.total_steps < 1:
       raise ValueError(f"OptimizerConfig.total_steps must be an int >= 1, got {self.total_steps!r}")
     if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.total_steps:
-      raise ValueError(f"OptimizerConfig.warmup_steps must be an int in [0, total_steps={self.total_steps}], "
-                       f"got {self.warmup_steps!r}")
+      raise ValueError(
+        f"OptimizerConfig.warmup_steps must be an int in [0, total_steps={self.total_steps}], got {self.warmup_steps!r}"
+      )
     if not 0 <= self.final_lr_ratio <= 1:
       raise ValueError(f"OptimizerConfig.final_lr_ratio must be in [0, 1], got {self.final_lr_ratio!r}")
     for field in ("b1", "b2"):
@@ -49,15 +50,18 @@ class OptimizerConfig:
 def schedule(cfg: OptimizerConfig) -> optax.Schedule:
   """Learning rate at each step: 0 -> lr linearly over warmup_steps, then cosine to lr * final_lr_ratio."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
-      decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1), end_value=cfg.lr * cfg.final_lr_ratio)
+    init_value=0.0,
+    peak_value=cfg.lr,
+    warmup_steps=cfg.warmup_steps,
+    decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1),
+    end_value=cfg.lr * cfg.final_lr_ratio,
+  )
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   """Global-norm clipping followed by AdamW (weight decay on parameters with >= 2 dims)."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.clip_norm),
-      optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                  mask=decay_mask),
+    optax.clip_by_global_norm(cfg.clip_norm),
+    optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask),
   )

@@ -31,20 +31,32 @@ class Batches:
 
   def __init__(self, sharding: NamedSharding, shape: tuple[int, int]):
     self.sharding, self.shape = sharding, tuple(shape)
-    rows = sorted({(i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
-                   for i in sharding.addressable_devices_indices_map(self.shape).values()})
+    rows = sorted(
+      {
+        (i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
+        for i in sharding.addressable_devices_indices_map(self.shape).values()
+      }
+    )
     self.start, self.stop = rows[0][0], rows[-1][1]
     n = self.stop - self.start
     if any(a > b_prev for (_, b_prev), (a, _) in zip(rows, rows[1:])) or shape[0] % n or self.start % n:
-      raise ConfigError(f"the devices of process {jax.process_index()} hold rows {rows} of the batch, not one "
-                        f"contiguous block of an even split; use a mesh whose data x fsdp axes follow the processes")
+      raise ConfigError(
+        f"the devices of process {jax.process_index()} hold rows {rows} of the batch, not one "
+        f"contiguous block of an even split; use a mesh whose data x fsdp axes follow the processes"
+      )
     self.rows = self.stop - self.start
     self.slice_index, self.slice_count = self.start // self.rows, shape[0] // self.rows
 
   def loader(self, tokens, *, seed: int) -> s3r_data.BatchLoader:
     """A BatchLoader that returns this process's rows of every global batch."""
-    return s3r_data.BatchLoader(tokens, batch_size=self.shape[0], seq_len=self.shape[1] - 1, seed=seed,
-                                process_index=self.slice_index, process_count=self.slice_count)
+    return s3r_data.BatchLoader(
+      tokens,
+      batch_size=self.shape[0],
+      seq_len=self.shape[1] - 1,
+      seed=seed,
+      process_index=self.slice_index,
+      process_count=self.slice_count,
+    )
 
   def from_local(self, rows: np.ndarray) -> jax.Array:
     """The global array from this process's rows (as the loader returns them)."""
@@ -52,4 +64,4 @@ class Batches:
 
   def from_global(self, batch: np.ndarray) -> jax.Array:
     """The global array from a whole batch that every process has (validation batches)."""
-    return self.from_local(np.asarray(batch)[self.start:self.stop])
+    return self.from_local(np.asarray(batch)[self.start : self.stop])

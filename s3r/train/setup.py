@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
@@ -66,21 +67,34 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
   state_sh = sharding.state_shardings(mesh, model_cfg, shapes, tx)
   replicated = NamedSharding(mesh, P())
   constrained = lambda fn: sharding.with_activation_sharding(fn, mesh)
-  train_step = jax.jit(constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()))),
-                       in_shardings=(state_sh, batch_sh, replicated), out_shardings=(state_sh, replicated),
-                       donate_argnums=0)
-  eval_step = jax.jit(constrained(make_eval_step(graphdef)), in_shardings=(state_sh.params, batch_sh, replicated),
-                      out_shardings=replicated)
+  train_step = jax.jit(
+    constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()))),
+    in_shardings=(state_sh, batch_sh, replicated),
+    out_shardings=(state_sh, replicated),
+    donate_argnums=0,
+  )
+  eval_step = jax.jit(
+    constrained(make_eval_step(graphdef)),
+    in_shardings=(state_sh.params, batch_sh, replicated),
+    out_shardings=replicated,
+  )
   init_key, train_key, eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
-  return Setup(model_cfg=model_cfg, mesh=mesh, batch_sharding=batch_sh,
-               abstract_state=checkpoint.abstract_like(shapes, state_sh),
-               init_state=jax.jit(fresh, out_shardings=state_sh), train_step=train_step, eval_step=eval_step,
-               keys={"init": init_key, "train": train_key, "eval": eval_key})
+  return Setup(
+    model_cfg=model_cfg,
+    mesh=mesh,
+    batch_sharding=batch_sh,
+    abstract_state=checkpoint.abstract_like(shapes, state_sh),
+    init_state=jax.jit(fresh, out_shardings=state_sh),
+    train_step=train_step,
+    eval_step=eval_step,
+    keys={"init": init_key, "train": train_key, "eval": eval_key},
+  )
 
 
 def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
-  return s3r_data.prepare(cfg.data, vocab_size=cfg.vocab, cache_dir=cfg.cache_dir,
-                          max_train_docs=cfg.max_train_docs, log=log)
+  return s3r_data.prepare(
+    cfg.data, vocab_size=cfg.vocab, cache_dir=cfg.cache_dir, max_train_docs=cfg.max_train_docs, log=log
+  )
 
 
 def compile_train_step(setup: Setup, cfg: TrainConfig, log):
@@ -92,8 +106,10 @@ def compile_train_step(setup: Setup, cfg: TrainConfig, log):
   log(f"compiled the train step in {time.time() - t0:.1f}s")
   need, free = step_memory_bytes(compiled), free_device_memory()
   if need is not None and free is not None and need > free:
-    raise ResourceError(f"the train step needs about {need / 2**30:.1f} GiB per device and {free / 2**30:.1f} GiB "
-                        f"is free; lower --batch or --seq, or add devices (--mesh)")
+    raise ResourceError(
+      f"the train step needs about {need / 2**30:.1f} GiB per device and {free / 2**30:.1f} GiB "
+      f"is free; lower --batch or --seq, or add devices (--mesh)"
+    )
   return compiled
 
 

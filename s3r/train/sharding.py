@@ -22,29 +22,30 @@ import math
 import jax
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from s3r import model as s3r_model
 
 MESH_AXES = ("data", "expert", "fsdp", "tensor")
 
 RULES: dict[str, str | tuple[str, ...] | None] = {
-    # parameters
-    "vocab": "tensor",  # embedding rows, logits columns
-    "embed": "fsdp",  # model width D of every matrix
-    "heads": "tensor",  # q columns, o rows
-    "kv_heads": "tensor",  # k, v columns
-    "mlp": "tensor",  # gate, up columns; down rows
-    "expert": "expert",  # the routed-expert dimension E of the MoE expert weights [E, D, F] / [E, F, D]
-    "norm": None,  # RMSNorm scales: replicated
-    # activations
-    "batch": ("data", "expert", "fsdp"),
-    "seq": None,
-    "act_embed": None,  # the residual stream is replicated over tensor
-    "act_heads": "tensor",
-    "act_kv_heads": "tensor",
-    "act_mlp": "tensor",
-    "act_vocab": "tensor",
+  # parameters
+  "vocab": "tensor",  # embedding rows, logits columns
+  "embed": "fsdp",  # model width D of every matrix
+  "heads": "tensor",  # q columns, o rows
+  "kv_heads": "tensor",  # k, v columns
+  "mlp": "tensor",  # gate, up columns; down rows
+  "expert": "expert",  # the routed-expert dimension E of the MoE expert weights [E, D, F] / [E, F, D]
+  "norm": None,  # RMSNorm scales: replicated
+  # activations
+  "batch": ("data", "expert", "fsdp"),
+  "seq": None,
+  "act_embed": None,  # the residual stream is replicated over tensor
+  "act_heads": "tensor",
+  "act_kv_heads": "tensor",
+  "act_mlp": "tensor",
+  "act_vocab": "tensor",
 }
 
 
@@ -60,12 +61,16 @@ def parse_mesh(spec: str | None, n_devices: int) -> dict[str, int]:
     name, sep, size = part.partition("=")
     name = name.strip()
     if not sep or name not in MESH_AXES or not size.strip().isdigit() or int(size) < 1:
-      raise ValueError(f"--mesh: bad entry {part!r}; expected AXIS=SIZE with AXIS in {MESH_AXES} and SIZE >= 1, "
-                       f"e.g. data=2,fsdp=2,tensor=2 or expert=4,data=2")
+      raise ValueError(
+        f"--mesh: bad entry {part!r}; expected AXIS=SIZE with AXIS in {MESH_AXES} and SIZE >= 1, "
+        f"e.g. data=2,fsdp=2,tensor=2 or expert=4,data=2"
+      )
     shape[name] = int(size)
   if math.prod(shape.values()) != n_devices:
-    raise ValueError(f"--mesh {spec}: {'x'.join(map(str, shape.values()))} = {math.prod(shape.values())} devices, "
-                     f"but {n_devices} are available; the sizes must multiply to {n_devices}")
+    raise ValueError(
+      f"--mesh {spec}: {'x'.join(map(str, shape.values()))} = {math.prod(shape.values())} devices, "
+      f"but {n_devices} are available; the sizes must multiply to {n_devices}"
+    )
   return shape
 
 
@@ -125,7 +130,12 @@ def state_shardings(mesh: Mesh, cfg: s3r_model.ModelConfig, abstract_state, tx: 
   logical = s3r_model.logical_axes(cfg)
   params = jax.tree.map(lambda spec, p: sharding(mesh, spec, p.shape), logical, abstract_state.params)
   replicated = NamedSharding(mesh, P())
-  opt_state = optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state, params,
-                                    transform_non_params=lambda _: replicated,
-                                    is_leaf=lambda x: isinstance(x, NamedSharding))
+  opt_state = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    abstract_state.opt_state,
+    params,
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, NamedSharding),
+  )
   return type(abstract_state)(step=replicated, params=params, opt_state=opt_state)

@@ -13,8 +13,23 @@ from s3r.bench import cli, moe, options
 
 
 def test_moe_bench_writes_block_and_gemm_results(tmp_path):
-  args = cli.build_parser().parse_args(["moe", "--shapes", "32x4x2x16+1", "--tokens", "16", "--repeats", "1",
-                                        "--warmup", "0", "--prime", "0", "--out-dir", str(tmp_path)])
+  args = cli.build_parser().parse_args(
+    [
+      "moe",
+      "--shapes",
+      "32x4x2x16+1",
+      "--tokens",
+      "16",
+      "--repeats",
+      "1",
+      "--warmup",
+      "0",
+      "--prime",
+      "0",
+      "--out-dir",
+      str(tmp_path),
+    ]
+  )
   assert args.func(args) == 0
   stem = tmp_path / f"bench_moe_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())

@@ -13,8 +13,23 @@ from s3r.bench import cli, step
 
 def _run(tmp_path, *extra):
   args = cli.build_parser().parse_args(
-    ["step", "--batch", "2", "--seq", "8", "--repeats", "1", "--warmup", "0", "--prime", "0", "--no-chart",
-     "--out-dir", str(tmp_path), *extra]
+    [
+      "step",
+      "--batch",
+      "2",
+      "--seq",
+      "8",
+      "--repeats",
+      "1",
+      "--warmup",
+      "0",
+      "--prime",
+      "0",
+      "--no-chart",
+      "--out-dir",
+      str(tmp_path),
+      *extra,
+    ]
   )
   assert args.func(args) == 0
   return args
@@ -29,8 +44,23 @@ def test_step_bench_times_a_real_training_step_of_the_tiny_preset(tmp_path):
 
 
 def test_step_bench_measures_each_depth_with_memory_and_extrapolates_to_full_depth(tmp_path):
-  _run(tmp_path, "--preset", "qwen3-tiny", "--layers", "1,2", "--width", "32", "--recipes", "bf16,s3r",
-       "--remat", "full", "--mesh", "data=1", "--tag", "t")
+  _run(
+    tmp_path,
+    "--preset",
+    "qwen3-tiny",
+    "--layers",
+    "1,2",
+    "--width",
+    "32",
+    "--recipes",
+    "bf16,s3r",
+    "--remat",
+    "full",
+    "--mesh",
+    "data=1",
+    "--tag",
+    "t",
+  )
   doc = json.loads((tmp_path / f"bench_step_t_{jax.default_backend()}.json").read_text())["results"]
   depths = [c["model"]["n_layers"] for c in doc["configs"]]
   assert depths == [1, 2] and doc["remat"] == "full"

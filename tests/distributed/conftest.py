@@ -15,16 +15,28 @@ REPO = WORKERS.parents[2]
 def device_env(n_devices: int, **extra) -> dict:
   """The environment of a subprocess with `n_devices` simulated CPU devices."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k == "JAX_ENABLE_X64"}
-  env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu",
-              "PYTHONPATH": str(REPO)}, **extra)
+  env.update(
+    {
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}",
+      "JAX_PLATFORMS": "cpu",
+      "PYTHONPATH": str(REPO),
+    },
+    **extra,
+  )
   return env
 
 
 def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, timeout: float = 600) -> dict:
   """Runs `workers.py name out args...` with `n_devices` devices; returns its result.json."""
   out.mkdir(parents=True, exist_ok=True)
-  proc = subprocess.run([sys.executable, str(WORKERS), name, str(out), *args], env=device_env(n_devices),
-                        capture_output=True, text=True, timeout=timeout, cwd=REPO)
+  proc = subprocess.run(
+    [sys.executable, str(WORKERS), name, str(out), *args],
+    env=device_env(n_devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads((out / "result.json").read_text())
 
@@ -36,8 +48,9 @@ def mesh_train_losses(tmp_path_factory) -> dict:
   the default per-shard bf16 ones: losses, gradient norms, a weight's sharding, the collectives,
   and (1 device, 2x2x2) the step Δ of every projection in the first step."""
   out = tmp_path_factory.mktemp("mesh_train")
-  result = run_worker("train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8:int32",
-                      "data=2,fsdp=2,tensor=2:int32+delta", "tensor=8")
+  result = run_worker(
+    "train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8:int32", "data=2,fsdp=2,tensor=2:int32+delta", "tensor=8"
+  )
   return {**result, "_out": str(out)}
 
 

@@ -8,6 +8,7 @@ three meshes directly.
 
 import numpy as np
 
+
 def test_cli_trains_on_a_4x2_mesh_and_checkpoints(sharded_cli_run):
   result, out = sharded_cli_run["result"], sharded_cli_run["out"]
   records = result["4x2"]

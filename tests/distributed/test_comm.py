@@ -12,7 +12,15 @@ import pytest
 
 from tests.distributed.conftest import run_worker
 
-TINY_PROJECTION_SHAPES = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 192), (64, 192), (192, 64)]  # q k v o gate up down
+TINY_PROJECTION_SHAPES = [
+  (64, 64),
+  (64, 32),
+  (64, 32),
+  (64, 64),
+  (64, 192),
+  (64, 192),
+  (192, 64),
+]  # q k v o gate up down
 BATCH = 128
 
 
@@ -27,15 +35,22 @@ def test_comm_writes_metadata_and_a_table_per_mesh(comm_run):
   doc, md = comm_run
   assert doc["meta"]["command"].startswith("python -m s3r.train.comm")
   assert doc["meta"]["jax_version"] and doc["meta"]["git"]["revision"] and doc["meta"]["date_utc"]
-  assert [(r["mesh_spec"], r["recipe"]) for r in doc["results"]] == [("data=2,fsdp=4", "s3r"), ("data=2,fsdp=4", "s3r_ec")]
+  assert [(r["mesh_spec"], r["recipe"]) for r in doc["results"]] == [
+    ("data=2,fsdp=4", "s3r"),
+    ("data=2,fsdp=4", "s3r_ec"),
+  ]
   assert "### mesh data=2,fsdp=4" in md and "| `s3r_ec` |" in md
   for r in doc["results"]:
     assert r["bytes"]["all-reduce"]["f32"] > 0 and r["bytes"]["all-gather"]["s8"] > 0  # grads; int8 weights
 
 
 def _f32_reductions(result):
-  return sorted(tuple(s) for c in result["collectives"] if c["dtype"] == "f32"
-                and c["kind"] in ("all-reduce", "reduce-scatter") for s in c["shapes"])
+  return sorted(
+    tuple(s)
+    for c in result["collectives"]
+    if c["dtype"] == "f32" and c["kind"] in ("all-reduce", "reduce-scatter")
+    for s in c["shapes"]
+  )
 
 
 def test_ec_gathers_small_factors_instead_of_reducing_weight_sized_f32_partials(comm_run):

@@ -60,7 +60,9 @@ def test_quantized_gradients_are_bitwise_identical_without_ec_and_within_an_ulp_
   for mesh in MESHES:
     for recipe in EXACT_GRAD_RECIPES:
       for g in ("dx", "dw"):
-        np.testing.assert_array_equal(arrays[mesh][f"{recipe}_{g}"], ref[f"{recipe}_{g}"], err_msg=f"{recipe} {g} {mesh}")
+        np.testing.assert_array_equal(
+          arrays[mesh][f"{recipe}_{g}"], ref[f"{recipe}_{g}"], err_msg=f"{recipe} {g} {mesh}"
+        )
     for g in ("dx", "dw"):
       r, got = ref[f"s3r_ec_{g}"], arrays[mesh][f"s3r_ec_{g}"]
       np.testing.assert_allclose(got, r, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(r).max())
@@ -133,6 +135,6 @@ def test_a_sharded_train_step_quantizes_with_the_global_step(mesh_train_losses, 
       x, w, g = ops[f"x_{i}"], ops[f"w_{i}"], ops[f"g_{i}"]
       assert delta == _global_delta(x, w, g), (mesh, i)
       # the 2x2x2 run holds 2 sequences per device: a per-shard max would often be smaller
-      local_differs += any(_global_delta(x[r:r + 2], w, g[r:r + 2]) != delta for r in range(0, 8, 2))
+      local_differs += any(_global_delta(x[r : r + 2], w, g[r : r + 2]) != delta for r in range(0, 8, 2))
   assert local_differs >= 14  # so the bitwise check above does tell a global from a local step
   np.testing.assert_allclose(deltas["data=2,fsdp=2,tensor=2:int32"], deltas["1"], rtol=0.03)

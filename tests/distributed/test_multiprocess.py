@@ -26,11 +26,29 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
   out, port = tmp_path / "run", _free_port()
   procs = []
   for i in range(2):
-    argv = cli_flags(str(sharded_cli_run["corpus"]), str(sharded_cli_run["cache"]), str(out), "--mesh",
-                     "fsdp=4,tensor=2", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                     "--process-id", str(i))
-    procs.append(subprocess.Popen([sys.executable, "-m", "s3r.cli", *argv], env=device_env(4), cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    argv = cli_flags(
+      str(sharded_cli_run["corpus"]),
+      str(sharded_cli_run["cache"]),
+      str(out),
+      "--mesh",
+      "fsdp=4,tensor=2",
+      "--coordinator",
+      f"127.0.0.1:{port}",
+      "--num-processes",
+      "2",
+      "--process-id",
+      str(i),
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, "-m", "s3r.cli", *argv],
+        env=device_env(4),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
   logs = []
   try:
     for p in procs:
@@ -52,5 +70,7 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
   # (int32 reductions, identical thresholds); the token-mean loss is an f32 sum across devices that
   # gloo adds in another order than XLA's in-process all-reduce, so it may differ in the last bit.
   for key in ("loss", "grad_norm"):
-    np.testing.assert_allclose([r[key] for r in ours if key in r], [r[key] for r in ref if key in r], rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(
+      [r[key] for r in ours if key in r], [r[key] for r in ref if key in r], rtol=1e-6, err_msg=key
+    )
   np.testing.assert_allclose(ours[-1]["val_loss"], ref[-1]["val_loss"], rtol=1e-6)

@@ -23,9 +23,13 @@ F32_HALF_ULP = 2.0**-24
 
 def _activation_all_reduces(run, dtype):
   """(op_name, shape) of the all-reduced buffers of one [tokens, D] activation over all 8 devices."""
-  return [(c["op_name"], s) for c in run["collectives"] if c["kind"] == "all-reduce" and c["dtype"] == dtype
-          and c["group_size"] == 8 for s in c["shapes"] if len(s) > 1 and np.prod(s) == run["tokens"] * D
-          and s[-1] == D]
+  return [
+    (c["op_name"], s)
+    for c in run["collectives"]
+    if c["kind"] == "all-reduce" and c["dtype"] == dtype and c["group_size"] == 8
+    for s in c["shapes"]
+    if len(s) > 1 and np.prod(s) == run["tokens"] * D and s[-1] == D
+  ]
 
 
 def test_exact_partial_sums_are_int32_accumulators(mesh_train_losses):
@@ -61,7 +65,7 @@ def test_bf16_partial_sums_round_each_shard_output(tp_runs):
   xq, wq = np_rtne_codes(x, sx[:, None]).astype(np.int64), np_rtne_codes(w, sw[None, :]).astype(np.int64)
   k, n = w.shape
   # forward of a row-parallel weight (the same for every INT8 recipe): shard t holds K/T input features
-  acc = np.stack([xq[:, i * k // T:(i + 1) * k // T] @ wq[i * k // T:(i + 1) * k // T] for i in range(T)])
+  acc = np.stack([xq[:, i * k // T : (i + 1) * k // T] @ wq[i * k // T : (i + 1) * k // T] for i in range(T)])
   row_parts = ((acc.astype(np.float32) * sx[:, None]) * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
   row_ref = row_parts.sum(0).astype(ml_dtypes.bfloat16).astype(np.float64)
   exact = ((xq @ wq).astype(np.float32) * sx[:, None] * sw).astype(ml_dtypes.bfloat16).astype(np.float64)
@@ -73,7 +77,7 @@ def test_bf16_partial_sums_round_each_shard_output(tp_runs):
 
     # dX of a column-parallel weight: shard t holds N/T output features of W and of Q
     q, delta = a[f"{recipe}_q"].reshape(-1, n).astype(np.int64), a[f"{recipe}_delta"]
-    acc = np.stack([q[:, i * n // T:(i + 1) * n // T] @ wq[:, i * n // T:(i + 1) * n // T].T for i in range(T)])
+    acc = np.stack([q[:, i * n // T : (i + 1) * n // T] @ wq[:, i * n // T : (i + 1) * n // T].T for i in range(T)])
     parts = _rounded_parts(acc, (delta / sx)[:, None])
     ref = parts.sum(0).astype(ml_dtypes.bfloat16).astype(np.float64)
     got = a[f"{recipe}_column_dx"].reshape(ref.shape)
@@ -91,9 +95,10 @@ def test_the_bf16_recipe_rounds_each_shard_output_too(tp_runs):
   x, w, g = bf(a["x"].reshape(-1, a["x"].shape[-1])), bf(a["w"]), bf(a["g"].reshape(-1, a["w"].shape[1]))
   k, n = w.shape
   for name, lhs, rhs, c in (("row_y", x, w, k), ("column_dx", g, w.T, n)):
-    exact = np.stack([lhs[:, i * c // T:(i + 1) * c // T] @ rhs[i * c // T:(i + 1) * c // T] for i in range(T)])
-    mags = np.stack([np.abs(lhs[:, i * c // T:(i + 1) * c // T]) @ np.abs(rhs[i * c // T:(i + 1) * c // T])
-                     for i in range(T)])
+    exact = np.stack([lhs[:, i * c // T : (i + 1) * c // T] @ rhs[i * c // T : (i + 1) * c // T] for i in range(T)])
+    mags = np.stack(
+      [np.abs(lhs[:, i * c // T : (i + 1) * c // T]) @ np.abs(rhs[i * c // T : (i + 1) * c // T]) for i in range(T)]
+    )
     parts = bf(exact)
     ref = bf(parts.sum(0))
     got = a[f"bf16_{name}"].reshape(ref.shape)

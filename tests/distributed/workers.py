@@ -14,7 +14,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # (fsdp, tensor) factorizations of 8 devices: pure FSDP, mixed, pure TP; None = one device.
 QMATMUL_MESHES = (None, (8, 1), (4, 2), (2, 4), (1, 8))
@@ -37,9 +38,9 @@ def _operands():
 def qmatmul_worker(out: pathlib.Path) -> None:
   """Thresholds, Q, Δ, dX and dW of one qmatmul on each mesh; the token dims (B, S) of x and of
   the upstream gradient are sharded over all 8 devices, the weight as in s3r train (fsdp, tensor)."""
+  from s3r.analysis.collectives import collectives
   from s3r.quant import qmatmul, thresholds
   from s3r.quant.matmul import gradient_codes
-  from s3r.analysis.collectives import collectives
 
   x, w, g = _operands()
   key = jax.random.key(7)
@@ -52,8 +53,10 @@ def qmatmul_worker(out: pathlib.Path) -> None:
     xs, ws, gs = jax.device_put(x, tokens), jax.device_put(w, weight), jax.device_put(g, tokens)
     arrays, info = {}, {}
     for topology in ("token", "example"):
-      fn = jax.jit(lambda k: thresholds.shared_thresholds(k, B, S, topology),
-                   out_shardings=NamedSharding(mesh, P("fsdp", "tensor" if topology == "token" else None, None)))
+      fn = jax.jit(
+        lambda k: thresholds.shared_thresholds(k, B, S, topology),
+        out_shardings=NamedSharding(mesh, P("fsdp", "tensor" if topology == "token" else None, None)),
+      )
       compiled = fn.lower(key).compile()
       arrays[f"u_{topology}"] = np.asarray(compiled(key))
       info[f"u_{topology}_collectives"] = len(collectives(compiled.as_text()))
@@ -68,7 +71,8 @@ def qmatmul_worker(out: pathlib.Path) -> None:
       arrays[f"{recipe}_dx"], arrays[f"{recipe}_dw"] = np.asarray(dx), np.asarray(dw)
       colls = collectives(compiled.as_text())
       info[f"{recipe}_grad_collectives"] = [
-          {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name} for c in colls]
+        {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name} for c in colls
+      ]
     np.savez(out / f"qmatmul_{_mesh_name(shape)}.npz", **arrays)
     result[_mesh_name(shape)] = info
   (out / "result.json").write_text(json.dumps(result))
@@ -79,9 +83,9 @@ def tp_worker(out: pathlib.Path) -> None:
   a row-parallel weight (W split along K) and dX of a column-parallel one (W split along N),
   with per-shard bf16 partial sums (tp=...) and with exact int32 ones (tp=None); also dW of
   int8_rtne with W replicated and split (the same codes X̂ must serve both programs)."""
+  from s3r.analysis.collectives import collectives
   from s3r.quant import qmatmul
   from s3r.quant.matmul import gradient_codes
-  from s3r.analysis.collectives import collectives
 
   x, w, g = _operands()
   x, g = x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
@@ -91,9 +95,11 @@ def tp_worker(out: pathlib.Path) -> None:
   arrays, info = {"x": np.asarray(x, np.float32), "w": w, "g": np.asarray(g, np.float32)}, {}
   for recipe in ("int8_rtne", "s3r", "s3r_ec_dx", "bf16"):
     for tp in (None, "row", "column"):
+
       def f(x, w, tp=tp):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
           return qmatmul(x, w, key=key, recipe=recipe, tp=tp)
+
       w_spec = ("tensor", None) if tp == "row" else (None, "tensor")
       xs, ws = put(x, None, None, "tensor" if tp == "row" else None), put(w, *w_spec)
       fwd = jax.jit(f).lower(xs, ws).compile()
@@ -101,8 +107,10 @@ def tp_worker(out: pathlib.Path) -> None:
       dx, dw = grad(xs, ws, put(g))
       name = f"{recipe}_{tp or 'exact'}"
       arrays[f"{name}_y"], arrays[f"{name}_dx"] = np.asarray(fwd(xs, ws), np.float32), np.asarray(dx, np.float32)
-      info[name] = [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name}
-                    for c in collectives(fwd.as_text()) + collectives(grad.as_text())]
+      info[name] = [
+        {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name}
+        for c in collectives(fwd.as_text()) + collectives(grad.as_text())
+      ]
     if recipe == "bf16":
       continue
     q_dx, _, delta = jax.jit(lambda x, w, g: gradient_codes(x, w, g, key=key, recipe=recipe))(x, w, g)
@@ -126,8 +134,15 @@ def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dic
 
   cfg = setup.model_cfg
   graphdef = s3r_model.graphdef(cfg)
-  widths = {"q": cfg.n_heads * cfg.head_dim, "k": cfg.n_kv_heads * cfg.head_dim, "v": cfg.n_kv_heads * cfg.head_dim,
-            "o": cfg.d_model, "gate": cfg.d_ff, "up": cfg.d_ff, "down": cfg.d_model}
+  widths = {
+    "q": cfg.n_heads * cfg.head_dim,
+    "k": cfg.n_kv_heads * cfg.head_dim,
+    "v": cfg.n_kv_heads * cfg.head_dim,
+    "o": cfg.d_model,
+    "gate": cfg.d_ff,
+    "up": cfg.d_ff,
+    "down": cfg.d_model,
+  }
   b, s = batch.shape[0], batch.shape[1] - 1
   step_key = jax.random.fold_in(train_key, 0)
 
@@ -159,9 +174,8 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   a ':int32' suffix selects exact tensor-parallel partial sums, otherwise per-shard bf16),
   the sharding of one weight, the collectives of the compiled step, and (meshes marked with a
   trailing '+delta') the step Δ of every projection in the first step."""
-  from s3r.train import loop
   from s3r.analysis.collectives import collectives
-
+  from s3r.train import loop
   from s3r.train.config import TrainConfig
 
   rng = np.random.default_rng(0)
@@ -170,8 +184,18 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   for name in meshes:
     name, want_deltas = name.removesuffix("+delta"), name.endswith("+delta")
     spec, _, partial_sums = name.partition(":")  # "tensor=8:int32": exact tensor-parallel partial sums
-    cfg = TrainConfig(out="unused", preset="tiny", recipe=recipe, steps=int(steps), warmup=1, batch=8, seq=32,
-                      vocab=512, mesh=None if spec == "1" else spec, tp_partial_sums=partial_sums or "bf16")
+    cfg = TrainConfig(
+      out="unused",
+      preset="tiny",
+      recipe=recipe,
+      steps=int(steps),
+      warmup=1,
+      batch=8,
+      seq=32,
+      vocab=512,
+      mesh=None if spec == "1" else spec,
+      tp_partial_sums=partial_sums or "bf16",
+    )
     setup = loop.build(cfg, 512, loop.make_mesh(cfg))
     state = setup.init_state(setup.keys["init"])
     deltas = None
@@ -186,18 +210,54 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
       losses.append(float(m["loss"]))
       norms.append(float(m["grad_norm"]))
     q = state.params["blocks"][0]["q"]
-    result[name] = {"losses": losses, "grad_norms": norms, "devices": len(q.sharding.device_set),
-                    "q_spec": str(q.sharding.spec), "tokens": 8 * 32, "deltas": deltas,
-                    "collectives": [{"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size,
-                                     "op_name": c.op_name} for c in collectives(step.as_text())]}
+    result[name] = {
+      "losses": losses,
+      "grad_norms": norms,
+      "devices": len(q.sharding.device_set),
+      "q_spec": str(q.sharding.spec),
+      "tokens": 8 * 32,
+      "deltas": deltas,
+      "collectives": [
+        {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size, "op_name": c.op_name}
+        for c in collectives(step.as_text())
+      ],
+    }
   (out / "result.json").write_text(json.dumps(result))
 
 
 def cli_flags(corpus: str, cache: str, out: str, *extra: str) -> list[str]:
   """`s3r train` flags of the sharded CLI runs: 4 `tiny` steps, checkpoints at 2 and 4."""
-  return ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "4", "--warmup", "1", "--batch", "8",
-          "--seq", "32", "--vocab", "300", "--data", corpus, "--cache-dir", cache, "--eval-every", "4",
-          "--eval-batches", "1", "--ckpt-every", "2", "--no-progress", "--out", out, *extra]
+  return [
+    "train",
+    "--preset",
+    "tiny",
+    "--recipe",
+    "s3r",
+    "--steps",
+    "4",
+    "--warmup",
+    "1",
+    "--batch",
+    "8",
+    "--seq",
+    "32",
+    "--vocab",
+    "300",
+    "--data",
+    corpus,
+    "--cache-dir",
+    cache,
+    "--eval-every",
+    "4",
+    "--eval-batches",
+    "1",
+    "--ckpt-every",
+    "2",
+    "--no-progress",
+    "--out",
+    out,
+    *extra,
+  ]
 
 
 def _metrics(run: pathlib.Path) -> list[dict]:
@@ -235,8 +295,12 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
     leaves = jax.tree.leaves(state)
     np.savez(out / f"restored_{name}.npz", *[np.asarray(x) for x in leaves])
     q = state.params["blocks"][0]["q"]
-    result["restored"][name] = {"devices": len(q.sharding.device_set), "q_spec": str(q.sharding.spec),
-                                "step": int(state.step), "leaves": len(leaves)}
+    result["restored"][name] = {
+      "devices": len(q.sharding.device_set),
+      "q_spec": str(q.sharding.spec),
+      "step": int(state.step),
+      "leaves": len(leaves),
+    }
   ckpt.close()
   (out / "result.json").write_text(json.dumps(result))
 
@@ -246,8 +310,26 @@ def comm_worker(out: pathlib.Path) -> None:
   on a data x fsdp mesh, for s3r and s3r_ec, every collective listed."""
   from s3r.train import comm
 
-  comm.main(["--preset", "tiny", "--layers", "2", "--batch", "128", "--seq", "16", "--meshes", "data=2,fsdp=4",
-             "--recipes", "s3r,s3r_ec", "--out", str(out / "comm"), "--list-min-kib", "0"])
+  comm.main(
+    [
+      "--preset",
+      "tiny",
+      "--layers",
+      "2",
+      "--batch",
+      "128",
+      "--seq",
+      "16",
+      "--meshes",
+      "data=2,fsdp=4",
+      "--recipes",
+      "s3r,s3r_ec",
+      "--out",
+      str(out / "comm"),
+      "--list-min-kib",
+      "0",
+    ]
+  )
   (out / "result.json").write_text((out / "comm.json").read_text())
 
 
@@ -270,11 +352,13 @@ def moe_worker(out: pathlib.Path) -> None:
   g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
   info = {}
   for recipe in MOE_RECIPES:
-    block = MoEFeedForward(d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, recipe=recipe,
-                           rngs=nnx.Rngs(params=0))
+    block = MoEFeedForward(
+      d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, recipe=recipe, rngs=nnx.Rngs(params=0)
+    )
     graphdef, state = nnx.split(block)
-    axes = jax.tree.map(lambda v: P(*v.get_metadata()["logical_axes"]), state,
-                        is_leaf=lambda v: isinstance(v, nnx.Variable))
+    axes = jax.tree.map(
+      lambda v: P(*v.get_metadata()["logical_axes"]), state, is_leaf=lambda v: isinstance(v, nnx.Variable)
+    )
     params = nnx.to_pure_dict(state)
     axes = nnx.to_pure_dict(axes)
 
@@ -290,8 +374,9 @@ def moe_worker(out: pathlib.Path) -> None:
         dp, dx = jax.jit(grad)(params, x, key)
       else:
         mesh = sharding.make_mesh(sharding.parse_mesh(mesh_spec, 8))
-        p_sh = jax.tree.map(lambda spec, a: sharding.sharding(mesh, spec, a.shape), axes, params,
-                            is_leaf=lambda s: isinstance(s, P))
+        p_sh = jax.tree.map(
+          lambda spec, a: sharding.sharding(mesh, spec, a.shape), axes, params, is_leaf=lambda s: isinstance(s, P)
+        )
         x_sh = sharding.sharding(mesh, P("batch", "seq", None), x.shape)
         fn = jax.jit(grad, in_shardings=(p_sh, x_sh, NamedSharding(mesh, P())), out_shardings=(p_sh, x_sh))
         compiled = fn.lower(params, x, key).compile()
@@ -303,7 +388,14 @@ def moe_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text(json.dumps(info))
 
 
-WORKERS = {"moe": moe_worker, "comm": comm_worker, "qmatmul": qmatmul_worker, "tp": tp_worker, "train": train_worker, "checkpoint": checkpoint_worker}
+WORKERS = {
+  "moe": moe_worker,
+  "comm": comm_worker,
+  "qmatmul": qmatmul_worker,
+  "tp": tp_worker,
+  "train": train_worker,
+  "checkpoint": checkpoint_worker,
+}
 
 if __name__ == "__main__":
   WORKERS[sys.argv[1]](pathlib.Path(sys.argv[2]), *sys.argv[3:])

@@ -23,8 +23,19 @@ def token_folder(tmp_path):
 
 
 def _cfg(token_folder, tmp_path, **kw):
-  base = dict(data=str(token_folder), out=str(tmp_path / "out"), preset="tiny", steps=5, batch=2, seq=16, lr=3e-3,
-              warmup=1, eval_every=2, eval_batches=2, time_budget=600.0)
+  base = dict(
+    data=str(token_folder),
+    out=str(tmp_path / "out"),
+    preset="tiny",
+    steps=5,
+    batch=2,
+    seq=16,
+    lr=3e-3,
+    warmup=1,
+    eval_every=2,
+    eval_batches=2,
+    time_budget=600.0,
+  )
   return lockstep.LockstepConfig(**{**base, **kw})
 
 
@@ -65,8 +76,14 @@ def test_build_tokens_writes_a_loadable_folder(tmp_path):
   docs = [f"document {i}: " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)) for i in range(300)]
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n\n\n".join(docs))
-  meta = lockstep.build_tokens(str(tmp_path / "tok"), data=str(corpus), vocab=300,
-                               cache_dir=str(tmp_path / "cache"), max_train_tokens=5000, log=lambda _: None)
+  meta = lockstep.build_tokens(
+    str(tmp_path / "tok"),
+    data=str(corpus),
+    vocab=300,
+    cache_dir=str(tmp_path / "cache"),
+    max_train_tokens=5000,
+    log=lambda _: None,
+  )
   loaded_meta, train, val = lockstep.load_tokens(str(tmp_path / "tok"))
   assert loaded_meta == meta and train.dtype == np.uint16 and len(train) == min(5000, meta["train_tokens_available"])
   assert "val" in val and len(val["val"]) == meta["n_tokens"]["val"]

@@ -38,7 +38,7 @@ def test_exact_s3r_dx_error_matches_sampled_quantizer():
   for key in jax.random.split(jax.random.key(1), 400):
     q, _, delta = codes(key)
     err = (float(delta) * np.asarray(q, np.float64)[0] - gp) @ wq.T / np.asarray(sx, np.float64)[0][:, None]
-    sq.append(np.sum(err ** 2))
+    sq.append(np.sum(err**2))
   sq = np.asarray(sq)
   mean, se = sq.mean(), sq.std(ddof=1) / np.sqrt(len(sq))
   assert abs(mean - (res["dx"]["s3r"] * exact_norm) ** 2) < 5 * se
@@ -75,5 +75,6 @@ def test_paired_checkpoints_difference_has_smaller_se_when_batches_correlate():
 
 def test_provenance_command_has_no_absolute_paths():
   from s3r import results
+
   assert results.repo_relative("/somewhere/else/runs/sweeps/x") == "runs/sweeps/x"
   assert results.repo_relative("relative/path") == "relative/path"

@@ -59,7 +59,7 @@ def test_centering_exact_variance_matches_monte_carlo():
   per_draw = np.sum((e @ w.T) ** 2, axis=(1, 2))
   mean, half = section3.batch_means_ci(per_draw)
   exact = section3.centering_exact(p, w)
-  var_sr = np.sum((p * (1 - p)) @ (w ** 2).T)
+  var_sr = np.sum((p * (1 - p)) @ (w**2).T)
   assert abs(mean - exact["ec_over_sr"] * var_sr) < 2.5 * half
 
 

@@ -19,8 +19,25 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards judge boxing matches at night".split()
 # A 6-step run: checkpoints at steps 4 and 6 (every 2, two kept), validation at 0, 3 and 6.
-TINY = ["--preset", "tiny", "--steps", "6", "--batch", "2", "--seq", "32", "--vocab", "300", "--eval-every", "3",
-        "--ckpt-every", "2", "--eval-batches", "1", "--no-progress"]
+TINY = [
+  "--preset",
+  "tiny",
+  "--steps",
+  "6",
+  "--batch",
+  "2",
+  "--seq",
+  "32",
+  "--vocab",
+  "300",
+  "--eval-every",
+  "3",
+  "--ckpt-every",
+  "2",
+  "--eval-batches",
+  "1",
+  "--no-progress",
+]
 
 
 def write_corpus(directory: pathlib.Path, n_docs: int = 60) -> pathlib.Path:
@@ -35,8 +52,14 @@ class Cli:
   """Runs `python -m s3r.cli ARGS` in a subprocess (Popen with start=True)."""
 
   def __init__(self, root: pathlib.Path):
-    self.env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "S3R_DATA": str(root / "empty-root"),
-                "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    self.env = {
+      **os.environ,
+      "PYTHONPATH": str(REPO),
+      "JAX_PLATFORMS": "cpu",
+      "S3R_DATA": str(root / "empty-root"),
+      "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
+      "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
     self.env.pop("XLA_FLAGS", None)
     (root / "empty-root").mkdir(exist_ok=True)
     self.cache = root / "token-cache"
@@ -49,8 +72,9 @@ class Cli:
     return subprocess.run(self.argv(*args), capture_output=True, text=True, cwd=cwd, env=self.env, timeout=timeout)
 
   def start(self, *args, cwd=REPO) -> subprocess.Popen:
-    return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=self.env)
+    return subprocess.Popen(
+      self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env
+    )
 
   def train(self, out, *extra, data=None, timeout: float = 240) -> subprocess.CompletedProcess:
     return self(*self.train_args(out, *extra, data=data), timeout=timeout)

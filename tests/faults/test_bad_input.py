@@ -7,10 +7,13 @@ import os
 import pathlib
 
 import pytest
+
 from tests.faults.conftest import assert_one_line_error, snapshot
 
 
-@pytest.mark.parametrize("args, fragments", [
+@pytest.mark.parametrize(
+  "args, fragments",
+  [
     (["--recipe", "fp4"], ["--recipe", "invalid choice: 'fp4'"]),
     (["--preset", "huge"], ["--preset", "invalid choice: 'huge'"]),
     (["--steps", "0"], ["--steps must be an integer >= 1, got 0"]),
@@ -18,7 +21,8 @@ from tests.faults.conftest import assert_one_line_error, snapshot
     (["--seq", "1000000000"], ["--seq must be <= "]),
     (["--lr", "1e300"], ["--lr must be a finite number in (0, 1]"]),
     (["--steps", "20", "--warmup", "30"], ["--warmup must be an integer in [0, --steps=20]"]),
-])
+  ],
+)
 def test_bad_flags_are_refused_in_one_line_naming_the_flag(cli, tmp_path, args, fragments):
   proc = cli(*cli.train_args(tmp_path / "run")[:-2], "--out", tmp_path / "run", *args)
   assert_one_line_error(proc, 2, *fragments)
@@ -50,8 +54,9 @@ def _write(kind: str, tmp: pathlib.Path) -> tuple[pathlib.Path, str]:
   raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty-file", "empty-dir", "binary", "malformed-jsonl", "no-text-field",
-                                  "non-utf8"])
+@pytest.mark.parametrize(
+  "kind", ["missing", "empty-file", "empty-dir", "binary", "malformed-jsonl", "no-text-field", "non-utf8"]
+)
 def test_bad_corpora_are_refused_in_one_line_and_leave_no_run_directory(cli, tmp_path, kind):
   data, fragment = _write(kind, tmp_path)
   proc = cli.train(tmp_path / "run", data=data)
@@ -117,8 +122,16 @@ def test_a_50_mb_single_line_document_trains_in_bounded_memory(cli, tmp_path):
   rng = random.Random(0)
   words = "alpha beta gamma delta epsilon zeta eta theta".split()
   (data / "huge.txt").write_text(" ".join(rng.choice(words) for _ in range(50_000_000 // 6)))
-  proc = cli(*cli.train_args(tmp_path / "run", data=data)[:-4], "--cache-dir", tmp_path / "cache", "--out",
-             tmp_path / "run", "--steps", "2", timeout=900)
+  proc = cli(
+    *cli.train_args(tmp_path / "run", data=data)[:-4],
+    "--cache-dir",
+    tmp_path / "cache",
+    "--out",
+    tmp_path / "run",
+    "--steps",
+    "2",
+    timeout=900,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
   assert peak_gib < 2.5, f"peak memory {peak_gib:.1f} GiB"

@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+
 from tests.faults.conftest import assert_one_line_error, metrics_lines, snapshot
 
 STEADY = ("step", "loss", "grad_norm", "lr", "val_loss")  # what a rerun must reproduce bit for bit

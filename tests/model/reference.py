@@ -34,7 +34,8 @@ def inverse_frequencies(h, theta, scaling):
         out.append(f / scaling.factor)
       else:
         t = (scaling.original_max_seq_len / wavelength - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor)
+          scaling.high_freq_factor - scaling.low_freq_factor
+        )
         out.append((1 - t) * f / scaling.factor + t * f)
     return np.array(out), 1.0
   # YaRN (DeepSeek-V2): dims rotating fewer than beta_slow times over the original context are interpolated.
@@ -54,7 +55,7 @@ def apply_rope(x_SxNxH, theta, scaling):
   freq, mag = inverse_frequencies(h, theta, scaling)
   ang = np.arange(s)[:, None] * freq[None, :]
   cos, sin = np.cos(ang)[:, None, :] * mag, np.sin(ang)[:, None, :] * mag
-  x1, x2 = x_SxNxH[..., : h // 2], x_SxNxH[..., h // 2:]
+  x1, x2 = x_SxNxH[..., : h // 2], x_SxNxH[..., h // 2 :]
   return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
@@ -77,7 +78,7 @@ def silu(x):
 
 
 def gelu_tanh(x):
-  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def gated(x, p, act):
@@ -93,15 +94,14 @@ def moe(x, p, cfg, margins=None):
   probs /= probs.sum(-1, keepdims=True)
   if margins is not None:
     ranked = -np.sort(-probs, axis=-1)
-    margins.append(ranked[:, cfg.top_k - 1] - ranked[:, cfg.top_k] if cfg.top_k < probs.shape[-1]
-                   else np.ones(len(x)))
+    margins.append(ranked[:, cfg.top_k - 1] - ranked[:, cfg.top_k] if cfg.top_k < probs.shape[-1] else np.ones(len(x)))
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
     top = np.argsort(-probs[t])[: cfg.top_k]
     w = probs[t, top] / (probs[t, top].sum() if cfg.renormalize else 1.0)
     for e, we in zip(top, w):
       expert = {"gate": p["gate"][e], "up": p["up"][e], "down": p["down"][e]}
-      y[t] += we * gated(x[t:t + 1], expert, silu)[0]
+      y[t] += we * gated(x[t : t + 1], expert, silu)[0]
   if cfg.n_shared:
     y += gated(x, {"gate": p["shared_gate"], "up": p["shared_up"], "down": p["shared_down"]}, silu)
   return y
@@ -112,10 +112,13 @@ def _gqa_attention(x, p, cfg, layer):
   gemma = cfg.family == "gemma3"
   q, k, v = (x @ _a(p["q"])).reshape(s, n, h), (x @ _a(p["k"])).reshape(s, kh, h), (x @ _a(p["v"])).reshape(s, kh, h)
   if cfg.family in ("qwen3", "qwen3_moe", "gemma3"):
-    q, k = rms_norm(q, p["q_norm"]["scale"], cfg.norm_eps, gemma), rms_norm(k, p["k_norm"]["scale"], cfg.norm_eps, gemma)
-  theta, scaling, window, scale = cfg.rope_theta, cfg.rope_scaling, None, h ** -0.5
+    q, k = (
+      rms_norm(q, p["q_norm"]["scale"], cfg.norm_eps, gemma),
+      rms_norm(k, p["k_norm"]["scale"], cfg.norm_eps, gemma),
+    )
+  theta, scaling, window, scale = cfg.rope_theta, cfg.rope_scaling, None, h**-0.5
   if gemma:
-    scale = cfg.query_pre_attn_scalar ** -0.5
+    scale = cfg.query_pre_attn_scalar**-0.5
     if (layer + 1) % cfg.global_every:
       theta, scaling, window = cfg.local_rope_theta, None, cfg.sliding_window
   q, k = apply_rope(q, theta, scaling), apply_rope(k, theta, scaling)

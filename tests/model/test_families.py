@@ -8,7 +8,6 @@ import pytest
 
 from s3r import model as M
 from s3r.model import moe, transformer
-
 from tests.model import reference
 
 TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
@@ -64,8 +63,12 @@ def test_reference_comparison_detects_a_missing_family_feature():
 
 
 PUBLISHED = {  # total parameters of the published checkpoints (docs/models.md)
-    "llama3.1-8b": 8_030_261_248, "qwen3-8b": 8_190_735_360, "gemma3-12b": 11_766_034_176,
-    "qwen3-30b-a3b": 30_532_122_624, "deepseek-v2-lite": 15_706_484_224}
+  "llama3.1-8b": 8_030_261_248,
+  "qwen3-8b": 8_190_735_360,
+  "gemma3-12b": 11_766_034_176,
+  "qwen3-30b-a3b": 30_532_122_624,
+  "deepseek-v2-lite": 15_706_484_224,
+}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -99,8 +102,9 @@ def test_every_parameter_has_logical_axes_of_its_rank(name):
   cfg = M.preset(name, layers=2) if M.PRESETS[name].n_layers > 8 else M.PRESETS[name]
   axes = M.logical_axes(cfg)
   shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
-  for spec, shape in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
-                         jax.tree.leaves(shapes)):
+  for spec, shape in zip(
+    jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)), jax.tree.leaves(shapes)
+  ):
     assert len(spec) == shape.ndim
 
 
@@ -112,13 +116,16 @@ def test_overrides_slice_a_real_model():
   assert M.preset("deepseek-v2-lite", layers=1).dense_layers == 1
 
 
-@pytest.mark.parametrize("name, overrides, field", [
+@pytest.mark.parametrize(
+  "name, overrides, field",
+  [
     ("gemma3-tiny", {"sliding_window": 0}, "sliding_window"),
     ("qwen3-moe-tiny", {"top_k": 9}, "top_k"),
     ("deepseek-tiny", {"v_head_dim": 64}, "v_head_dim"),
     ("deepseek-tiny", {"dense_layers": 4}, "dense_layers"),
     ("qwen3-tiny", {"d_head": 0}, "d_head"),
-])
+  ],
+)
 def test_invalid_family_config_is_rejected_naming_the_field(name, overrides, field):
   with pytest.raises(ValueError, match=field):
     M.preset(name, **overrides)
@@ -156,8 +163,9 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
 
 def test_moe_auxiliary_loss_comes_back_from_apply_with_aux():
   cfg = M.preset("qwen3-moe-tiny", recipe="bf16")
-  logits, aux = M.apply_with_aux(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)),
-                                 jnp.arange(16, dtype=jnp.int32)[None], key=None)
+  logits, aux = M.apply_with_aux(
+    M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)), jnp.arange(16, dtype=jnp.int32)[None], key=None
+  )
   assert logits.shape == (1, 16, cfg.vocab_size)
   assert float(aux["load_balance_loss"]) > 0 and set(aux) == {"load_balance_loss", "dropped_fraction"}
 

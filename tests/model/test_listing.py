@@ -13,8 +13,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _run(*args):
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "s3r.cli", "models", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=120, check=True).stdout
+  return subprocess.run(
+    [sys.executable, "-m", "s3r.cli", "models", *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  ).stdout
 
 
 def test_models_json_lists_every_preset_with_published_counts():

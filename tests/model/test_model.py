@@ -11,7 +11,6 @@ from s3r import model as M
 from s3r.model import config as model_config
 from s3r.model import transformer
 
-
 _apply = jax.jit(M.apply, static_argnums=0)  # eager op-by-op execution is slow on CPU
 
 
@@ -77,7 +76,7 @@ def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
   first = list(seen)
   M.apply(graphdef, params, _tokens(cfg), key=jax.random.key(8))
   assert len(first) == 7 * cfg.n_layers == len(set(first))
-  assert not set(first) & set(seen[len(first):])  # another step key: other keys
+  assert not set(first) & set(seen[len(first) :])  # another step key: other keys
 
 
 def test_stochastic_recipe_without_key_is_rejected(tiny_model):
@@ -86,13 +85,16 @@ def test_stochastic_recipe_without_key_is_rejected(tiny_model):
     M.apply(graphdef, params, _tokens(cfg), key=None)
 
 
-@pytest.mark.parametrize("overrides, field", [
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
     ({"d_model": 0}, "d_model"),
     ({"n_heads": 3}, "n_heads"),
     ({"n_kv_heads": 3}, "n_kv_heads"),
     ({"recipe": "fp4"}, "recipe"),
     ({"rope_theta": 0.0}, "rope_theta"),
-])
+  ],
+)
 def test_invalid_config_is_rejected_naming_the_field(overrides, field):
   with pytest.raises(ValueError, match=field):
     _tiny(**overrides)

@@ -109,8 +109,12 @@ def test_a_few_sgd_steps_reduce_a_toy_loss():
 def test_expert_weights_carry_the_expert_logical_axis():
   block = _block(n_shared=1)
   axes = {n: getattr(block, n).get_metadata()["logical_axes"] for n in ("gate", "up", "down", "shared_gate")}
-  assert axes == {"gate": ("expert", "embed", "mlp"), "up": ("expert", "embed", "mlp"),
-                  "down": ("expert", "mlp", "embed"), "shared_gate": ("embed", "mlp")}
+  assert axes == {
+    "gate": ("expert", "embed", "mlp"),
+    "up": ("expert", "embed", "mlp"),
+    "down": ("expert", "mlp", "embed"),
+    "shared_gate": ("embed", "mlp"),
+  }
 
 
 def test_stochastic_recipe_without_key_and_bad_config_raise():

@@ -42,5 +42,6 @@ def heavy_tailed(rng: np.random.Generator, shape, decades: float = 4.0) -> np.nd
 def grads(recipe, x, w, g, key):
   """(dX, dW) of qmatmul for upstream gradient g."""
   from s3r import qmatmul
+
   _, vjp = jax.vjp(lambda a, b: qmatmul(a, b, key=key, recipe=recipe), x, w)
   return vjp(jnp.asarray(g, x.dtype))

@@ -36,14 +36,26 @@ def test_ec_factors_leave_an_error_whose_rows_and_columns_sum_to_zero():
 def _wc(c, wq):
   """Ŵ c_b for every example b, as ec.dx_correction computes it (token means r = m = 0), [B, K]."""
   batch = c.shape[0]
-  corr = jax.jit(ec.dx_correction)(jnp.zeros((batch, 1)), jnp.asarray(c, jnp.float32), jnp.zeros(batch),
-                                   jnp.asarray(wq, jnp.int8))
+  corr = jax.jit(ec.dx_correction)(
+    jnp.zeros((batch, 1)), jnp.asarray(c, jnp.float32), jnp.zeros(batch), jnp.asarray(wq, jnp.int8)
+  )
   return np.asarray(corr, np.float64)[:, 0, :]
 
 
 def test_channel_mean_digits_are_int8_and_sum_to_c_on_a_2_to_the_minus_20_grid():
-  extremes = [1.0, -1.0, 127.5 / 128, -127.5 / 128, 0.0, 2.0**-21, 3 * 2.0**-21, 64 * 2.0**-20, 192 * 2.0**-20,
-              (2**14 - 0.5) * 2.0**-20, 0.5 + 2.0**-21]
+  extremes = [
+    1.0,
+    -1.0,
+    127.5 / 128,
+    -127.5 / 128,
+    0.0,
+    2.0**-21,
+    3 * 2.0**-21,
+    64 * 2.0**-20,
+    192 * 2.0**-20,
+    (2**14 - 0.5) * 2.0**-20,
+    0.5 + 2.0**-21,
+  ]
   c = np.concatenate([extremes, np.random.default_rng(5).uniform(-1, 1, 500)]).astype(np.float32)[None]
   d = np.asarray(ec.int8_digits(jnp.asarray(c)))
   assert d.dtype == np.int8 and d.shape == (1, 3, c.shape[1]) and np.abs(d).max() <= 64
@@ -121,7 +133,7 @@ def test_ec_gradients_equal_exact_plus_residual_error_with_zero_row_and_column_s
 DRAWS = 256
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dx_sq_errors(recipe):
   """Per-key squared dX error ||dX - exact||² on a layer whose W has a common row component."""
   rng = np.random.default_rng(3)

@@ -29,8 +29,10 @@ def test_step_codes_and_ec_factors_come_from_one_value_of_a_gradient_computed_in
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((*tokens, K)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((K, N)) * 0.1, jnp.float32)
-  a, b = (jnp.asarray(rng.standard_normal((*tokens, N)) * np.exp(rng.standard_normal((*tokens, N))), jnp.bfloat16)
-          for _ in range(2))
+  a, b = (
+    jnp.asarray(rng.standard_normal((*tokens, N)) * np.exp(rng.standard_normal((*tokens, N))), jnp.bfloat16)
+    for _ in range(2)
+  )
   key = jax.random.key(3)
   grads = jax.jit(_grads, static_argnums=0)
 
@@ -43,4 +45,5 @@ def test_step_codes_and_ec_factors_come_from_one_value_of_a_gradient_computed_in
 
   def same(u, v):
     return all(np.array_equal(np.asarray(p, np.float32), np.asarray(q, np.float32)) for p, q in zip(u, v))
+
   assert same(in_program, rounded) or same(in_program, exact)

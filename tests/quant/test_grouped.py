@@ -55,7 +55,7 @@ def test_forward_is_the_ragged_product_of_the_rtne_codes():
   for e, a, b in _segments(SIZES):
     expected[a:b] = (xq[a:b].astype(np.float64) @ wq[e].astype(np.float64)) * sx[a:b, None] * sw[e]
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
-  assert (y[sum(SIZES):] == 0).all()
+  assert (y[sum(SIZES) :] == 0).all()
 
 
 @pytest.mark.parametrize("recipe", INT8)
@@ -90,8 +90,9 @@ def test_tiled_layout_does_at_most_rows_plus_experts_times_tile_rows_of_work():
       assert padded <= 2 * rows + tile  # never E times the routed rows
 
 
-@pytest.mark.parametrize("recipe", ["int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_bcast", "s3r_ec_dw",
-                                    "s3r_split_dx2d_dwbcast"])
+@pytest.mark.parametrize(
+  "recipe", ["int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_bcast", "s3r_ec_dw", "s3r_split_dx2d_dwbcast"]
+)
 def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients(recipe):
   """E = B segments of S rows each, every expert holding the same W: the grouped layer is the
   dense one on [B, S, K]. Same scales, step, thresholds (⌈T/4⌉ words per token, ⌈B/4⌉ per
@@ -107,8 +108,9 @@ def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients(
   key = jax.random.key(7)
   gs = jnp.full((b,), s, jnp.int32)
   y_d, vjp_d = jax.vjp(lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), x, w)
-  grouped = lambda a, c: s3r.grouped_qmatmul(a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key,
-                                             recipe=recipe).reshape(b, s, N)
+  grouped = lambda a, c: s3r.grouped_qmatmul(
+    a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key, recipe=recipe
+  ).reshape(b, s, N)
   y_g, vjp_g = jax.vjp(grouped, x, w)
   (dx_d, dw_d), (dx_g, dw_g) = vjp_d(g), vjp_g(g)
   np.testing.assert_array_equal(y_g, y_d)
@@ -133,8 +135,9 @@ def test_empty_experts_and_padding_rows_get_zero_outputs_and_gradients_never_nan
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "int8_rtne", "s3r_ec_bcast"])
-@pytest.mark.parametrize("t, e, sizes", [(1, 1, [1]), (1, 3, [0, 1, 0]), (T, 1, [T]), (T, E, [0, T, 0, 0]),
-                                         (T, E, [0, 0, 0, 0])])
+@pytest.mark.parametrize(
+  "t, e, sizes", [(1, 1, [1]), (1, 3, [0, 1, 0]), (T, 1, [T]), (T, E, [0, T, 0, 0]), (T, E, [0, 0, 0, 0])]
+)
 def test_degenerate_routings_are_correct_and_finite(recipe, t, e, sizes):
   x, w, g = _problem(seed=6, t=t, e=e, dtype=jnp.bfloat16)
   y, dx, dw = (np.asarray(a, np.float64) for a in _run(recipe, x, w, sizes, g))
@@ -148,14 +151,20 @@ def test_degenerate_routings_are_correct_and_finite(recipe, t, e, sizes):
     for ex, a, b in _segments(sizes):
       exact = xn[a:b].T @ gn[a:b]
       assert np.abs(dw[ex] - exact).max() <= 0.1 * max(np.abs(exact).max(), 1e-6)
-  assert (y[sum(sizes):] == 0).all() and (dx[sum(sizes):] == 0).all()
+  assert (y[sum(sizes) :] == 0).all() and (dx[sum(sizes) :] == 0).all()
 
 
 def test_output_has_the_dtype_of_x():
   x, w, _ = _problem(dtype=jnp.bfloat16)
   for recipe in ("bf16", "s3r"):
-    assert jax.eval_shape(lambda a, b: s3r.grouped_qmatmul(a, b, jnp.asarray(SIZES, jnp.int32), key=jax.random.key(0),
-                                                            recipe=recipe), x, w).dtype == jnp.bfloat16
+    assert (
+      jax.eval_shape(
+        lambda a, b: s3r.grouped_qmatmul(a, b, jnp.asarray(SIZES, jnp.int32), key=jax.random.key(0), recipe=recipe),
+        x,
+        w,
+      ).dtype
+      == jnp.bfloat16
+    )
 
 
 def test_traced_group_sizes_work_under_jit_and_match_eager():
@@ -175,7 +184,9 @@ def test_traced_negative_or_overflowing_sizes_are_clamped_the_same_by_both_paths
     np.testing.assert_array_equal(a, c)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(w=jnp.zeros((E, K + 1, N))), "last dim of x"),
     (dict(w=jnp.zeros((K, N))), "w must be"),
     (dict(x=jnp.zeros((2, T, K))), "x must be"),
@@ -185,23 +196,46 @@ def test_traced_negative_or_overflowing_sizes_are_clamped_the_same_by_both_paths
     (dict(key=None), "needs key"),
     (dict(impl="pallas"), "impl must be"),
     (dict(recipe="nope"), "unknown recipe"),
-])
+  ],
+)
 def test_bad_input_raises_a_value_error_naming_the_argument(kwargs, match):
-  args = dict(x=jnp.zeros((T, K)), w=jnp.zeros((E, K, N)), group_sizes=jnp.asarray(SIZES, jnp.int32),
-              key=jax.random.key(0), recipe="s3r", impl=None) | kwargs
+  args = (
+    dict(
+      x=jnp.zeros((T, K)),
+      w=jnp.zeros((E, K, N)),
+      group_sizes=jnp.asarray(SIZES, jnp.int32),
+      key=jax.random.key(0),
+      recipe="s3r",
+      impl=None,
+    )
+    | kwargs
+  )
   with pytest.raises(ValueError, match=match):
     s3r.grouped_qmatmul(args.pop("x"), args.pop("w"), args.pop("group_sizes"), **args)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(group_sizes=jnp.asarray(SIZES, jnp.int64) if jax.config.jax_enable_x64 else jnp.asarray(SIZES, jnp.int16)),
-     "group_sizes must be int32"),
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (
+      dict(group_sizes=jnp.asarray(SIZES, jnp.int64) if jax.config.jax_enable_x64 else jnp.asarray(SIZES, jnp.int16)),
+      "group_sizes must be int32",
+    ),
     (dict(group_sizes=SIZES), "group_sizes must be an array"),
     (dict(x=jnp.zeros((T, K), jnp.int8)), "x must have a real floating dtype"),
     (dict(key=jnp.zeros((3,), jnp.float32)), "key must be"),
-])
+  ],
+)
 def test_bad_input_types_raise_a_type_error_naming_the_argument(kwargs, match):
-  args = dict(x=jnp.zeros((T, K)), w=jnp.zeros((E, K, N)), group_sizes=jnp.asarray(SIZES, jnp.int32),
-              key=jax.random.key(0), recipe="s3r") | kwargs
+  args = (
+    dict(
+      x=jnp.zeros((T, K)),
+      w=jnp.zeros((E, K, N)),
+      group_sizes=jnp.asarray(SIZES, jnp.int32),
+      key=jax.random.key(0),
+      recipe="s3r",
+    )
+    | kwargs
+  )
   with pytest.raises(TypeError, match=match):
     s3r.grouped_qmatmul(args.pop("x"), args.pop("w"), args.pop("group_sizes"), **args)

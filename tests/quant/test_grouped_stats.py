@@ -50,7 +50,7 @@ class GroupedReference:
     self.wq_rows = self.wq[seg_c].astype(np.float64)  # [T, K, N]: each row's expert's codes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem():
   rng = np.random.default_rng(1)
   x = rng.standard_normal((T, K)).astype(np.float32)
@@ -60,12 +60,11 @@ def _problem():
 
 
 def _grads(recipe, x, w, g, key, sizes=SIZES):
-  _, vjp = jax.vjp(lambda a, b: s3r.grouped_qmatmul(a, b, jnp.asarray(sizes, jnp.int32), key=key, recipe=recipe),
-                   x, w)
+  _, vjp = jax.vjp(lambda a, b: s3r.grouped_qmatmul(a, b, jnp.asarray(sizes, jnp.int32), key=key, recipe=recipe), x, w)
   return vjp(jnp.asarray(g, x.dtype))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _samples(recipe):
   x, w, g, _ = _problem()
   keys = jax.random.split(jax.random.key(123), DRAWS)
@@ -129,8 +128,9 @@ def _structured(e, seg):
 def test_segment_factors_leave_an_error_whose_rows_and_segment_columns_sum_to_zero():
   _, _, _, ref = _problem()
   e = np.random.default_rng(0).uniform(-1, 1, (T, N)) * ref.valid[:, None]
-  factors = grouped_ec.segment_factors(jnp.asarray(e, jnp.float32), jnp.asarray(ref.seg, jnp.int32),
-                                       jnp.asarray(SIZES, jnp.int32))
+  factors = grouped_ec.segment_factors(
+    jnp.asarray(e, jnp.float32), jnp.asarray(ref.seg, jnp.int32), jnp.asarray(SIZES, jnp.int32)
+  )
   r, c, m = (np.asarray(a, np.float64) for a in factors)
   seg_c = np.minimum(ref.seg, E - 1)
   resid = np.where(ref.valid[:, None], e - (r[:, None] + c[seg_c] - m[seg_c][:, None]), 0)
@@ -171,7 +171,7 @@ def test_ec_gradients_equal_exact_plus_a_residual_error_summing_to_zero_per_segm
 THM_DRAWS = 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dx_sq_errors(recipe):
   """Per-key squared dX error on experts whose W_e has a common row component a_e 1ᵀ."""
   rng = np.random.default_rng(3)

@@ -4,7 +4,8 @@ import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import s3r
 from s3r.quant import numerics
@@ -12,8 +13,13 @@ from tests.quant.reference import Reference, grads, np_rtne_codes, np_scale
 
 
 @settings(max_examples=40, deadline=None)
-@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=12),
-                  elements=st.floats(-1e6, 1e6, width=32).filter(lambda v: v == 0 or abs(v) > 1e-30)))
+@given(
+  hnp.arrays(
+    np.float32,
+    hnp.array_shapes(min_dims=2, max_dims=2, max_side=12),
+    elements=st.floats(-1e6, 1e6, width=32).filter(lambda v: v == 0 or abs(v) > 1e-30),
+  )
+)
 def test_codes_lie_in_symmetric_int8_range_and_match_numpy(a):
   s = numerics.absmax_scale(jnp.asarray(a), axis=1)
   q = np.asarray(numerics.quantize_rtne(jnp.asarray(a), s[:, None]))

@@ -55,8 +55,9 @@ def test_raw_uint32_keys_are_accepted():
   raw = jax.random.PRNGKey(0)
   typed = jax.random.wrap_key_data(raw)
   g = jnp.ones((2, 8, 12))
-  np.testing.assert_array_equal(np.asarray(grads("int8_sr", x, w, g, raw)[1]),
-                                np.asarray(grads("int8_sr", x, w, g, typed)[1]))
+  np.testing.assert_array_equal(
+    np.asarray(grads("int8_sr", x, w, g, raw)[1]), np.asarray(grads("int8_sr", x, w, g, typed)[1])
+  )
 
 
 def test_works_under_jit_grad_checkpoint_and_scan_over_layers():
@@ -67,6 +68,7 @@ def test_works_under_jit_grad_checkpoint_and_scan_over_layers():
     def layer(h, inputs):
       w, k = inputs
       return jax.checkpoint(lambda h: jnp.tanh(s3r.qmatmul(h, w, key=k, recipe="s3r_ec_dx")))(h), None
+
     h, _ = jax.lax.scan(layer, x, (ws, jax.random.split(key, 3)))
     return jnp.mean(h.astype(jnp.float32) ** 2)
 
@@ -100,16 +102,18 @@ def test_non_finite_upstream_gradient_propagates_as_non_finite(bad):
     assert not np.isfinite(np.asarray(dw)).all(), recipe
 
 
-@pytest.mark.parametrize("x_shape, w_shape, match", [
+@pytest.mark.parametrize(
+  "x_shape, w_shape, match",
+  [
     ((2, 8, 16), (15, 12), r"last dim of x \(16\) must equal the first dim of w \(15\)"),
     ((), (16, 12), r"x must be \[..., K\] \(at least one dim\), got shape \(\)"),
     ((1, 2, 8, 16), (12, 12), r"last dim of x \(16\) must equal the first dim of w \(12\)"),
     ((2, 8, 16), (16, 12, 1), r"w must be \[K, N\], got shape \(16, 12, 1\)"),
-])
+  ],
+)
 def test_bad_shapes_raise_value_error_naming_argument_and_shapes(x_shape, w_shape, match):
   with pytest.raises(ValueError, match=match):
-    jax.jit(lambda x, w: s3r.qmatmul(x, w, key=jax.random.key(0), recipe="s3r"))(
-        jnp.zeros(x_shape), jnp.zeros(w_shape))
+    jax.jit(lambda x, w: s3r.qmatmul(x, w, key=jax.random.key(0), recipe="s3r"))(jnp.zeros(x_shape), jnp.zeros(w_shape))
 
 
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.complex64, jnp.bool_])
@@ -132,8 +136,9 @@ def test_bad_recipe_raises():
 def test_stochastic_recipes_run_forward_without_key_and_raise_when_differentiated(recipe):
   x, w = _xw()
   y = jax.jit(lambda x, w: s3r.qmatmul(x, w, recipe=recipe))(x, w)
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(s3r.qmatmul(x, w, key=jax.random.key(0), recipe=recipe), np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(y, np.float32), np.asarray(s3r.qmatmul(x, w, key=jax.random.key(0), recipe=recipe), np.float32)
+  )
   with pytest.raises(ValueError, match=f"recipe '{recipe}' rounds the gradient stochastically.*key=jax.random.key"):
     jax.grad(lambda w: jnp.sum(s3r.qmatmul(x, w, recipe=recipe).astype(jnp.float32)))(w)
   with pytest.raises(ValueError, match="needs key="):

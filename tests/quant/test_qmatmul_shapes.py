@@ -40,8 +40,9 @@ def test_gradient_codes_of_a_rank_four_input_have_its_shape():
   x4 = jax.random.normal(jax.random.key(0), (2, 3, 4, K))
   g4 = jax.random.normal(jax.random.key(2), (2, 3, 4, N))
   q_dx, q_dw, _ = s3r.gradient_codes(x4, _w(), g4, key=jax.random.key(3), recipe="s3r_ec_dx")
-  q3, _, _ = s3r.gradient_codes(x4.reshape(2, 12, K), _w(), g4.reshape(2, 12, N), key=jax.random.key(3),
-                                recipe="s3r_ec_dx")
+  q3, _, _ = s3r.gradient_codes(
+    x4.reshape(2, 12, K), _w(), g4.reshape(2, 12, N), key=jax.random.key(3), recipe="s3r_ec_dx"
+  )
   assert q_dx.shape == q_dw.shape == (2, 3, 4, N)
   np.testing.assert_array_equal(np.asarray(q_dx).reshape(2, 12, N), np.asarray(q3))
 
@@ -61,16 +62,18 @@ def test_vector_input_is_one_token(recipe):
 
 
 @pytest.mark.parametrize("recipe", ["s3r_ec_dx", "int8_rtne", "int8_exact_bwd", "bf16"])
-@pytest.mark.parametrize("x_shape, w_shape", [((0, K), (K, N)), ((2, 0, K), (K, N)), ((2, 4, 0), (0, N)),
-                                              ((2, 4, K), (K, 0))])
+@pytest.mark.parametrize(
+  "x_shape, w_shape", [((0, K), (K, N)), ((2, 0, K), (K, N)), ((2, 4, 0), (0, N)), ((2, 4, K), (K, 0))]
+)
 def test_empty_input_gives_empty_output_and_zero_gradients(recipe, x_shape, w_shape):
   x = jnp.ones(x_shape, jnp.bfloat16)
   w = jnp.ones(w_shape)
   y = jax.jit(lambda x, w: s3r.qmatmul(x, w, key=jax.random.key(0), recipe=recipe))(x, w)
   assert y.shape == x_shape[:-1] + w_shape[1:] and y.dtype == x.dtype
   assert not np.asarray(y, np.float32).any()
-  dx, dw = jax.grad(lambda x, w: jnp.sum(s3r.qmatmul(x, w, key=jax.random.key(0), recipe=recipe)
-                                         .astype(jnp.float32)), argnums=(0, 1))(x, w)
+  dx, dw = jax.grad(
+    lambda x, w: jnp.sum(s3r.qmatmul(x, w, key=jax.random.key(0), recipe=recipe).astype(jnp.float32)), argnums=(0, 1)
+  )(x, w)
   assert dx.shape == x.shape and dw.shape == w.shape
   assert not np.asarray(dx, np.float32).any() and not np.asarray(dw).any()
 
@@ -85,9 +88,9 @@ def _loss(recipe):
 def test_second_derivatives_through_int8_recipes_raise(recipe, transform):
   f, w = _loss(recipe), _w()
   second = {
-      "grad_of_grad": lambda: jax.grad(lambda w: jnp.sum(jax.grad(f)(w) ** 2))(w),
-      "hessian": lambda: jax.hessian(f)(w),
-      "jvp_of_grad": lambda: jax.jvp(jax.grad(f), (w,), (jnp.ones_like(w),)),
+    "grad_of_grad": lambda: jax.grad(lambda w: jnp.sum(jax.grad(f)(w) ** 2))(w),
+    "hessian": lambda: jax.hessian(f)(w),
+    "jvp_of_grad": lambda: jax.jvp(jax.grad(f), (w,), (jnp.ones_like(w),)),
   }[transform]
   jax.grad(f)(w)  # first order is fine
   with pytest.raises(NotImplementedError, match=f"higher-order derivatives through recipe '{recipe}' are not defined"):
@@ -98,7 +101,8 @@ def test_second_derivatives_through_bf16_are_exact():
   """bf16 is a plain matmul: its Hessian-vector product equals that of the same bf16 expression."""
   x = jax.random.normal(jax.random.key(0), (2, 4, K))
   w, v = _w(), jax.random.normal(jax.random.key(7), (K, N))
-  plain = lambda w: jnp.sum(jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-                                       preferred_element_type=jnp.float32) ** 2)
+  plain = lambda w: jnp.sum(
+    jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32) ** 2
+  )
   hvp = lambda f: jax.jvp(jax.grad(f), (w,), (v,))[1]
   np.testing.assert_array_equal(np.asarray(hvp(_loss("bf16"))), np.asarray(hvp(plain)))

@@ -5,8 +5,17 @@ import pytest
 import s3r
 from s3r.quant.recipes import Recipe
 
-SPEC_NAMES = ["bf16", "int8_rtne", "int8_sr", "s3r", "s3r_bcast", "s3r_ec", "s3r_ec_dx", "s3r_ec_bcast",
-              "s3r_ec_dx_bcast"]
+SPEC_NAMES = [
+  "bf16",
+  "int8_rtne",
+  "int8_sr",
+  "s3r",
+  "s3r_bcast",
+  "s3r_ec",
+  "s3r_ec_dx",
+  "s3r_ec_bcast",
+  "s3r_ec_dx_bcast",
+]
 
 
 def test_registry_has_every_recipe_of_the_spec_plus_diagnostics():
@@ -29,12 +38,15 @@ def test_unknown_recipe_name_raises_value_error_listing_valid_names():
     s3r.recipe(3)
 
 
-@pytest.mark.parametrize("kwargs, field", [
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
     (dict(rounding="stochastic"), "rounding"),
     (dict(rounding="shared", dx_topology="row", dw_topology="token"), "dx_topology"),
     (dict(rounding="rtne", dw_topology="token"), "dw_topology"),
     (dict(rounding="sr", correct_dx=True), "correct_dx"),
-])
+  ],
+)
 def test_invalid_recipe_fields_raise_errors_naming_the_field(kwargs, field):
   with pytest.raises(ValueError, match=field):
     Recipe(name="bad", **kwargs)

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 import s3r
-from s3r.analysis import hlo, jaxpr as jaxpr_analysis
+from s3r.analysis import hlo
+from s3r.analysis import jaxpr as jaxpr_analysis
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
 INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
@@ -19,8 +20,8 @@ def _fwd_bwd(recipe):
   def f(x, w, g, key):
     y, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=key, recipe=recipe), x, w)
     return y, vjp(g)
-  args = (jnp.zeros((B, S, K), jnp.bfloat16), jnp.zeros((K, N)), jnp.zeros((B, S, N), jnp.bfloat16),
-          jax.random.key(0))
+
+  args = (jnp.zeros((B, S, K), jnp.bfloat16), jnp.zeros((K, N)), jnp.zeros((B, S, N), jnp.bfloat16), jax.random.key(0))
   return f, args
 
 
@@ -52,22 +53,30 @@ def test_bf16_recipe_has_no_int8_dot():
   assert jaxpr_analysis.int8_dots(_jaxpr("bf16")) == []
 
 
-@pytest.mark.parametrize("recipe, words", [
+@pytest.mark.parametrize(
+  "recipe, words",
+  [
     ("int8_rtne", 0),
     ("int8_sr", 2 * B * S * N),
     ("s3r", math.ceil(B * S / 4)),
     ("s3r_ec_dx", math.ceil(B * S / 4)),
     ("s3r_bcast", math.ceil(B / 4)),
     ("s3r_split_dx2d_dwbcast", math.ceil(B * S / 4) + math.ceil(B / 4)),
-])
+  ],
+)
 def test_random_words_drawn_per_recipe(recipe, words):
   assert jaxpr_analysis.random_words(_jaxpr(recipe)) == words
 
 
 def _gradient_quantizations(jaxpr):
   """Conversions of a full-size [B, S, N] array to int8: one per quantization of G'."""
-  return [e for e in jaxpr_analysis.iter_eqns(jaxpr) if e.primitive.name == "convert_element_type"
-          and e.params["new_dtype"] == jnp.int8 and math.prod(e.invars[0].aval.shape) == B * S * N]
+  return [
+    e
+    for e in jaxpr_analysis.iter_eqns(jaxpr)
+    if e.primitive.name == "convert_element_type"
+    and e.params["new_dtype"] == jnp.int8
+    and math.prod(e.invars[0].aval.shape) == B * S * N
+  ]
 
 
 @pytest.mark.parametrize("recipe", INT8)
@@ -77,8 +86,9 @@ def test_upstream_gradient_is_quantized_once_except_for_split_recipes(recipe):
   assert len(_gradient_quantizations(jaxpr)) == expected
   # ...and, when shared, the very same int8 tensor feeds both backward GEMMs
   q_vars = {e.outvars[0] for e in _gradient_quantizations(jaxpr)}
-  reshaped = {e.outvars[0] for e in jaxpr_analysis.iter_eqns(jaxpr)
-              if e.primitive.name == "reshape" and e.invars[0] in q_vars}
+  reshaped = {
+    e.outvars[0] for e in jaxpr_analysis.iter_eqns(jaxpr) if e.primitive.name == "reshape" and e.invars[0] in q_vars
+  }
   consumers = [d for d in jaxpr_analysis.int8_dots(jaxpr) if set(d.invars) & (q_vars | reshaped)]
   assert len(consumers) == 2
 

@@ -26,7 +26,7 @@ FAMILY_ALPHA = 1e-3
 STOCHASTIC = [n for n, r in s3r.RECIPES.items() if r.stochastic]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem():
   rng = np.random.default_rng(1)
   x = rng.standard_normal((B, S, K)).astype(np.float32)
@@ -35,7 +35,7 @@ def _problem():
   return x, w, g, Reference(x, w, g)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _samples(recipe):
   x, w, g, _ = _problem()
   keys = jax.random.split(jax.random.key(123), DRAWS)
@@ -53,8 +53,8 @@ def _bounds(recipe, dx_s, dw_s, ref):
   per_code = {"sr": 2.0**-23, "shared": 1 / 256}[r.rounding]
   abs_wq = np.abs(ref.wq.astype(np.float64))
   abs_xq = np.abs(ref.xq.astype(np.float64))
-  dx_unit = (ref.delta / ref.sx[..., None])  # dX per unit of Q Ŵᵀ
-  dw_unit = (ref.delta / ref.sw)
+  dx_unit = ref.delta / ref.sx[..., None]  # dX per unit of Q Ŵᵀ
+  dw_unit = ref.delta / ref.sw
   dx_bias = dx_unit * abs_wq.sum(axis=1) * per_code * (4 if r.correct_dx else 1)
   dw_bias = dw_unit * abs_xq.sum(axis=(0, 1))[:, None] * per_code * (4 if r.correct_dw else 1)
   # f32 slack: generous relative error on the magnitude of the summed terms

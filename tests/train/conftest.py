@@ -5,8 +5,10 @@ import random
 
 import pytest
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
-         "in paris and london before dinner at night").split()
+WORDS = (
+  "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
+  "in paris and london before dinner at night"
+).split()
 
 
 def write_corpus(directory: pathlib.Path, n_files: int = 3, docs_per_file: int = 40) -> pathlib.Path:

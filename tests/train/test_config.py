@@ -30,13 +30,28 @@ def test_default_warmup_scales_with_short_runs(steps, warmup):
   assert default_warmup(steps) == warmup == TrainConfig(out="run", steps=steps).warmup
 
 
-@pytest.mark.parametrize("field, value, flag", [
-    ("lr", 1e300, "--lr"), ("lr", math.nan, "--lr"), ("lr", math.inf, "--lr"), ("lr", 0.0, "--lr"),
-    ("lr", -1e-3, "--lr"), ("steps", 0, "--steps"), ("steps", -3, "--steps"), ("batch", 0, "--batch"),
-    ("seq", 0, "--seq"), ("seq", 1 << 30, "--seq"), ("warmup", 50, "--warmup"), ("vocab", 10, "--vocab"),
-    ("max_train_docs", 0, "--max-train-docs"), ("eval_every", -1, "--eval-every"), ("seed", -1, "--seed"),
-    ("preset", "huge", "--preset"), ("recipe", "fp4", "--recipe"),
-])
+@pytest.mark.parametrize(
+  "field, value, flag",
+  [
+    ("lr", 1e300, "--lr"),
+    ("lr", math.nan, "--lr"),
+    ("lr", math.inf, "--lr"),
+    ("lr", 0.0, "--lr"),
+    ("lr", -1e-3, "--lr"),
+    ("steps", 0, "--steps"),
+    ("steps", -3, "--steps"),
+    ("batch", 0, "--batch"),
+    ("seq", 0, "--seq"),
+    ("seq", 1 << 30, "--seq"),
+    ("warmup", 50, "--warmup"),
+    ("vocab", 10, "--vocab"),
+    ("max_train_docs", 0, "--max-train-docs"),
+    ("eval_every", -1, "--eval-every"),
+    ("seed", -1, "--seed"),
+    ("preset", "huge", "--preset"),
+    ("recipe", "fp4", "--recipe"),
+  ],
+)
 def test_absurd_values_are_refused_naming_the_flag(field, value, flag):
   with pytest.raises(ConfigError) as e:
     TrainConfig(**{"out": "run", "steps": 20, field: value})

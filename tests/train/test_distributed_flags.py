@@ -7,12 +7,18 @@ import pytest
 from s3r import cli
 
 
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize(
+  "flags, message",
+  [
     (["--num-processes", "2"], "need --coordinator"),
     (["--process-id", "1"], "need --coordinator"),
     (["--coordinator", "127.0.0.1:1234"], "needs --num-processes and --process-id"),
-    (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], r"--process-id must be in \[0, 2\)"),
-])
+    (
+      ["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"],
+      r"--process-id must be in \[0, 2\)",
+    ),
+  ],
+)
 def test_inconsistent_process_flags_are_refused(flags, message, capsys, monkeypatch):
   for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     monkeypatch.delenv(var, raising=False)

@@ -25,9 +25,10 @@ def test_a_blow_up_far_above_the_running_level_is_flagged_at_its_first_step():
   assert why.startswith("loss blew up at step 2") and "running level" in why
 
 
-@pytest.mark.parametrize("loss, grad_norm, what", [(math.nan, 1.0, "non-finite loss"),
-                                                   (5.0, math.inf, "non-finite gradient norm"),
-                                                   (6.2383, 0.0, "dead training")])
+@pytest.mark.parametrize(
+  "loss, grad_norm, what",
+  [(math.nan, 1.0, "non-finite loss"), (5.0, math.inf, "non-finite gradient norm"), (6.2383, 0.0, "dead training")],
+)
 def test_non_finite_values_and_a_zero_gradient_norm_are_flagged(loss, grad_norm, what):
   assert what in DivergenceMonitor(6.2).check(3, loss, grad_norm)
 
@@ -41,7 +42,9 @@ def test_a_second_lock_on_the_same_directory_is_refused_and_released_with_the_fi
 
 
 def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
-  code = f"from s3r.train.guard import RunLock; import os; RunLock({str(tmp_path)!r}).__enter__(); os.kill(os.getpid(), 9)"
+  code = (
+    f"from s3r.train.guard import RunLock; import os; RunLock({str(tmp_path)!r}).__enter__(); os.kill(os.getpid(), 9)"
+  )
   proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == -signal.SIGKILL and (tmp_path / ".lock").exists()
   with RunLock(tmp_path):

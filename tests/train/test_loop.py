@@ -13,9 +13,23 @@ from s3r.train.config import ConfigError, TrainConfig
 
 
 def _config(tmp_path, corpus_dir, cache_dir, **overrides):
-  fields = dict(out=str(tmp_path / "run"), preset="tiny", recipe="s3r_ec_dx", steps=8, warmup=2, batch=4, seq=32,
-                lr=3e-3, data=str(corpus_dir), vocab=300, cache_dir=str(cache_dir), eval_every=4, eval_batches=2,
-                ckpt_every=4, progress=False)
+  fields = dict(
+    out=str(tmp_path / "run"),
+    preset="tiny",
+    recipe="s3r_ec_dx",
+    steps=8,
+    warmup=2,
+    batch=4,
+    seq=32,
+    lr=3e-3,
+    data=str(corpus_dir),
+    vocab=300,
+    cache_dir=str(cache_dir),
+    eval_every=4,
+    eval_batches=2,
+    ckpt_every=4,
+    progress=False,
+  )
   return TrainConfig(**{**fields, **overrides})
 
 
@@ -120,8 +134,9 @@ def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished
     assert r["lr"] == pytest.approx(float(stretched(r["step"] - 1)), rel=1e-6)
 
 
-def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs(tmp_path, corpus_dir, cache_dir,
-                                                                                  monkeypatch):
+def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs(
+  tmp_path, corpus_dir, cache_dir, monkeypatch
+):
   from s3r.train import setup
 
   monkeypatch.setattr(setup, "free_device_memory", lambda: 1024)
@@ -131,8 +146,9 @@ def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs
   assert not (tmp_path / "run").exists()  # the run directory it created is removed again
 
 
-def test_eval_resolves_names_under_the_data_root_and_warns_about_training_documents(finished_run, corpus_dir,
-                                                                                    monkeypatch):
+def test_eval_resolves_names_under_the_data_root_and_warns_about_training_documents(
+  finished_run, corpus_dir, monkeypatch
+):
   cfg, _ = finished_run
   monkeypatch.setenv("S3R_DATA", str(corpus_dir.parent))
   warnings = []

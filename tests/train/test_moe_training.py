@@ -22,14 +22,25 @@ MOE_METRICS = ("load_balance_loss", "dropped_fraction")
 
 def _micro(recipe, **overrides):
   """moe-tiny cut to one layer of width 32 (cheap to compile)."""
-  return M.preset("moe-tiny", recipe=recipe, layers=1, width=32, d_head=8, n_heads=4, n_kv_heads=2, d_expert=16,
-                  vocab_size=64, **overrides)
+  return M.preset(
+    "moe-tiny",
+    recipe=recipe,
+    layers=1,
+    width=32,
+    d_head=8,
+    n_heads=4,
+    n_kv_heads=2,
+    d_expert=16,
+    vocab_size=64,
+    **overrides,
+  )
 
 
 def _step(cfg, ocfg=O.OptimizerConfig(lr=3e-3, total_steps=20, warmup_steps=0)):
   tx = O.make_optimizer(ocfg)
   return jax.jit(St.make_train_step(M.graphdef(cfg), tx, O.schedule(ocfg))), St.init_state(
-      M.init_params(cfg, jax.random.key(0)), tx)
+    M.init_params(cfg, jax.random.key(0)), tx
+  )
 
 
 def _batch(vocab, b=4, s=16, seed=0):
@@ -58,7 +69,8 @@ def test_training_loss_adds_the_load_balancing_loss_and_the_eval_loss_does_not()
 def test_the_load_balancing_gradient_reaches_the_router():
   batch = _batch(64)
   router_grad = lambda cfg: jax.jit(jax.grad(lambda p: St.training_loss_fn(p, M.graphdef(cfg), batch, None)[0]))(
-      M.init_params(cfg, jax.random.key(0)))["blocks"][0]["moe"]["router"]
+    M.init_params(cfg, jax.random.key(0))
+  )["blocks"][0]["moe"]["router"]
   without, with_ = router_grad(_micro("bf16", aux_loss_weight=0.0)), router_grad(_micro("bf16", aux_loss_weight=1.0))
   assert float(jnp.linalg.norm(with_ - without)) > 0.1 * float(jnp.linalg.norm(without))
 
@@ -66,8 +78,9 @@ def test_the_load_balancing_gradient_reaches_the_router():
 MAIN_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")  # the others: slow (compile time)
 
 
-@pytest.mark.parametrize("recipe", [r if r in MAIN_RECIPES else pytest.param(r, marks=pytest.mark.slow)
-                                    for r in s3r.RECIPES])
+@pytest.mark.parametrize(
+  "recipe", [r if r in MAIN_RECIPES else pytest.param(r, marks=pytest.mark.slow) for r in s3r.RECIPES]
+)
 def test_every_recipe_trains_an_moe_model_with_finite_losses(recipe):
   cfg = _micro(recipe)
   step, state = _step(cfg)
@@ -82,9 +95,23 @@ def _records(cfg):
 
 
 def test_moe_run_logs_the_moe_metrics_and_resumes_bit_for_bit(tmp_path, corpus_dir, cache_dir):
-  cfg = TrainConfig(out=str(tmp_path / "run"), preset="moe-tiny", recipe="s3r", steps=4, warmup=1, batch=2, seq=16,
-                    lr=3e-3, data=str(corpus_dir), vocab=300, cache_dir=str(cache_dir), eval_every=2, eval_batches=1,
-                    ckpt_every=2, progress=False)
+  cfg = TrainConfig(
+    out=str(tmp_path / "run"),
+    preset="moe-tiny",
+    recipe="s3r",
+    steps=4,
+    warmup=1,
+    batch=2,
+    seq=16,
+    lr=3e-3,
+    data=str(corpus_dir),
+    vocab=300,
+    cache_dir=str(cache_dir),
+    eval_every=2,
+    eval_batches=1,
+    ckpt_every=2,
+    progress=False,
+  )
   loop.train(cfg, log=lambda *_: None)
   full = _records(cfg)
   assert [r["step"] for r in full] == list(range(5))

@@ -1,7 +1,8 @@
 """Mesh parsing and the partition-rule table."""
 
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from s3r.train import sharding as S
 
@@ -17,13 +18,16 @@ def test_parse_mesh_accepts_any_factorization_of_the_device_count():
   assert S.parse_mesh("expert=4,data=2", 8) == {"data": 2, "expert": 4, "fsdp": 1, "tensor": 1}
 
 
-@pytest.mark.parametrize("spec, match", [
+@pytest.mark.parametrize(
+  "spec, match",
+  [
     ("data=3", "multiply to 8"),
     ("data=2,fsdp=2", "multiply to 8"),
     ("pipeline=8", "AXIS=SIZE"),
     ("data=two", "AXIS=SIZE"),
     ("data=0,fsdp=8", "AXIS=SIZE"),
-])
+  ],
+)
 def test_parse_mesh_rejects_other_specs_with_a_clear_message(spec, match):
   with pytest.raises(ValueError, match=match):
     S.parse_mesh(spec, 8)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from s3r import model as M
-from s3r.quant import RECIPES
 from s3r.analysis.jaxpr import is_int8_dot, iter_eqns
+from s3r.quant import RECIPES
 from s3r.train import optimizer as O
 from s3r.train import step as St
 
