@@ -13,6 +13,11 @@ from flax import nnx
 import s3r
 import s3r.nn as snn
 
+# The recipes users train with run in the default suite; the diagnostic ones (and the
+# per-example ablations) compile as many programs again, so they run with `-m slow`.
+CORE_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
+EVERY_RECIPE = [r if r in CORE_RECIPES else pytest.param(r, marks=pytest.mark.slow) for r in s3r.RECIPES]
+
 V, D, H, B, S, STEPS = 32, 16, 2, 2, 8, 4
 TOKENS = jax.random.randint(jax.random.key(0), (B, S + 1), 0, V)
 
@@ -143,13 +148,13 @@ class NnxLm(nnx.Module):
     return self.embed.attend(self.ln(forward(self.embed(tokens), self.blocks)))
 
 
-@pytest.mark.parametrize("recipe", list(s3r.RECIPES))
+@pytest.mark.parametrize("recipe", EVERY_RECIPE)
 def test_small_linen_transformer_trains_with_every_recipe(recipe):
   q = snn.quantize(LinenLm(), recipe)
   _decreases(_train_linen(q, lambda v, x, rngs: q.apply(v, x, rngs=rngs)))
 
 
-@pytest.mark.parametrize("recipe", list(s3r.RECIPES))
+@pytest.mark.parametrize("recipe", EVERY_RECIPE)
 def test_small_nnx_scan_transformer_trains_with_every_recipe(recipe):
   model = snn.quantize(NnxLm(nnx.Rngs(0)), recipe, rngs=1)
   _decreases(_train_nnx(model))
