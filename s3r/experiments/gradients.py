@@ -105,21 +105,8 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
   names = [(layer, name) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
 
   def run(params, batch, zeros):
-    def loss(offsets):
-      # A zero offset on each projection's output: its gradient is the projection's G.
-      inputs = []
-
-      def projection(name, x, w, *, key, recipe):
-        inputs.append((x, w))
-        return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(inputs) - 1].astype(x.dtype)
-
-      with s3r_model.intercept_projections(projection):
-        logits = s3r_model.apply(graphdef, params, batch[:, :-1], key=None)
-      return cross_entropy(logits, batch[:, 1:]), inputs
-
-    g, recorded = jax.grad(loss, has_aux=True)(zeros)
     fractions = []
-    for g_BxSxN, (x, w) in zip(g, recorded):
+    for x, w, g_BxSxN in projection_gradients(graphdef, params, batch, zeros):
       sx = numerics.absmax_scale(x, axis=-1)[..., None]
       sw = numerics.absmax_scale(w, axis=0)
       gp = sx * g_BxSxN.astype(jnp.float32) * sw
@@ -135,6 +122,28 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
   for (layer, name), f in zip(names, fractions):
     out.setdefault(str(layer), {})[name] = float(f)
   return out
+
+
+def projection_gradients(graphdef, params, batch_BxS1, zeros: list) -> list[tuple]:
+  """[(x, w, G)] of every block projection in call order: its input, weight and upstream gradient.
+
+  `zeros` holds one zero offset per projection output ([B, S, N_j]); the gradient of the loss
+  with respect to that offset is the projection's G. Traceable (call it inside `jax.jit`).
+  """
+
+  def loss(offsets):
+    inputs = []
+
+    def projection(name, x, w, *, key, recipe):
+      inputs.append((x, w))
+      return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(inputs) - 1].astype(x.dtype)
+
+    with s3r_model.intercept_projections(projection):
+      logits = s3r_model.apply(graphdef, params, batch_BxS1[:, :-1], key=None)
+    return cross_entropy(logits, batch_BxS1[:, 1:]), inputs
+
+  g, recorded = jax.grad(loss, has_aux=True)(zeros)
+  return [(x, w, gi) for gi, (x, w) in zip(g, recorded)]
 
 
 def _projection_widths(cfg) -> dict:

@@ -35,9 +35,9 @@ from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r import results as provenance
 from s3r.experiments import gradients
-from s3r.quant import numerics, qmatmul, thresholds
+from s3r.quant import numerics, thresholds
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
-from s3r.train.step import cross_entropy, init_state, make_train_step
+from s3r.train.step import init_state, make_train_step
 
 RECIPES = ("int8_sr", "s3r", "s3r_ec_dx")
 
@@ -58,19 +58,7 @@ def projection_operands(cfg: s3r_model.ModelConfig, params, batch_BxS1) -> list[
   }
 
   def run(params, batch, offsets):
-    def loss(offsets):
-      inputs = []
-
-      def projection(name, x, w, *, key, recipe):
-        inputs.append((x, w))
-        return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(inputs) - 1].astype(x.dtype)
-
-      with s3r_model.intercept_projections(projection):
-        logits = s3r_model.apply(graphdef, params, batch[:, :-1], key=None)
-      return cross_entropy(logits, batch[:, 1:]), inputs
-
-    g, recorded = jax.grad(loss, has_aux=True)(offsets)
-    return [(x, w, gi) for gi, (x, w) in zip(g, recorded)]
+    return gradients.projection_gradients(graphdef, params, batch, offsets)
 
   b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
   offsets = [jnp.zeros((b, s, widths[name]), jnp.float32) for _, name in names]
