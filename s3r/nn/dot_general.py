@@ -16,9 +16,13 @@ dimension (an outer product) is not a matmul and raises.
 Key plumbing (stochastic recipes need a fresh key per layer and step, in the backward only):
 - `dot_general(recipe, key)`: a pure function with the key you give it.
 - `LinenDotGeneral` (Linen module): draws its key from the `"quant"` RNG stream when `apply`
-  has one (`rngs={"quant": step_key}`); without it the forward runs (evaluation) and a gradient
-  raises, saying how to pass the key. Under `nn.scan` split that stream
-  (`split_rngs={"params": True, "quant": True}`), or every layer draws the same thresholds.
+  has one (`rngs={"quant": step_key}`) and folds in `kernel_fingerprint(rhs)`; without the
+  stream the forward runs (evaluation) and a gradient raises, saying how to pass the key. The
+  fingerprint (a hash of a few kernel elements, bit for bit) makes layers with different
+  weights draw different keys even where Linen hands them the same one: `nn.scan`/`nn.vmap`
+  over layers without `"quant"` in `split_rngs`. Only layers with bit-identical kernels (their
+  `params` not split either, or a constant init such as zeros, until the first update) share
+  a key. Keys stay a deterministic function of (stream key, kernel).
 - `NnxDotGeneral` (NNX module): draws one key from the given `Rngs`' `"quant"` stream when
   built (so layers built from one `Rngs` differ, and `params` is never touched) and owns a
   stream seeded with it; a new key per call. `check_keys(model)` finds layers that share keys.
@@ -78,10 +82,38 @@ def _quantized_dot(lhs, rhs, dimension_numbers, *, key, recipe, tp=None, tp_axis
   return y.reshape(batch_shape + y.shape[1:])
 
 
-def dot_general(recipe: str | Recipe, key: jax.Array | None, *, tp: str | None = None, tp_axis: str = "tensor"):
+_FINGERPRINT_RUN = 4  # kernel elements read at each end of the last axis by `kernel_fingerprint`
+
+
+def kernel_fingerprint(w: jax.Array) -> jax.Array:
+  """A uint32 hash of a few elements of `w` (bit patterns): its first and last `_FINGERPRINT_RUN`.
+
+  Two static `lax.slice`s of at most that many elements each (no reshape, so a sharded `w` is
+  not gathered), bitcast to uint32 and mixed with wrapping multiply-adds. Not differentiated.
+  """
+  if w.size == 0:
+    return jnp.uint32(0)
+  run = min(_FINGERPRINT_RUN, w.shape[-1])
+  lead_first, lead_last = (0,) * (w.ndim - 1), tuple(d - 1 for d in w.shape[:-1])
+  first = jax.lax.slice(w, lead_first + (0,), tuple(i + 1 for i in lead_first) + (run,))
+  last = jax.lax.slice(w, lead_last + (w.shape[-1] - run,), w.shape)
+  v = jax.lax.stop_gradient(jnp.concatenate([first.reshape(-1), last.reshape(-1)]))
+  if jnp.issubdtype(v.dtype, jnp.floating):  # exact for bf16/f16/f32 (float64 keeps its top 32 bits' worth)
+    bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
+  else:
+    bits = v.astype(jnp.uint32)
+  bits = bits ^ (bits >> 15)
+  weights = jnp.arange(1, 2 * bits.size, 2, dtype=jnp.uint32) * jnp.uint32(0x9E3779B1)  # odd, per position
+  return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+
+def dot_general(recipe: str | Recipe, key: jax.Array | None, *, tp: str | None = None, tp_axis: str = "tensor",
+                fold_kernel: bool = False):
   """A `lax.dot_general`-compatible function that runs `s3r.qmatmul` with this key and recipe.
 
   `key` may be None for forward-only use; a gradient through a stochastic recipe then raises.
+  `fold_kernel`: use `fold_in(key, kernel_fingerprint(rhs))` instead of `key` (what the Linen
+  adapters do, so that layers handed one key by an unsplit RNG stream still differ).
   `tp` ("row" or "column") and `tp_axis` describe the kernel's tensor-parallel split, as in
   `s3r.qmatmul`: under a mesh with that axis, partial sums are rounded per shard.
   The output has lhs's dtype, or `preferred_element_type` when the caller asks for one.
@@ -90,14 +122,18 @@ def dot_general(recipe: str | Recipe, key: jax.Array | None, *, tp: str | None =
 
   def fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
     del precision, unused  # the recipe fixes the numerics (out_sharding: left to the partitioner)
-    y = _quantized_dot(lhs, rhs, dimension_numbers, key=key, recipe=r, tp=tp, tp_axis=tp_axis)
+    k = jax.random.fold_in(key, kernel_fingerprint(rhs)) if fold_kernel and key is not None else key
+    y = _quantized_dot(lhs, rhs, dimension_numbers, key=k, recipe=r, tp=tp, tp_axis=tp_axis)
     return y if preferred_element_type is None else y.astype(preferred_element_type)
 
   return fn
 
 
 class LinenDotGeneral(linen.Module):
-  """Linen `dot_general` that quantizes with `recipe`, keyed from the `rng_collection` stream if present."""
+  """Linen `dot_general` that quantizes with `recipe`, keyed from the `rng_collection` stream if present.
+
+  The key is `fold_in(make_rng(rng_collection), kernel_fingerprint(rhs))` (see the module doc).
+  """
 
   recipe: str | Recipe = "s3r_ec_dx"  # recipe name or Recipe
   rng_collection: str = "quant"  # RNG stream to draw the backward-pass key from (absent: forward-only)
@@ -108,7 +144,7 @@ class LinenDotGeneral(linen.Module):
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
     r = lookup_recipe(self.recipe)
     key = self.make_rng(self.rng_collection) if r.stochastic and self.has_rng(self.rng_collection) else None
-    return dot_general(r, key, tp=self.tp, tp_axis=self.tp_axis)(
+    return dot_general(r, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
         lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
 
 

@@ -9,7 +9,8 @@
 - Linen (`linen.Module`): returns a `QuantizedLinen` whose `init`/`apply` run the module with
   a method interceptor that gives every `nn.Dense` and `nn.DenseGeneral` not matching `skip`
   the quantized `dot_general` (keyed from the `"quant"` RNG stream of `apply`, one key per layer
-  and call; forward-only calls need no stream). Linen's `nn.Einsum` has no `dot_general` hook
+  and call, with the kernel's fingerprint folded in as in `LinenDotGeneral`, so scanned layers
+  differ even when `nn.scan` does not split that stream; forward-only calls need no stream). Linen's `nn.Einsum` has no `dot_general` hook
   and stays unquantized. `QuantizedLinen.intercept()` is the bare context manager, for training
   loops that call `module.apply` themselves.
 
@@ -128,7 +129,7 @@ class QuantizedLinen:
     if context.method_name != "__call__" or not isinstance(m, _LINEN_TYPES) or _skipped(m.scope.path, self.skip):
       return next_fun(*args, **kwargs)
     use_key = self.recipe.stochastic and m.has_rng(self.stream)
-    fn = dot_general(self.recipe, m.make_rng(self.stream) if use_key else None)
+    fn = dot_general(self.recipe, m.make_rng(self.stream) if use_key else None, fold_kernel=True)
     saved = (m.dot_general, m.dot_general_cls)
     # Linen modules are frozen dataclasses: swap the dot_general for this one call, then restore it.
     object.__setattr__(m, "dot_general", fn)

@@ -130,8 +130,9 @@ def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
     raise ValueError(
       f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
       "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
-      "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply(); "
-      "NNX adapters draw from their own 'quant' stream. Forward-only use needs no key."
+      "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply() "
+      "and, under nn.scan/nn.vmap, name 'quant' in split_rngs (a stream not named there does not reach "
+      "the layers); NNX adapters draw from their own 'quant' stream. Forward-only use needs no key."
     )
   return _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN)
 

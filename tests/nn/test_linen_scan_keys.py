@@ -1,0 +1,117 @@
+"""Linen keys under nn.scan/nn.vmap: the kernel's fingerprint is folded into the "quant" key, so layers
+that the transform hands one broadcast key still draw different thresholds, reproducibly; a stream left
+out of split_rngs never reaches the layers and a gradient says so."""
+
+import functools
+import importlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import s3r.nn as snn
+dg_module = importlib.import_module("s3r.nn.dot_general")
+
+LAYERS = 3
+BROADCAST = {"params": True, "quant": False}  # params split per layer, the "quant" stream broadcast
+X = jax.random.normal(jax.random.key(0), (2, 4, 8))
+
+
+class _Block(nn.Module):
+  quantized: bool = True  # LinenDotGeneral here; False: a plain nn.Dense, for s3r.nn.quantize
+
+  @nn.compact
+  def __call__(self, x, _):
+    kwargs = {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx")} if self.quantized else {}
+    return nn.Dense(8, **kwargs)(x), None
+
+
+def _scanned(split_rngs, quantized=True):
+  return nn.scan(_Block, variable_axes={"params": 0}, split_rngs=split_rngs, length=LAYERS)(quantized)
+
+
+def _keys_used(monkeypatch, apply) -> np.ndarray:
+  """The key data each quantized dot_general received while `apply()` ran, one row per call."""
+  seen = []
+  real = dg_module._quantized_dot
+
+  def spy(lhs, rhs, dimension_numbers, *, key, **kw):
+    jax.debug.callback(lambda k: seen.append(np.asarray(k).reshape(-1, 2)), jax.random.key_data(key))
+    return real(lhs, rhs, dimension_numbers, key=key, **kw)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(dg_module, "_quantized_dot", spy)
+    jax.block_until_ready(apply())
+    jax.effects_barrier()
+  return np.concatenate(seen)
+
+
+def _distinct(keys: np.ndarray) -> int:
+  return len({k.tobytes() for k in keys})
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["LinenDotGeneral", "quantize"])
+def test_scanned_layers_draw_different_keys_when_the_quant_stream_is_broadcast(monkeypatch, quantized):
+  model = _scanned(BROADCAST, quantized)  # every layer gets the same "quant" stream key
+  q = model if quantized else snn.quantize(model, "s3r_ec_dx")
+  variables = q.init(jax.random.key(1), X, None)
+  run = lambda: q.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0]
+  keys = _keys_used(monkeypatch, run)
+  assert keys.shape[0] == LAYERS and _distinct(keys) == LAYERS
+  fingerprint = dg_module.kernel_fingerprint
+  monkeypatch.setattr(dg_module, "kernel_fingerprint", lambda w: fingerprint(w) * 0)  # without the fingerprint ...
+  assert _distinct(_keys_used(monkeypatch, run)) == 1  # ... this setting gives every layer one key
+
+
+def test_vmapped_layers_draw_different_keys_when_the_quant_stream_is_broadcast(monkeypatch):
+  model = nn.vmap(_Block, variable_axes={"params": 0}, split_rngs=BROADCAST, in_axes=(None, None),
+                  axis_size=LAYERS)()
+  variables = model.init(jax.random.key(1), X, None)
+  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
+  assert keys.shape[0] == LAYERS and _distinct(keys) == LAYERS
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["LinenDotGeneral", "quantize"])
+def test_a_quant_stream_left_out_of_split_rngs_makes_a_gradient_raise_naming_split_rngs(quantized):
+  model = _scanned({"params": True}, quantized)  # Flax passes only the streams named in split_rngs
+  q = model if quantized else snn.quantize(model, "s3r_ec_dx")
+  variables = q.init(jax.random.key(1), X, None)
+  loss = lambda p: jnp.sum(q.apply({"params": p}, X, None, rngs={"quant": jax.random.key(2)})[0])
+  with pytest.raises(ValueError, match="name 'quant' in split_rngs"):
+    jax.grad(loss)(variables["params"])
+
+
+def test_same_stream_key_and_kernel_give_the_same_key_and_gradient(monkeypatch):
+  model = _scanned(BROADCAST)
+  variables = model.init(jax.random.key(1), X, None)
+
+  def loss(params, seed):
+    return jnp.sum(model.apply({"params": params}, X, None, rngs={"quant": jax.random.key(seed)})[0] ** 2)
+
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_a, g_b, g_c = (np.asarray(grad(variables["params"], s)["Dense_0"]["kernel"]) for s in (2, 2, 3))
+  np.testing.assert_array_equal(g_a, g_b)
+  assert not np.array_equal(g_a, g_c)
+  run = lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0]
+  np.testing.assert_array_equal(_keys_used(monkeypatch, run), _keys_used(monkeypatch, run))
+
+
+def test_layers_with_bit_identical_kernels_share_a_key(monkeypatch):
+  model = _scanned({"params": False, "quant": False})  # params not split either: every layer has the same kernel (the documented corner case)
+  variables = model.init(jax.random.key(1), X, None)
+  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
+  assert keys.shape[0] == LAYERS and _distinct(keys) == 1
+
+
+def test_kernel_fingerprint_reads_a_few_elements_and_sees_each_of_them():
+  w = jax.random.normal(jax.random.key(0), (64, 96))
+  jaxpr = jax.make_jaxpr(dg_module.kernel_fingerprint)(w)
+  sizes = [int(np.prod(v.aval.shape)) for e in jaxpr.eqns for v in e.outvars]
+  assert max(sizes) <= 2 * dg_module._FINGERPRINT_RUN  # no weight-sized work: two tiny slices
+  base = int(dg_module.kernel_fingerprint(w))
+  for index in [(0, 0), (0, 3), (63, 92), (63, 95)]:  # the first and last elements along the last axis
+    assert int(dg_module.kernel_fingerprint(w.at[index].add(1e-6))) != base
+  assert int(dg_module.kernel_fingerprint(w.at[10, 10].add(1.0))) == base  # the rest is not read
+  assert int(dg_module.kernel_fingerprint(w)) == base
