@@ -35,6 +35,7 @@ import math
 import flax.linen as linen
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from s3r.quant.matmul import qmatmul
@@ -88,17 +89,18 @@ _FINGERPRINT_RUN = 4  # kernel elements read at each end of the last axis by `ke
 def kernel_fingerprint(w: jax.Array) -> jax.Array:
   """A uint32 hash of a few elements of `w` (bit patterns): its first and last `_FINGERPRINT_RUN`.
 
-  Two static `lax.slice`s of at most that many elements each (no reshape, so a sharded `w` is
-  not gathered), bitcast to uint32 and mixed with wrapping multiply-adds. Not differentiated.
+  One gather of those 2·`_FINGERPRINT_RUN` elements at static indices (no reshape or slice of
+  `w`: the SPMD partitioner runs a gather at constant indices on each shard and all-reduces the
+  few elements, where a slice of a sharded dim can move a whole row or column), bitcast to
+  uint32 and mixed with wrapping multiply-adds. Not differentiated.
   """
   if w.size == 0:
     return jnp.uint32(0)
   run = min(_FINGERPRINT_RUN, w.shape[-1])
-  lead_first, lead_last = (0,) * (w.ndim - 1), tuple(d - 1 for d in w.shape[:-1])
-  first = jax.lax.slice(w, lead_first + (0,), tuple(i + 1 for i in lead_first) + (run,))
-  last = jax.lax.slice(w, lead_last + (w.shape[-1] - run,), w.shape)
-  v = jax.lax.stop_gradient(jnp.concatenate([first.reshape(-1), last.reshape(-1)]))
-  if jnp.issubdtype(v.dtype, jnp.floating):  # exact for bf16/f16/f32 (float64 keeps its top 32 bits' worth)
+  lead = [np.array([0] * run + [d - 1] * run) for d in w.shape[:-1]]
+  last = np.concatenate([np.arange(run), np.arange(w.shape[-1] - run, w.shape[-1])])
+  v = jax.lax.stop_gradient(w[(*lead, last)])
+  if jnp.issubdtype(v.dtype, jnp.floating):  # exact for bf16/f16/f32 (float64: rounded to float32 first)
     bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
   else:
     bits = v.astype(jnp.uint32)

@@ -4,6 +4,9 @@ out of split_rngs never reaches the layers and a gradient says so."""
 
 import functools
 import importlib
+import json
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -107,11 +110,43 @@ def test_layers_with_bit_identical_kernels_share_a_key(monkeypatch):
 
 def test_kernel_fingerprint_reads_a_few_elements_and_sees_each_of_them():
   w = jax.random.normal(jax.random.key(0), (64, 96))
-  jaxpr = jax.make_jaxpr(dg_module.kernel_fingerprint)(w)
-  sizes = [int(np.prod(v.aval.shape)) for e in jaxpr.eqns for v in e.outvars]
-  assert max(sizes) <= 2 * dg_module._FINGERPRINT_RUN  # no weight-sized work: two tiny slices
+  jaxpr = jax.make_jaxpr(dg_module.kernel_fingerprint)(w).jaxpr
+  run = dg_module._FINGERPRINT_RUN
+  readers = [e for e in jaxpr.eqns if jaxpr.invars[0] in e.invars]
+  assert [e.primitive.name for e in readers] == ["gather"] and readers[0].outvars[0].aval.shape == (2 * run,)
+  assert max(int(np.prod(v.aval.shape)) for e in jaxpr.eqns for v in e.outvars) <= 2 * run * w.ndim  # + indices
   base = int(dg_module.kernel_fingerprint(w))
   for index in [(0, 0), (0, 3), (63, 92), (63, 95)]:  # the first and last elements along the last axis
     assert int(dg_module.kernel_fingerprint(w.at[index].add(1e-6))) != base
   assert int(dg_module.kernel_fingerprint(w.at[10, 10].add(1.0))) == base  # the rest is not read
   assert int(dg_module.kernel_fingerprint(w)) == base
+
+
+_SHARDED_FINGERPRINT = """
+import importlib, json, re, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+fingerprint = importlib.import_module("s3r.nn.dot_general").kernel_fingerprint
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+w = jax.random.normal(jax.random.key(0), (64, 96))
+result = {}
+for spec in [P(None, "a"), P("a", None), P("a", "b"), P(("a", "b"), None)]:
+  sharded = jax.device_put(w, NamedSharding(mesh, spec))
+  hlo = jax.jit(fingerprint).lower(sharded).compile().as_text()
+  moved = [re.search(r"= \\(?\\w+\\[([\\d,]*)\\]", line).group(1) for line in hlo.splitlines()
+           if re.search(r" (all-gather|all-reduce|collective-permute|all-to-all)(-start)?\\(", line)]
+  result[str(spec)] = {"moved": [int(np.prod([int(d) for d in m.split(",") if d])) for m in moved],
+                       "equal": int(jax.jit(fingerprint)(sharded)) == int(fingerprint(w))}
+json.dump(result, sys.stdout)
+"""
+
+
+def test_a_sharded_kernels_fingerprint_equals_the_unsharded_one_and_moves_only_those_elements():
+  from tests.distributed.conftest import REPO, device_env
+  proc = subprocess.run([sys.executable, "-c", _SHARDED_FINGERPRINT], env=device_env(4), capture_output=True,
+                        text=True, timeout=300, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = json.loads(proc.stdout)
+  for spec, r in result.items():
+    assert r["equal"], spec
+    assert r["moved"] and max(r["moved"]) <= 2 * dg_module._FINGERPRINT_RUN, (spec, r["moved"])
