@@ -10,9 +10,9 @@
   a method interceptor that gives every `nn.Dense` and `nn.DenseGeneral` not matching `skip`
   the quantized `dot_general` (keyed from the `"quant"` RNG stream of `apply`, one key per layer
   and call, with the kernel's fingerprint folded in as in `LinenDotGeneral`, so scanned layers
-  differ even when `nn.scan` does not split that stream; forward-only calls need no stream). Linen's `nn.Einsum` has no `dot_general` hook
-  and stays unquantized. `QuantizedLinen.intercept()` is the bare context manager, for training
-  loops that call `module.apply` themselves.
+  differ even when `nn.scan` broadcasts that stream; forward-only calls need no stream). Linen's
+  `nn.Einsum` has no `dot_general` hook and stays unquantized. `QuantizedLinen.intercept()` is
+  the bare context manager, for training loops that call `module.apply` themselves.
 
 `skip`: names or glob patterns (`fnmatch`), matched against a layer's name and its path joined
 with "/" (e.g. "lm_head", "router", "*/embed*", "layers/*/attn/out").

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import s3r.nn as snn
+
 dg_module = importlib.import_module("s3r.nn.dot_general")
 
 LAYERS = 3
@@ -102,7 +103,7 @@ def test_same_stream_key_and_kernel_give_the_same_key_and_gradient(monkeypatch):
 
 
 def test_layers_with_bit_identical_kernels_share_a_key(monkeypatch):
-  model = _scanned({"params": False, "quant": False})  # params not split either: every layer has the same kernel (the documented corner case)
+  model = _scanned({"params": False, "quant": False})  # params not split either: one kernel for every layer
   variables = model.init(jax.random.key(1), X, None)
   keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
   assert keys.shape[0] == LAYERS and _distinct(keys) == 1
