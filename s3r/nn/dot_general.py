@@ -39,7 +39,8 @@ import numpy as np
 from flax import nnx
 
 from s3r.quant.matmul import qmatmul
-from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import recipe as lookup_recipe
 
 
 def _matmul(lhs, rhs, lhs_contract, rhs_contract, *, key, recipe, tp, tp_axis):
@@ -65,12 +66,15 @@ def _to_front(a, dims):
 
 def _quantized_dot(lhs, rhs, dimension_numbers, *, key, recipe, tp=None, tp_axis="tensor"):
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-  lhs_contract, rhs_contract = (tuple(d % a.ndim for d in dims) for a, dims in ((lhs, lhs_contract), (rhs, rhs_contract)))
+  lhs_contract, rhs_contract = (
+    tuple(d % a.ndim for d in dims) for a, dims in ((lhs, lhs_contract), (rhs, rhs_contract))
+  )
   lhs_batch, rhs_batch = (tuple(d % a.ndim for d in dims) for a, dims in ((lhs, lhs_batch), (rhs, rhs_batch)))
   if not lhs_contract or len(lhs_contract) != len(rhs_contract) or len(lhs_batch) != len(rhs_batch):
     raise NotImplementedError(
-        f"s3r dot_general: dimension_numbers={dimension_numbers} for lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)} "
-        "is not a matmul (it needs at least one contracting dim, paired between lhs and rhs)")
+      f"s3r dot_general: dimension_numbers={dimension_numbers} for lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)} "
+      "is not a matmul (it needs at least one contracting dim, paired between lhs and rhs)"
+    )
   kw = dict(recipe=recipe, tp=tp, tp_axis=tp_axis)
   if not lhs_batch:
     return _matmul(lhs, rhs, lhs_contract, rhs_contract, key=key, **kw)
@@ -109,8 +113,14 @@ def kernel_fingerprint(w: jax.Array) -> jax.Array:
   return jnp.sum(bits * weights, dtype=jnp.uint32)
 
 
-def dot_general(recipe: str | Recipe, key: jax.Array | None, *, tp: str | None = None, tp_axis: str = "tensor",
-                fold_kernel: bool = False):
+def dot_general(
+  recipe: str | Recipe,
+  key: jax.Array | None,
+  *,
+  tp: str | None = None,
+  tp_axis: str = "tensor",
+  fold_kernel: bool = False,
+):
   """A `lax.dot_general`-compatible function that runs `s3r.qmatmul` with this key and recipe.
 
   `key` may be None for forward-only use; a gradient through a stochastic recipe then raises.
@@ -147,7 +157,8 @@ class LinenDotGeneral(linen.Module):
     r = lookup_recipe(self.recipe)
     key = self.make_rng(self.rng_collection) if r.stochastic and self.has_rng(self.rng_collection) else None
     return dot_general(r, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
-        lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
+    )
 
 
 def draw_stream_key(recipe: Recipe, rngs: nnx.Rngs | None, stream: str, stack: tuple[int, ...], owner: str):
@@ -156,9 +167,11 @@ def draw_stream_key(recipe: Recipe, rngs: nnx.Rngs | None, stream: str, stack: t
     return None
   if rngs is None or stream not in rngs:
     have = "no Rngs" if rngs is None else f"streams {sorted(rngs)}"
-    raise ValueError(f"{owner}: recipe {recipe.name!r} rounds stochastically and needs an nnx.Rngs with a "
-                     f"{stream!r} stream, got {have}; e.g. nnx.Rngs(params=0, {stream}=1) (the {stream!r} stream "
-                     "is separate so that adding s3r leaves the parameter initialization unchanged)")
+    raise ValueError(
+      f"{owner}: recipe {recipe.name!r} rounds stochastically and needs an nnx.Rngs with a "
+      f"{stream!r} stream, got {have}; e.g. nnx.Rngs(params=0, {stream}=1) (the {stream!r} stream "
+      "is separate so that adding s3r leaves the parameter initialization unchanged)"
+    )
   key = rngs[stream]()
   return jax.random.split(key, stack) if stack else key
 
@@ -172,8 +185,16 @@ class NnxDotGeneral(nnx.Module):
   stream per stacked layer.
   """
 
-  def __init__(self, recipe: str | Recipe = "s3r_ec_dx", *, rngs: nnx.Rngs | None = None, stream: str = "quant",
-               tp: str | None = None, tp_axis: str = "tensor", stack: tuple[int, ...] = ()):
+  def __init__(
+    self,
+    recipe: str | Recipe = "s3r_ec_dx",
+    *,
+    rngs: nnx.Rngs | None = None,
+    stream: str = "quant",
+    tp: str | None = None,
+    tp_axis: str = "tensor",
+    stack: tuple[int, ...] = (),
+  ):
     self.recipe = lookup_recipe(recipe)
     self.stream = stream
     self.tp, self.tp_axis = tp, tp_axis  # tensor-parallel split of the kernel (see s3r.qmatmul)
@@ -185,7 +206,8 @@ class NnxDotGeneral(nnx.Module):
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
     return dot_general(self.recipe, self.next_key(), tp=self.tp, tp_axis=self.tp_axis)(
-        lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
+    )
 
 
 def check_keys(model: nnx.Module) -> None:
@@ -203,7 +225,9 @@ def check_keys(model: nnx.Module) -> None:
       name = "/".join(map(str, path)) + (f"[{i}]" if data.ndim > 1 else "")
       tag = repr((k, c)).encode()
       if tag in seen:
-        raise ValueError(f"s3r: layers {seen[tag]} and {name} draw the same quantization keys (identical "
-                         "thresholds). Build them from one nnx.Rngs, and under nnx.vmap/nnx.scan split the "
-                         "'quant' stream too (nnx.split_rngs(splits=L) without only=..., or only='quant').")
+        raise ValueError(
+          f"s3r: layers {seen[tag]} and {name} draw the same quantization keys (identical "
+          "thresholds). Build them from one nnx.Rngs, and under nnx.vmap/nnx.scan split the "
+          "'quant' stream too (nnx.split_rngs(splits=L) without only=..., or only='quant')."
+        )
       seen[tag] = name

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-from typing import Iterable
+from collections.abc import Iterable
 
 import flax.linen as linen
 import jax
 from flax import nnx
 
-from s3r.nn.dot_general import NnxDotGeneral, _quantized_dot, check_keys, dot_general, draw_stream_key
-from s3r.quant.recipes import Recipe, recipe as lookup_recipe
+from s3r.nn.dot_general import NnxDotGeneral, _quantized_dot, check_keys, dot_general
+from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import recipe as lookup_recipe
 
 _LINEN_TYPES = (linen.Dense, linen.DenseGeneral)
 
@@ -40,8 +41,14 @@ def _skipped(path: Iterable, skip: tuple[str, ...]) -> bool:
   return any(fnmatch.fnmatchcase(joined, pat) or (parts and fnmatch.fnmatchcase(parts[-1], pat)) for pat in skip)
 
 
-def quantize(model, recipe: str | Recipe = "s3r_ec_dx", *, skip: Iterable[str] = (), rngs: nnx.Rngs | int = 0,
-             stream: str = "quant"):
+def quantize(
+  model,
+  recipe: str | Recipe = "s3r_ec_dx",
+  *,
+  skip: Iterable[str] = (),
+  rngs: nnx.Rngs | int = 0,
+  stream: str = "quant",
+):
   """Quantize every Dense/DenseGeneral/Linear/LinearGeneral/Einsum projection of `model` with `recipe`.
 
   NNX models are changed in place and returned; Linen modules are wrapped (see the module doc).
@@ -68,12 +75,15 @@ def _stack(module: nnx.Module) -> tuple[int, ...]:
   else:
     own = 2
   shape = module.kernel.shape
-  return tuple(shape[:len(shape) - own])
+  return tuple(shape[: len(shape) - own])
 
 
 def _quantize_nnx(model: nnx.Module, r: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
-  targets = [(path, m) for path, m in nnx.iter_modules(model)
-             if isinstance(m, (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)) and not _skipped(path, skip)]
+  targets = [
+    (path, m)
+    for path, m in nnx.iter_modules(model)
+    if isinstance(m, (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)) and not _skipped(path, skip)
+  ]
   for _, m in targets:  # nnx.data: the layers hold lax.dot_general / jnp.einsum as static attributes
     if isinstance(m, nnx.Einsum):
       m.einsum_op = nnx.data(NnxEinsumOp(r, rngs=rngs, stream=stream, stack=_stack(m)))
@@ -97,8 +107,10 @@ def einsum(equation: str, lhs: jax.Array, rhs: jax.Array, dot: callable) -> jax.
   summed = [c for c in a + b if c not in out and (c not in a or c not in b)]
   if summed:
     raise NotImplementedError(f"s3r einsum: {equation!r} sums indices {summed} of one operand only")
-  dims = ((tuple(a.index(c) for c in contract), tuple(b.index(c) for c in contract)),
-          (tuple(a.index(c) for c in batch), tuple(b.index(c) for c in batch)))
+  dims = (
+    (tuple(a.index(c) for c in contract), tuple(b.index(c) for c in contract)),
+    (tuple(a.index(c) for c in batch), tuple(b.index(c) for c in batch)),
+  )
   y = dot(lhs, rhs, dims)
   order = batch + [c for c in a if c not in b] + [c for c in b if c not in a]  # dot_general's output order
   perm = [order.index(c) for c in out]
@@ -112,6 +124,7 @@ class NnxEinsumOp(NnxDotGeneral):
     def dot(a, b, dims):
       y = _quantized_dot(a, b, dims, key=self.next_key(), recipe=self.recipe, tp=self.tp, tp_axis=self.tp_axis)
       return y if preferred_element_type is None else y.astype(preferred_element_type)
+
     return einsum(equation, lhs, rhs, dot)
 
 

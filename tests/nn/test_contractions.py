@@ -1,9 +1,9 @@
 """General contractions through the adapters equal the flattened qmatmul (first lhs axis = examples)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import flax.linen as nn
 from flax import nnx
 
 import s3r
@@ -48,8 +48,9 @@ def test_permuted_contraction_equals_qmatmul_of_the_transposed_operands():
   w = jax.random.normal(jax.random.key(4), (H, DH, 5))  # contract (1, 0) pairs DH with DH and H with H
   dims = (((2, 1), (1, 0)), ((), ()))
   y = snn.dot_general(RECIPE, KEY)(x, w, dims)
-  ref = s3r.qmatmul(x.transpose(0, 3, 2, 1).reshape(B, S, DH * H), w.transpose(1, 0, 2).reshape(DH * H, 5),
-                    key=KEY, recipe=RECIPE)
+  ref = s3r.qmatmul(
+    x.transpose(0, 3, 2, 1).reshape(B, S, DH * H), w.transpose(1, 0, 2).reshape(DH * H, 5), key=KEY, recipe=RECIPE
+  )
   np.testing.assert_array_equal(_np(y), _np(ref))
   np.testing.assert_allclose(_np(y), _np(jax.lax.dot_general(x, w, dims)), rtol=0.1, atol=0.1)
 
@@ -84,5 +85,6 @@ def test_einsum_helper_matches_jnp_einsum_layouts():
   for eq in ("bsd,edf->ebsf", "bsd,edf->bsef", "bsd,edf->fsbe"):
     np.testing.assert_allclose(snn.einsum(eq, x, w, exact), jnp.einsum(eq, x, w), rtol=1e-6, atol=1e-6)
   xb = jax.random.normal(jax.random.key(5), (3, S, D))
-  np.testing.assert_allclose(snn.einsum("esd,edf->esf", xb, w, exact), jnp.einsum("esd,edf->esf", xb, w),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    snn.einsum("esd,edf->esf", xb, w, exact), jnp.einsum("esd,edf->esf", xb, w), rtol=1e-6, atol=1e-6
+  )

@@ -20,19 +20,24 @@ def _linen_grads(model, variables, key):
   def loss(params):
     y = model.apply({"params": params}, X, rngs={"quant": key})
     return jnp.sum(y.astype(jnp.float32) ** 2)
+
   return jax.grad(loss)(variables["params"])
 
 
 @pytest.mark.parametrize("style", ["dot_general_cls", "dot_general"])
 def test_linen_dense_runs_the_quantized_matmul_keyed_by_the_quant_stream(style):
-  kwargs = ({"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r")} if style == "dot_general_cls"
-            else {"dot_general": snn.LinenDotGeneral(recipe="s3r")})
+  kwargs = (
+    {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r")}
+    if style == "dot_general_cls"
+    else {"dot_general": snn.LinenDotGeneral(recipe="s3r")}
+  )
   model = nn.Dense(12, use_bias=False, dtype=jnp.bfloat16, **kwargs)
   variables = model.init({"params": jax.random.key(1)}, X)
   kernel = variables["params"]["kernel"]
   y = model.apply(variables, X, rngs={"quant": jax.random.key(2)})
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(s3r.qmatmul(X, kernel.astype(jnp.bfloat16), recipe="int8_rtne"), np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(y, np.float32), np.asarray(s3r.qmatmul(X, kernel.astype(jnp.bfloat16), recipe="int8_rtne"), np.float32)
+  )
   g_a = _linen_grads(model, variables, jax.random.key(3))["kernel"]
   g_b = _linen_grads(model, variables, jax.random.key(3))["kernel"]
   g_c = _linen_grads(model, variables, jax.random.key(4))["kernel"]
@@ -46,8 +51,9 @@ def test_linen_without_quant_rng_runs_forward_and_a_gradient_says_how_to_pass_it
   model = nn.Dense(12, dot_general_cls=functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx"))
   variables = model.init({"params": jax.random.key(1)}, X)
   y = jax.jit(model.apply)(variables, X)
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(model.apply(variables, X, rngs={"quant": jax.random.key(0)}), np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(y, np.float32), np.asarray(model.apply(variables, X, rngs={"quant": jax.random.key(0)}), np.float32)
+  )
   loss = lambda p: jnp.sum(model.apply({"params": p}, X).astype(jnp.float32))
   with pytest.raises(ValueError, match=r"rngs=\{'quant': step_key\} to apply"):
     jax.grad(loss)(variables["params"])
@@ -55,8 +61,14 @@ def test_linen_without_quant_rng_runs_forward_and_a_gradient_says_how_to_pass_it
 
 def test_nnx_linear_draws_a_fresh_key_per_call_reproducibly():
   def make():
-    return nnx.Linear(16, 12, use_bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(0),
-                      dot_general=snn.NnxDotGeneral("s3r_ec_dx", rngs=nnx.Rngs(quant=7)))
+    return nnx.Linear(
+      16,
+      12,
+      use_bias=False,
+      dtype=jnp.bfloat16,
+      rngs=nnx.Rngs(0),
+      dot_general=snn.NnxDotGeneral("s3r_ec_dx", rngs=nnx.Rngs(quant=7)),
+    )
 
   @nnx.jit
   def grad_step(model):
@@ -111,6 +123,8 @@ def test_adapters_pass_the_tensor_parallel_split_through_to_qmatmul():
   dense = nn.Dense(32, dot_general_cls=functools.partial(snn.LinenDotGeneral, recipe="s3r", tp="diagonal"))
   with pytest.raises(ValueError, match="tp must be one of"):
     dense.init({"params": jax.random.key(3), "quant": key}, x)
-  lin = nnx.Linear(16, 32, rngs=nnx.Rngs(0), dot_general=snn.NnxDotGeneral("s3r", rngs=nnx.Rngs(quant=0), tp="diagonal"))
+  lin = nnx.Linear(
+    16, 32, rngs=nnx.Rngs(0), dot_general=snn.NnxDotGeneral("s3r", rngs=nnx.Rngs(quant=0), tp="diagonal")
+  )
   with pytest.raises(ValueError, match="tp must be one of"):
     lin(x)

@@ -34,8 +34,9 @@ def _train_linen(module, recipe_apply, steps=STEPS, lr=1e-2):
 
   @jax.jit
   def step(params, state, key):
-    loss, g = jax.value_and_grad(lambda p: _xent(recipe_apply({"params": p}, TOKENS[:, :-1], {"quant": key}),
-                                                 TOKENS[:, 1:]))(params)
+    loss, g = jax.value_and_grad(
+      lambda p: _xent(recipe_apply({"params": p}, TOKENS[:, :-1], {"quant": key}), TOKENS[:, 1:])
+    )(params)
     updates, state = opt.update(g, state)
     return optax.apply_updates(params, updates), state, loss
 
@@ -71,7 +72,8 @@ class LinenMha(nn.Module):
     dg = functools.partial(snn.LinenDotGeneral, recipe=self.recipe)
     x = nn.Embed(V, D)(tokens)
     x = x + nn.MultiHeadDotProductAttention(num_heads=H, qkv_dot_general_cls=dg, out_dot_general_cls=dg)(
-        x, mask=nn.make_causal_mask(tokens))
+      x, mask=nn.make_causal_mask(tokens)
+    )
     return nn.Dense(V)(x)
 
 
@@ -93,7 +95,9 @@ class NnxMha(nnx.Module):
 
 def test_nnx_multi_head_attention_trains_with_s3r_ec_dx():
   model = snn.quantize(NnxMha(nnx.Rngs(0)), "s3r_ec_dx", skip=("lm_head",), rngs=1)
-  assert all(isinstance(getattr(model.attn, n).dot_general, snn.NnxDotGeneral) for n in ("query", "key", "value", "out"))
+  assert all(
+    isinstance(getattr(model.attn, n).dot_general, snn.NnxDotGeneral) for n in ("query", "key", "value", "out")
+  )
   _decreases(_train_nnx(model))
 
 
@@ -138,6 +142,7 @@ class NnxLm(nnx.Module):
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def create(rngs):
       return NnxBlock(rngs)
+
     self.blocks = create(rngs)
     self.ln = nnx.LayerNorm(D, rngs=rngs)
 
@@ -145,6 +150,7 @@ class NnxLm(nnx.Module):
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     def forward(x, block):
       return block(x)
+
     return self.embed.attend(self.ln(forward(self.embed(tokens), self.blocks)))
 
 

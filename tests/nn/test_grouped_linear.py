@@ -1,6 +1,5 @@
 """GroupedLinear: grouped_qmatmul behind an NNX layer that draws a fresh key per call."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

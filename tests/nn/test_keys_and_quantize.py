@@ -43,6 +43,7 @@ def test_check_keys_reports_layers_seeded_alike():
     def __init__(self, seeds):
       self.a = nnx.Linear(8, 8, rngs=nnx.Rngs(0), dot_general=snn.NnxDotGeneral("s3r", rngs=nnx.Rngs(quant=seeds[0])))
       self.b = nnx.Linear(8, 8, rngs=nnx.Rngs(1), dot_general=snn.NnxDotGeneral("s3r", rngs=nnx.Rngs(quant=seeds[1])))
+
   snn.check_keys(Two((0, 1)))
   with pytest.raises(ValueError, match="a/dot_general and b/dot_general draw the same quantization keys"):
     snn.check_keys(Two((0, 0)))
@@ -82,6 +83,7 @@ def test_stacked_layers_under_nnx_vmap_get_one_stream_each_and_unsplit_streams_a
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def create(rngs):
       return Block(rngs)
+
     return create(nnx.Rngs(params=0, quant=1))
 
   good = build(...)
@@ -111,6 +113,7 @@ def test_quantize_finds_stacked_plain_layers_and_gives_each_its_own_stream():
   @nnx.vmap(in_axes=(0,), out_axes=0)
   def create(rngs):
     return _Mlp(rngs)
+
   model = snn.quantize(create(nnx.Rngs(0)), "s3r_ec_dx", rngs=nnx.Rngs(quant=5))
   keys = _key_data(model.up.dot_general)
   assert keys.shape[0] == 2 and not np.array_equal(keys[0], keys[1])
@@ -135,5 +138,6 @@ def test_linen_quantize_keeps_params_skips_named_layers_and_runs_forward_without
   loss = lambda p, key: jnp.sum(q.apply({"params": p}, X, rngs={"quant": key}) ** 2)
   g1, g2 = (jax.grad(loss)(variables["params"], jax.random.key(k)) for k in (1, 2))
   assert not np.array_equal(np.asarray(g1["up"]["kernel"]), np.asarray(g2["up"]["kernel"]))
-  np.testing.assert_array_equal(np.asarray(g1["up"]["kernel"]),
-                                np.asarray(jax.grad(loss)(variables["params"], jax.random.key(1))["up"]["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(g1["up"]["kernel"]), np.asarray(jax.grad(loss)(variables["params"], jax.random.key(1))["up"]["kernel"])
+  )

@@ -70,8 +70,7 @@ def test_scanned_layers_draw_different_keys_when_the_quant_stream_is_broadcast(m
 
 
 def test_vmapped_layers_draw_different_keys_when_the_quant_stream_is_broadcast(monkeypatch):
-  model = nn.vmap(_Block, variable_axes={"params": 0}, split_rngs=BROADCAST, in_axes=(None, None),
-                  axis_size=LAYERS)()
+  model = nn.vmap(_Block, variable_axes={"params": 0}, split_rngs=BROADCAST, in_axes=(None, None), axis_size=LAYERS)()
   variables = model.init(jax.random.key(1), X, None)
   keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
   assert keys.shape[0] == LAYERS and _distinct(keys) == LAYERS
@@ -144,8 +143,15 @@ json.dump(result, sys.stdout)
 
 def test_a_sharded_kernels_fingerprint_equals_the_unsharded_one_and_moves_only_those_elements():
   from tests.distributed.conftest import REPO, device_env
-  proc = subprocess.run([sys.executable, "-c", _SHARDED_FINGERPRINT], env=device_env(4), capture_output=True,
-                        text=True, timeout=300, cwd=REPO)
+
+  proc = subprocess.run(
+    [sys.executable, "-c", _SHARDED_FINGERPRINT],
+    env=device_env(4),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(proc.stdout)
   for spec, r in result.items():
