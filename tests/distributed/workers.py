@@ -344,8 +344,9 @@ def moe_worker(out: pathlib.Path) -> None:
   the rounding noise). Writes moe_<mesh>.npz and the collectives of each sharded program."""
   from flax import nnx
 
+  from s3r.analysis.collectives import collectives
   from s3r.model.moe import MoEFeedForward
-  from s3r.train import hlo_collectives, sharding
+  from s3r.train import sharding
 
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
@@ -380,7 +381,7 @@ def moe_worker(out: pathlib.Path) -> None:
         x_sh = sharding.sharding(mesh, P("batch", "seq", None), x.shape)
         fn = jax.jit(grad, in_shardings=(p_sh, x_sh, NamedSharding(mesh, P())), out_shardings=(p_sh, x_sh))
         compiled = fn.lower(params, x, key).compile()
-        info[f"{recipe}_{name}_collectives"] = len(hlo_collectives.collectives(compiled.as_text()))
+        info[f"{recipe}_{name}_collectives"] = len(collectives(compiled.as_text()))
         info[f"{recipe}_{name}_gate_spec"] = str(p_sh["gate"].spec)
         dp, dx = fn(jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
       arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
