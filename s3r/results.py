@@ -65,16 +65,19 @@ def loadavg() -> list[float] | None:
 
 
 def repo_relative(arg: str) -> str:
-  """`arg` without machine-specific prefixes: relative to the repository root if it is an absolute
-  path inside it; outside it, cut to its part from a `runs/` folder; else unchanged."""
+  """`arg` without machine-specific prefixes: an absolute path inside the repository relative to
+  its root, one beside it (e.g. `../shared/data`) as `../...`; elsewhere cut to its part from a
+  `runs/` folder; anything else unchanged."""
   path = pathlib.Path(arg)
   if not path.is_absolute():
     return arg
-  try:
-    return path.resolve().relative_to(REPO_ROOT).as_posix()
-  except ValueError:
-    parts = path.parts
-    return "/".join(parts[parts.index("runs") :]) if "runs" in parts else arg
+  resolved = path.resolve()
+  if resolved.is_relative_to(REPO_ROOT):
+    return resolved.relative_to(REPO_ROOT).as_posix()
+  if resolved.is_relative_to(REPO_ROOT.parent):
+    return "../" + resolved.relative_to(REPO_ROOT.parent).as_posix()
+  parts = path.parts
+  return "/".join(parts[parts.index("runs") :]) if "runs" in parts else arg
 
 
 def _command_head() -> list[str]:
