@@ -1,5 +1,5 @@
 #!/bin/bash
-# The one prepared GPU run of issue #4 (item 7), for a session that has the device:
+# The FFN and quantizer benchmarks on one GPU (an H200), in one device call:
 #   device run, command: bash scripts/device_bench.sh, timeout_s 480
 # It uses the device image's own python3 (JAX with CUDA, Flax, Optax, SciPy, Matplotlib are
 # there; s3r is pure Python and runs from the checkout) and writes bench_{ffn,quantizer}_gpu.*
@@ -9,7 +9,7 @@
 # beside the CPU ones in the README.
 # Token counts are larger than on the CPU so that one call outlasts its dispatch: FFN T=16384
 # (W1: ~0.3 TFLOP per fwd+bwd), quantizer T=65536 (W1: G is 256 MiB).
-# Measured on the H200 (2026-11-30, results/gpu/README.md): the FFN needs about 540 s for all
+# Measured on the H200 (results/gpu/README.md): the FFN needs about 540 s for all
 # nine shapes, mostly XLA:GPU's int8 GEMM autotuning (12-77 s per shape), so within one call it
 # reaches W6; run SHAPES=W7,W8,W9 in a second call and join the files with `s3r bench merge`.
 # The quantizer takes about 60 s for all nine shapes.

@@ -136,8 +136,11 @@ def test_no_module_names_a_machine_path():
   import s3r.data
 
   package = pathlib.Path(s3r.data.__file__).parent
+  machine_prefix = str(package.parents[2])  # the folder that holds this checkout, on this machine
+  if machine_prefix == package.anchor:
+    pytest.skip("the checkout sits at the file-system root: no machine prefix to look for")
   for f in package.glob("*.py"):
-    assert "/work/" not in f.read_text(), f.name
+    assert machine_prefix not in f.read_text(), f.name
 
 
 def test_stdlib_files_exclude_tests_and_site_packages():
