@@ -115,7 +115,7 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
     return jnp.stack(fractions)
 
   b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
-  shapes = _projection_widths(cfg)
+  shapes = projection_widths(cfg)
   offsets = [jnp.zeros((b, s, shapes[name]), jnp.float32) for _, name in names]
   fractions = np.asarray(jax.jit(run)(params, batch_BxS1, offsets))
   out: dict = {}
@@ -146,7 +146,8 @@ def projection_gradients(graphdef, params, batch_BxS1, zeros: list) -> list[tupl
   return [(x, w, gi) for gi, (x, w) in zip(g, recorded)]
 
 
-def _projection_widths(cfg) -> dict:
+def projection_widths(cfg) -> dict:
+  """Output width N of each block projection of the Llama-style decoder, by name."""
   nh, kh = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
   return {"q": nh, "k": kh, "v": kh, "o": cfg.d_model, "gate": cfg.d_ff, "up": cfg.d_ff, "down": cfg.d_model}
 

@@ -47,15 +47,7 @@ def projection_operands(cfg: s3r_model.ModelConfig, params, batch_BxS1) -> list[
   block projection (the INT8 forward graph with an exact backward)."""
   graphdef = s3r_model.graphdef(dataclasses.replace(cfg, recipe="int8_exact_bwd"))
   names = [(layer, name) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
-  widths = {
-    "q": cfg.n_heads * cfg.head_dim,
-    "k": cfg.n_kv_heads * cfg.head_dim,
-    "v": cfg.n_kv_heads * cfg.head_dim,
-    "o": cfg.d_model,
-    "gate": cfg.d_ff,
-    "up": cfg.d_ff,
-    "down": cfg.d_model,
-  }
+  widths = gradients.projection_widths(cfg)
 
   def run(params, batch, offsets):
     return gradients.projection_gradients(graphdef, params, batch, offsets)
