@@ -1,9 +1,7 @@
 """`s3r models`: every preset with its family, shape and total / active parameter counts.
 
 Totals are summed over the parameter shapes of the model built under `jax.eval_shape` (nothing is
-allocated); a family whose block cannot be built here (the MoE families without s3r.model.moe)
-falls back to the config's arithmetic, and the listing says so. Active = parameters one token
-uses: the total less the routed experts it is not sent to.
+allocated). Active = parameters one token uses: the total less the routed experts it is not sent to.
 """
 
 from __future__ import annotations
@@ -17,13 +15,10 @@ def counts(cfg) -> dict:
 
   from s3r.model import active_param_count, init_params, param_count
 
-  try:
-    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-    total, source = sum(x.size for x in jax.tree.leaves(shapes)), "shapes"
-  except ImportError:
-    total, source = param_count(cfg), "arithmetic"
+  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  total = sum(x.size for x in jax.tree.leaves(shapes))
   inactive = param_count(cfg) - active_param_count(cfg)
-  return {"params_total": int(total), "params_active": int(total - inactive), "counted_from": source}
+  return {"params_total": int(total), "params_active": int(total - inactive), "counted_from": "shapes"}
 
 
 def rows() -> list[dict]:
@@ -50,10 +45,9 @@ def run(args) -> int:
     return 0
   print(f"{'preset':<18} {'family':<12} {'layers':>6} {'width':>6} {'params':>16} {'active':>16}")
   for r in table:
-    note = "" if r["counted_from"] == "shapes" else "  (arithmetic)"
     print(
       f"{r['name']:<18} {r['family']:<12} {r['layers']:>6} {r['width']:>6} {r['params_total']:>16,} "
-      f"{r['params_active']:>16,}{note}"
+      f"{r['params_active']:>16,}"
     )
   return 0
 

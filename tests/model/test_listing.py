@@ -30,7 +30,7 @@ def test_models_json_lists_every_preset_with_published_counts():
   for name, row in rows.items():
     assert row["params_total"] == M.param_count(M.PRESETS[name])
     assert row["params_active"] == M.active_param_count(M.PRESETS[name])
-    assert row["counted_from"] in ("shapes", "arithmetic")
+    assert row["counted_from"] == "shapes"
   assert rows["llama3.1-8b"]["params_total"] == 8_030_261_248 and rows["llama3.1-8b"]["counted_from"] == "shapes"
   assert rows["qwen3-30b-a3b"]["params_total"] == 30_532_122_624
   assert rows["qwen3-30b-a3b"]["params_active"] < rows["qwen3-30b-a3b"]["params_total"] // 8
