@@ -12,7 +12,8 @@ directory) and reads three of the files XLA writes for the optimized module:
 - `*after_optimizations.txt`: the HLO, for each buffer's producing instruction (opcode and the
   JAX operation of its metadata).
 
-`buffer_breakdown` returns, per buffer live at the peak: its size, type, where it sits
+`buffer_breakdown` returns, per buffer live at the peak (or, where a backend writes no live-range
+dump, per buffer of the temp allocation): its size, type, where it sits
 (parameter, output, temp) and what produced it; `by_dtype` sums them per element type.
 Works on every backend that dumps buffer assignments (CPU and GPU do).
 """
@@ -99,10 +100,22 @@ def temp_bytes(allocs: dict[int, Allocation]) -> int:
   return sum(a.size for a in allocs.values() if a.kind == "temp")
 
 
-def breakdown(assignment: str, live_range: str, hlo_text: str) -> dict:
-  """The buffers live at the peak, with size, type, kind and producer, largest first."""
+def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
+  """The buffers live at the peak, with size, type, kind and producer, largest first.
+
+  Without a live-range dump (`live_range` None), "peak" lists every value of the temp
+  allocations instead, each once (values sharing one offset and size are one buffer), and
+  "peak_step" is None.
+  """
   allocs, values = parse_assignment(assignment)
-  step, live = parse_peak(live_range)
+  if live_range is not None:
+    step, live = parse_peak(live_range)
+  else:
+    seen: dict[tuple[int, int, int], str] = {}
+    for v in values:
+      if allocs[v.allocation].kind == "temp" and v.size:
+        seen.setdefault((v.allocation, v.offset, v.size), v.name)
+    step, live = None, [(name, size) for (_, _, size), name in seen.items()]
   by_name = {v.name: v for v in values}
   instrs = {i.name: i for c in hlo.parse_hlo(hlo_text).values() for i in c.instrs}
   rows = []
@@ -143,13 +156,15 @@ def buffer_breakdown(lowered) -> tuple[dict, object]:
   with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d:
     compiled = lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_text": True})
 
-    def read(suffix: str) -> str:
+    def read(suffix: str, required: bool = True) -> str | None:
       paths = sorted(glob.glob(os.path.join(d, f"*after_optimizations{suffix}")))
       if not paths:
+        if not required:
+          return None
         raise RuntimeError(f"buffer_breakdown: XLA wrote no *after_optimizations{suffix} (backend without dumps?)")
       # one module per compilation; if helpers were compiled too, the main module is the largest
       with open(max(paths, key=os.path.getsize)) as f:
         return f.read()
 
-    result = breakdown(read("-buffer-assignment.txt"), read("-live-range.txt"), read(".txt"))
+    result = breakdown(read("-buffer-assignment.txt"), read("-live-range.txt", required=False), read(".txt"))
   return result, compiled

@@ -309,7 +309,12 @@ def breakdown_markdown(rows: list[dict], recipes: list[str]) -> list[str]:
     out += [
       f"### Buffers live at the memory peak: {row['shape']} (H={row['hidden']}, D={row['ffn_dim']}), T={row['tokens']}",
       "",
-      "Temp allocation and the temporaries live at the peak step, MiB by element type (XLA buffer assignment):",
+      "Temp allocation and the temporaries live at the peak step, MiB by element type (XLA buffer assignment"
+      + (
+        "; no live-range dump: every temp buffer, not only those live at the peak):"
+        if any(b["peak_step"] is None for b in found.values())
+        else "):"
+      ),
       "",
     ]
     table = []
@@ -323,6 +328,6 @@ def breakdown_markdown(rows: list[dict], recipes: list[str]) -> list[str]:
       temps = [p for p in b["peak"] if p["kind"] == "temp"][:BREAKDOWN_SHOWN]
       cells = [f"{_mib(p['bytes'])} {p['dtype']}{p['dims']} `{_op(p)}`" for p in temps]
       table.append([r, "<br>".join(cells)])
-    out.append(markdown_table(["recipe", "buffers"], table))
+    out.append(markdown_table(["recipe", "buffers"], table, align=["l", "l"]))
     out.append("")
   return out

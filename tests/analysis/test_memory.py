@@ -68,3 +68,19 @@ def test_parsers_read_the_dump_formats():
                                                                 ("cond.2.clone{0}", 1, 0)]  # fmt: skip
   step, live = memory.parse_peak("  Live ranges at 7 (peak):\n    fusion.3{}: 64 bytes (cumulative: 64 bytes)\n  Stack")
   assert (step, live) == (7, [("fusion.3{}", 64)])
+
+
+def test_without_a_live_range_dump_the_temp_buffers_are_listed_once():
+  assignment = (
+    "allocation 0: size 96, preallocated-temp:\n"
+    " value: <2 fusion.3 @0> (size=64,offset=32): s32[4,4]{1,0}\n"
+    " value: <3 tuple.1{} @0> (size=64,offset=32): s32[4,4]{1,0}\n"
+    " value: <4 fusion.4 @0> (size=32,offset=0): s8[4,8]{1,0}\n"
+  )
+  hlo_text = "ENTRY %main () -> s8[4,8] {\n  %fusion.3 = s32[4,4]{1,0} fusion(), kind=kLoop\n}\n"
+  b = memory.breakdown(assignment, None, hlo_text)
+  assert b["peak_step"] is None and [(p["buffer"], p["bytes"], p["dtype"]) for p in b["peak"]] == [
+    ("fusion.3{}", 64, "s32"),
+    ("fusion.4{}", 32, "s8"),
+  ]
+  assert b["peak"][0]["opcode"] == "fusion" and b["by_kind_dtype"] == {"temp": {"s32": 64, "s8": 32}}
