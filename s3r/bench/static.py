@@ -28,7 +28,10 @@ Per recipe, for one quantized linear layer x [T, K] @ w [K, N] forward + backwar
   fully fused quantizer would not write).
 
 And for the SwiGLU FFN block (as in `s3r bench ffn`) at the paper shapes: XLA's
-`compiled.memory_analysis()` temp bytes (compile only, nothing is allocated or run).
+`compiled.memory_analysis()` temp bytes (compile only, nothing is allocated or run). With
+`--memory-breakdown`, also the buffers live where the program's memory peaks, read from XLA's
+buffer assignment (`s3r.analysis.memory`): per recipe, their bytes by element type and the
+largest temporaries with their shape and producing operation.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 
 from s3r.analysis import jaxpr as jaxpr_analysis
+from s3r.analysis import memory as memory_analysis
 from s3r.analysis.elementwise import gradient_sized_ops
 from s3r.bench import options
 from s3r.paper import PAPER_EXTRA_OPS
@@ -43,6 +47,8 @@ from s3r.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 
 DEFAULT_RECIPES = ",".join(options.BENCH_RECIPES)
 DEFAULT_MEMORY_SHAPES = "all"
+BREAKDOWN_ROWS = 12  # buffers live at the peak kept per recipe in the JSON (largest first)
+BREAKDOWN_SHOWN = 6  # of which the Markdown lists the temporaries
 LABELS = {"int8_sr": "independent SR", "s3r": "S3R", "s3r_ec": "S3R-EC"}  # names of the paper's rows
 
 
@@ -111,8 +117,9 @@ def _memory(compiled) -> dict | None:
   return {k: int(getattr(m, k)) for k in keys if hasattr(m, k)}
 
 
-def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int) -> dict | None:
-  """memory_analysis() of the FFN block fwd+bwd (compile only, from abstract shapes)."""
+def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int, *, breakdown: bool = False) -> dict | None:
+  """memory_analysis() of the FFN block fwd+bwd (compile only, from abstract shapes); with
+  `breakdown`, also the buffers live at the peak (`s3r.analysis.memory`) under "breakdown"."""
   import jax
   import jax.numpy as jnp
 
@@ -126,7 +133,16 @@ def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int) -> dict | No
     jax.ShapeDtypeStruct((tokens, hidden), jnp.bfloat16),
     jax.random.key(0),
   )
-  return _memory(ffn.make_fwd_bwd(recipe).lower(*args).compile())
+  lowered = ffn.make_fwd_bwd(recipe).lower(*args)
+  if not breakdown:
+    return _memory(lowered.compile())
+  found, compiled = memory_analysis.buffer_breakdown(lowered)
+  mem = _memory(compiled)
+  if mem is None:
+    return None
+  found["peak"] = found["peak"][:BREAKDOWN_ROWS]
+  del found["temp_values"]
+  return {**mem, "breakdown": found}
 
 
 # --- command ---------------------------------------------------------------------------------
@@ -153,6 +169,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     help="tokens for the FFN memory analysis (default: the ffn bench's per-shape default)",
   )
   p.add_argument(
+    "--memory-breakdown",
+    action="store_true",
+    help="also list the buffers live at the FFN's memory peak, from XLA's buffer assignment",
+  )
+  p.add_argument(
     "--out-dir", default=str(RESULTS_DIR), help="where bench_static_<platform>.{json,md} go (default %(default)s)"
   )
 
@@ -171,6 +192,7 @@ def run(args: argparse.Namespace) -> dict:
     n=args.n,
     memory_shapes=",".join(mshapes),
     memory_tokens=args.memory_tokens,
+    memory_breakdown=args.memory_breakdown,
   )
   layer = {}
   for r in recipes:
@@ -188,7 +210,7 @@ def run(args: argparse.Namespace) -> dict:
     row = {"shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": tokens, "recipes": {}}
     for r in recipes:
       log(f"[static] FFN memory {shape} T={tokens}: {r}")
-      row["recipes"][r] = ffn_memory(r, tokens, hidden, ffn_dim)
+      row["recipes"][r] = ffn_memory(r, tokens, hidden, ffn_dim, breakdown=args.memory_breakdown)
     memory.append(row)
   results = {"layer": layer, "ffn_memory": memory}
   paths = run_.write(results, markdown(results, recipes))
@@ -262,4 +284,50 @@ def markdown(results: dict, recipes: list[str]) -> str:
       rows.append([row["shape"], row["tokens"], *cells])
     out.append(markdown_table(["shape", "T", *recipes], rows))
     out += ["", "(x): relative to int8_rtne.", ""]
+    out += breakdown_markdown(results["ffn_memory"], recipes)
   return "\n".join(out)
+
+
+def _op(p: dict) -> str:
+  """The producing JAX operation without the outer jit name ("transpose(jvp())/mul": backward)."""
+  return p["op_name"].split("/", 1)[-1] if p["op_name"] else p["opcode"]
+
+
+def _mib(b: int) -> str:
+  return f"{b / 2**20:.1f}"
+
+
+def breakdown_markdown(rows: list[dict], recipes: list[str]) -> list[str]:
+  """Per shape: the temporaries live at the memory peak, by element type, and the largest ones."""
+  out = []
+  for row in rows:
+    found = {r: (row["recipes"][r] or {}).get("breakdown") for r in recipes}
+    found = {r: b for r, b in found.items() if b}
+    if not found:
+      continue
+    dtypes = sorted({d for b in found.values() for d in b["by_kind_dtype"].get("temp", {})})
+    out += [
+      f"### Buffers live at the memory peak: {row['shape']} (H={row['hidden']}, D={row['ffn_dim']}), T={row['tokens']}",
+      "",
+      "Temp allocation and the temporaries live at the peak step, MiB by element type (XLA buffer assignment"
+      + (
+        "; no live-range dump: every temp buffer, not only those live at the peak):"
+        if any(b["peak_step"] is None for b in found.values())
+        else "):"
+      ),
+      "",
+    ]
+    table = []
+    for r, b in found.items():
+      temp = b["by_kind_dtype"].get("temp", {})
+      table.append([r, _mib(b["temp_bytes"]), _mib(sum(temp.values())), *[_mib(temp.get(d, 0)) for d in dtypes]])
+    out.append(markdown_table(["recipe", "temp alloc", "live temps", *dtypes], table))
+    out += ["", f"Largest temporaries live at the peak (up to {BREAKDOWN_SHOWN}; MiB, type, producing JAX op):", ""]
+    table = []
+    for r, b in found.items():
+      temps = [p for p in b["peak"] if p["kind"] == "temp"][:BREAKDOWN_SHOWN]
+      cells = [f"{_mib(p['bytes'])} {p['dtype']}{p['dims']} `{_op(p)}`" for p in temps]
+      table.append([r, "<br>".join(cells)])
+    out.append(markdown_table(["recipe", "buffers"], table, align=["l", "l"]))
+    out.append("")
+  return out

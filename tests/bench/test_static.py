@@ -33,3 +33,12 @@ def test_op_counts_and_int8_bytes(layer):
   assert layer["int8_sr"]["int8_gradient_bytes"] == 2 * T * N  # G' quantized twice
   for r in ("int8_rtne", "s3r", "s3r_ec_dx"):
     assert layer[r]["int8_gradient_bytes"] == T * N  # one Q shared by both products
+
+
+def test_memory_breakdown_of_the_ffn_matches_its_memory_analysis():
+  m = static.ffn_memory("int8_rtne", 48, 32, 80, breakdown=True)
+  b = m["breakdown"]
+  assert b["temp_bytes"] == m["temp_size_in_bytes"] and 0 < len(b["peak"]) <= static.BREAKDOWN_ROWS
+  text = "\n".join(static.breakdown_markdown([{"shape": "32x80", "hidden": 32, "ffn_dim": 80, "tokens": 48,
+                                               "recipes": {"int8_rtne": m}}], ["int8_rtne"]))  # fmt: skip
+  assert f"| int8_rtne | {m['temp_size_in_bytes'] / 2**20:.1f} |" in text

@@ -1,0 +1,170 @@
+"""Where a compiled program's temporary memory goes: XLA's buffer assignment, buffer by buffer.
+
+`compiled.memory_analysis()` gives one number, the temp bytes. This module compiles the program
+once more with XLA's dump enabled (`xla_dump_to`, a per-compilation option, into a temporary
+directory) and reads three of the files XLA writes for the optimized module:
+
+- `*after_optimizations-buffer-assignment.txt`: the allocations (size; parameter, constant,
+  thread-local, maybe-live-out, preallocated-temp) and the HLO values placed in each, with
+  their offset and size; the temp bytes are the preallocated-temp allocation(s).
+- `*after_optimizations-live-range.txt`: the program order and XLA's own list of the buffers
+  live at the step where the live bytes peak ("Live ranges at N (peak)").
+- `*after_optimizations.txt`: the HLO, for each buffer's producing instruction (opcode and the
+  JAX operation of its metadata).
+
+`buffer_breakdown` returns, per buffer live at the peak (or, where a backend writes no live-range
+dump, per buffer of the temp allocation): its size, type, where it sits
+(parameter, output, temp) and what produced it; `by_dtype` sums them per element type.
+Works on every backend that dumps buffer assignments (CPU and GPU do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import tempfile
+from collections import defaultdict
+
+from s3r.analysis import hlo
+
+_ALLOC_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
+_VALUE_RE = re.compile(r"^\s*value: <(\d+) ([^\s>]+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
+_PEAK_RE = re.compile(r"^\s*Live ranges at (\d+) \(peak\):")
+_LIVE_RE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}): (\d+) bytes")
+
+
+@dataclasses.dataclass
+class Allocation:
+  index: int
+  size: int  # bytes
+  flags: str  # XLA's description, e.g. "parameter 1, shape |f32[8]| at ShapeIndex {}" or "preallocated-temp"
+
+  @property
+  def kind(self) -> str:
+    """parameter, constant, thread-local, output (an allocation that may hold a program output;
+    XLA:CPU also places temporaries there before the output is written), temp."""
+    for kind in ("parameter", "constant", "thread-local"):
+      if kind in self.flags:
+        return kind
+    if "maybe-live-out" in self.flags or "output shape" in self.flags:
+      return "output"
+    return "temp"
+
+
+@dataclasses.dataclass
+class Value:
+  id: int
+  name: str  # instruction name with the shape index, e.g. "fusion.3{}" or "custom-call.2{0}"
+  size: int  # bytes
+  offset: int  # bytes into its allocation
+  type_text: str  # e.g. "s32[1024,2048]{1,0}"
+  allocation: int  # index of the allocation holding it
+
+
+def parse_assignment(text: str) -> tuple[dict[int, Allocation], list[Value]]:
+  """Allocations by index and the values placed in them, from a buffer-assignment dump."""
+  allocs: dict[int, Allocation] = {}
+  values: list[Value] = []
+  cur = None
+  for line in text.splitlines():
+    if m := _ALLOC_RE.match(line):
+      cur = int(m.group(1))
+      allocs[cur] = Allocation(cur, int(m.group(2)), m.group(3).lstrip(", "))
+    elif cur is not None and (m := _VALUE_RE.match(line)):
+      name = m.group(2) if "{" in m.group(2) else m.group(2) + "{}"
+      values.append(Value(int(m.group(1)), name, int(m.group(3)), int(m.group(4)), m.group(5).strip(), cur))
+    elif line.startswith(("Total bytes", "Used values")):
+      cur = None
+  return allocs, values
+
+
+def parse_peak(text: str) -> tuple[int | None, list[tuple[str, int]]]:
+  """(step of the peak, [(buffer name with shape index, bytes)]) from a live-range dump."""
+  step, live = None, []
+  for line in text.splitlines():
+    if step is None:
+      if m := _PEAK_RE.match(line):
+        step = int(m.group(1))
+      continue
+    m = _LIVE_RE.match(line)
+    if not m:
+      break
+    live.append((m.group(1) + m.group(2), int(m.group(3))))
+  return step, live
+
+
+def temp_bytes(allocs: dict[int, Allocation]) -> int:
+  """Bytes of the temp allocations (what memory_analysis() calls temp_size_in_bytes)."""
+  return sum(a.size for a in allocs.values() if a.kind == "temp")
+
+
+def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
+  """The buffers live at the peak, with size, type, kind and producer, largest first.
+
+  Without a live-range dump (`live_range` None), "peak" lists every value of the temp
+  allocations instead, each once (values sharing one offset and size are one buffer), and
+  "peak_step" is None.
+  """
+  allocs, values = parse_assignment(assignment)
+  if live_range is not None:
+    step, live = parse_peak(live_range)
+  else:
+    seen: dict[tuple[int, int, int], str] = {}
+    for v in values:
+      if allocs[v.allocation].kind == "temp" and v.size:
+        seen.setdefault((v.allocation, v.offset, v.size), v.name)
+    step, live = None, [(name, size) for (_, _, size), name in seen.items()]
+  by_name = {v.name: v for v in values}
+  instrs = {i.name: i for c in hlo.parse_hlo(hlo_text).values() for i in c.instrs}
+  rows = []
+  for name, size in live:
+    v = by_name.get(name)
+    ins = instrs.get(name.partition("{")[0])
+    arrays = hlo.array_types(v.type_text if v else (ins.type_text if ins else ""))
+    dtype, dims = arrays[0] if len(arrays) == 1 else ("tuple", ())
+    rows.append(
+      {
+        "buffer": name,
+        "bytes": size,
+        "dtype": dtype,
+        "dims": list(dims),
+        "kind": allocs[v.allocation].kind if v else "unknown",
+        "allocation": v.allocation if v else None,
+        "offset": v.offset if v else None,
+        "opcode": ins.opcode if ins else "",
+        "op_name": ins.op_name if ins else "",
+      }
+    )
+  rows.sort(key=lambda r: (-r["bytes"], r["buffer"]))
+  by_dtype: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+  for r in rows:
+    by_dtype[r["kind"]][r["dtype"]] += r["bytes"]
+  return {
+    "temp_bytes": temp_bytes(allocs),
+    "peak_step": step,
+    "peak_live_bytes": sum(r["bytes"] for r in rows),
+    "peak": rows,
+    "by_kind_dtype": {k: dict(sorted(d.items())) for k, d in sorted(by_dtype.items())},
+    "temp_values": [dataclasses.asdict(v) for v in values if allocs[v.allocation].kind == "temp"],
+  }
+
+
+def buffer_breakdown(lowered) -> tuple[dict, object]:
+  """(breakdown, compiled) of a `jax.jit(f).lower(...)`: compiles it with XLA's dump on."""
+  with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d:
+    compiled = lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_text": True})
+
+    def read(suffix: str, required: bool = True) -> str | None:
+      paths = sorted(glob.glob(os.path.join(d, f"*after_optimizations{suffix}")))
+      if not paths:
+        if not required:
+          return None
+        raise RuntimeError(f"buffer_breakdown: XLA wrote no *after_optimizations{suffix} (backend without dumps?)")
+      # one module per compilation; if helpers were compiled too, the main module is the largest
+      with open(max(paths, key=os.path.getsize)) as f:
+        return f.read()
+
+    result = breakdown(read("-buffer-assignment.txt"), read("-live-range.txt", required=False), read(".txt"))
+  return result, compiled
