@@ -228,7 +228,8 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
     prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     return acc_KxN + prod
 
-  acc_KxN = lax.fori_loop(start // tile, (end + tile - 1) // tile, window, jnp.zeros((kblock, nblock), jnp.int32))
+  first, stop = lax.div(start, tile), lax.div(end + tile - 1, tile)  # both ≥ 0: truncation is floor
+  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), jnp.int32))
   sub = sub_ref[...] if has_sub else None
   col = col_ref[e, pl.ds(n0, nblock)][None, :] if has_col else None
   o_ref[...] = _epilogue(acc_KxN, sub, None, col, out)
