@@ -237,8 +237,8 @@ def epilogue(acc, sub=None, row=None, col=None, valid=None, out=jnp.float32) -> 
 
 
 def _dispatch(impl: str, kernel, xla, *args):
-  """ "pallas": the kernel compiled on CUDA, interpreted elsewhere; "auto": compiled on CUDA, `xla`
-  elsewhere; otherwise `xla`. Only the branch of the platform being compiled for is lowered."""
+  """The kernel compiled on CUDA and interpreted elsewhere for "pallas", compiled on CUDA and `xla`
+  elsewhere for "auto", `xla` otherwise. Only the branch of the platform compiled for is lowered."""
   if impl not in _KERNEL_IMPLS:
     return xla(*args)
   compiled = functools.partial(kernel, interpret=False)
