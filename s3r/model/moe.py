@@ -56,6 +56,7 @@ class MoEFeedForward(nnx.Module):
     act: str = "silu",
     rngs: nnx.Rngs,
     init_std: float = 0.02,
+    impl: str | None = None,
   ):
     if not 1 <= top_k <= n_experts:
       raise ValueError(f"MoEFeedForward: top_k must be in [1, n_experts={n_experts}], got {top_k}")
@@ -66,6 +67,7 @@ class MoEFeedForward(nnx.Module):
     if n_shared < 0:
       raise ValueError(f"MoEFeedForward: n_shared must be >= 0, got {n_shared}")
     self.recipe = get_recipe(recipe)
+    self.impl = impl  # grouped GEMM implementation of the expert GEMMs (see s3r.grouped_qmatmul); None: default
     self.n_experts, self.top_k, self.renormalize = n_experts, top_k, renormalize
     self.capacity_factor, self.aux_loss_weight, self.act = capacity_factor, aux_loss_weight, act
     k = jax.random.split(rngs.params(), 7)
@@ -125,7 +127,7 @@ class MoEFeedForward(nnx.Module):
 
     x_RxD = x_TxD[token_R]
     gq = lambda a, name: grouped_qmatmul(
-      a, getattr(self, name)[...], group_sizes, key=self._key(key, name), recipe=self.recipe
+      a, getattr(self, name)[...], group_sizes, key=self._key(key, name), recipe=self.recipe, impl=self.impl
     )
     h_RxF = _ACTS[self.act](gq(x_RxD, "gate")) * gq(x_RxD, "up")
     out_RxD = gq(h_RxF, "down")  # rows past sum(group_sizes) are exactly zero

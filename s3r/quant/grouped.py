@@ -32,6 +32,8 @@ from s3r.quant.recipes import recipe as lookup_recipe
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 _NAME = "grouped_qmatmul"
+# impl=None: the tiled path on every platform until the compiled Pallas kernels ("auto") are verified on a GPU
+DEFAULT_IMPL = "tiled"
 
 
 def grouped_qmatmul(
@@ -53,9 +55,11 @@ def grouped_qmatmul(
       segments are cut at row T (all implementations agree on that).
     key: a `jax.random.key` for the backward's rounding; required by stochastic recipes.
     recipe: a `Recipe` or a registered name (see `s3r.RECIPES`), with the dense meaning.
-    impl: the grouped GEMM: "tiled" (default on every platform: tile-padded batched int8
-      GEMMs, at most T + E·tile rows of work) or "ragged" (`jax.lax.ragged_dot`, the exact
-      reference; XLA expands it to E times the work). Both give bit-identical results.
+    impl: the grouped GEMM: "tiled" (the default, None: tile-padded batched int8 GEMMs, at
+      most T + E·tile rows of work), "ragged" (`jax.lax.ragged_dot`, the exact reference; XLA
+      expands it to E times the work), "pallas" (the Pallas kernels with the dequantize
+      epilogue fused: compiled on GPU, interpret mode elsewhere, which is for tests) or "auto"
+      (the compiled Pallas kernels on GPU, "tiled" elsewhere). All give bit-identical results.
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
@@ -85,9 +89,8 @@ def _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
   sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
   xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None])
   wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
-  acc_TxN = grouped_gemm.gmm(xq_TxK, wq_ExKxN, lay, impl).astype(jnp.float32)
-  y_TxN = acc_TxN * sx_T.reshape(-1, 1) * _row_scales(sw_ExN, lay)
-  y_TxN = jnp.where(_valid(lay)[:, None], y_TxN, 0.0).astype(x_dtype)  # explicit: a NaN padding row stays 0
+  # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
+  y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
   return y_TxN, (xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key)
 
 
@@ -100,18 +103,20 @@ def _bwd(r, impl, x_dtype, w_dtype, res, g_TxN):
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
   delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, lay.group_sizes.shape[0], key)
 
-  acc_dx_TxK = grouped_gemm.gmm_nt(q_dx, wq_ExKxN, lay, impl).astype(jnp.float32)
-  acc_dw_ExKxN = grouped_gemm.tgmm(xq_TxK, q_dw, lay, impl).astype(jnp.float32)
+  corr_dx_TxK = corr_dw_ExKxN = None
   if r.correct_dx or r.correct_dw:
     # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
     factors = grouped_ec.segment_factors(q_dx.astype(jnp.float32) - v_TxN, lay.seg_T, lay.group_sizes)
     if r.correct_dx:
-      acc_dx_TxK = acc_dx_TxK - grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
+      corr_dx_TxK = grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
     if r.correct_dw:
-      acc_dw_ExKxN = acc_dw_ExKxN - grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
-  dx_TxK = jnp.where(valid_Tx1, acc_dx_TxK * (delta / sx_T).reshape(-1, 1), 0.0)
-  dw_ExKxN = acc_dw_ExKxN * (delta / sw_ExN)[:, None, :]
-  return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None
+      corr_dw_ExKxN = grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
+  # Epilogues: dX = (acc - corr) · Δ/s_x[t] (padding rows 0), dW[e] = (acc - corr) · Δ/s_w[e]
+  dx_TxK = grouped_gemm.gmm_nt_epilogue(q_dx, wq_ExKxN, lay, impl, sub_TxK=corr_dx_TxK, row_T=delta / sx_T, out=x_dtype)
+  dw_ExKxN = grouped_gemm.tgmm_epilogue(
+    xq_TxK, q_dw, lay, impl, sub_ExKxN=corr_dw_ExKxN, col_ExN=delta / sw_ExN, out=w_dtype
+  )
+  return dx_TxK, dw_ExKxN, None, None
 
 
 _gqmatmul.defvjp(_fwd, _bwd)
@@ -232,7 +237,7 @@ def _check_key(key, r: Recipe):
 
 def _check_impl(impl):
   if impl is None:
-    return "tiled"
-  if impl not in grouped_gemm.IMPLS:
-    raise ValueError(f"{_NAME}: impl must be one of {grouped_gemm.IMPLS} or None, got {impl!r}")
+    return DEFAULT_IMPL
+  if not isinstance(impl, str) or impl not in grouped_gemm.IMPLS:
+    raise ValueError(f"{_NAME}: impl must be one of {grouped_gemm.IMPLS} or None (= {DEFAULT_IMPL!r}), got {impl!r}")
   return impl

@@ -8,13 +8,21 @@ belong to no expert (dropless padding) and give zero rows / contribute nothing.
 - `gmm_nt(a_TxN, b_ExKxN)`: out[t] = a[t] b[e(t)]ᵀ              (dX: Q Ŵ_eᵀ)
 - `tgmm(a_TxK, b_TxN)`:     out[e] = Σ_{t in segment e} a[t]ᵀ b[t]  (dW[e] = X̂_eᵀ Q_e)
 
-Two implementations with the same results (int32 accumulators are exact, so bit for bit):
+Three implementations with the same results (int32 accumulators are exact, so bit for bit):
 - "ragged": `jax.lax.ragged_dot(_general)`. Exact and zero-filling everywhere, but JAX and
   XLA's GPU rewriter expand it into a masked [E, T, C] operand: E times the routed work.
 - "tiled": each segment is padded to a multiple of a tile of `tile` rows, so that every tile
   belongs to one expert; the tiles are gathered into [n_tiles, tile, C] (a static bound
   n_tiles = ceil(T / tile) + E) and multiplied with their expert's weight in one batched
   dot_general. Work: at most (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
+- "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
+  GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
+  (the bf16 recipe's, `int8_exact_bwd`'s backward) runs on the tiled path.
+- "auto": the compiled Pallas kernels on GPU (CUDA), the tiled path elsewhere.
+
+The `*_epilogue` functions add the dequantize epilogue of grouped_qmatmul (y = f32(acc) - sub,
+· row scale, · (expert, column) scale, rows past the sum -> 0, cast): fused into the kernel on
+the Pallas path, the same float ops in the same order after the GEMM on the others.
 
 Dimension letters: T rows, E experts, K input features, N outputs, C a contracted dim,
 P padded rows (n_tiles · tile).
@@ -22,6 +30,7 @@ P padded rows (n_tiles · tile).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -29,7 +38,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-IMPLS = ("ragged", "tiled")
+from s3r.quant import grouped_pallas
+
+IMPLS = ("auto", "pallas", "ragged", "tiled")
+_KERNEL_IMPLS = ("auto", "pallas")
 _MAX_TILE = 128
 _MIN_TILE = 8
 
@@ -121,6 +133,9 @@ def _ragged_dims(contract, lhs_ragged, rhs_group):
 
 def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)], [T, N] in `out` (zero rows past the sum)."""
+  impl = _float_fallback(impl, a_TxC, b_ExCxN, out, precision)
+  if impl in _KERNEL_IMPLS:
+    return gmm_epilogue(a_TxC, b_ExCxN, lay, impl, out=out)
   if impl == "ragged":
     return lax.ragged_dot(a_TxC, b_ExCxN, lay.group_sizes, preferred_element_type=out, precision=precision)
   b_tiles = jnp.take(b_ExCxN, lay.tile_expert, axis=0)
@@ -132,6 +147,9 @@ def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.in
 
 def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)]ᵀ, [T, K] in `out` (zero rows past the sum)."""
+  impl = _float_fallback(impl, a_TxN, b_ExKxN, out, precision)
+  if impl in _KERNEL_IMPLS:
+    return gmm_nt_epilogue(a_TxN, b_ExKxN, lay, impl, out=out)
   if impl == "ragged":
     dims = _ragged_dims(((1,), (2,)), (0,), (0,))
     return lax.ragged_dot_general(
@@ -146,6 +164,9 @@ def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp
 
 def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
   """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
+  impl = _float_fallback(impl, a_TxK, b_TxN, out, precision)
+  if impl in _KERNEL_IMPLS:
+    return tgmm_epilogue(a_TxK, b_TxN, lay, impl, out=out)
   if impl == "ragged":
     dims = _ragged_dims(((0,), (0,)), (0,), ())
     return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision, preferred_element_type=out)
@@ -184,3 +205,92 @@ def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
     return lax.dynamic_update_index_in_dim(acc_ExKxN, acc_ExKxN[e] + prod, e, axis=0)
 
   return lax.fori_loop(0, wend_E[-1], add_window, jnp.zeros((experts, k, n), out))
+
+
+# --- the dequantize epilogue, and the dispatch to the Pallas kernels ------------------------------
+
+
+def _float_fallback(impl: str, a: jax.Array, b: jax.Array, out, precision) -> str:
+  """The Pallas kernels are int8 x int8 -> int32 only: any other GEMM takes the tiled path."""
+  int8 = a.dtype == jnp.int8 and b.dtype == jnp.int8 and jnp.dtype(out) == jnp.int32 and precision is None
+  return "tiled" if impl in _KERNEL_IMPLS and not int8 else impl
+
+
+def epilogue(acc, sub=None, row=None, col=None, valid=None, out=jnp.float32) -> jax.Array:
+  """f32(acc) - sub, · row, · col (each optional, in this order), 0 where not `valid`, as `out`.
+
+  Without any factor an int32 `acc` is returned as it is (masked by `valid`). The Pallas
+  kernels' epilogue (grouped_pallas._epilogue) performs the same float ops in the same order.
+  """
+  if sub is None and row is None and col is None:
+    return acc if valid is None else jnp.where(valid, acc, jnp.zeros_like(acc))
+  y = acc.astype(jnp.float32)
+  if sub is not None:
+    y = y - sub
+  if row is not None:
+    y = y * row
+  if col is not None:
+    y = y * col
+  if valid is not None:
+    y = jnp.where(valid, y, 0.0)
+  return y.astype(out)
+
+
+def _dispatch(impl: str, kernel, xla, *args):
+  """The kernel compiled on CUDA and interpreted elsewhere for "pallas", compiled on CUDA and `xla`
+  elsewhere for "auto", `xla` otherwise. Only the branch of the platform compiled for is lowered."""
+  if impl not in _KERNEL_IMPLS:
+    return xla(*args)
+  compiled = functools.partial(kernel, interpret=False)
+  other = functools.partial(kernel, interpret=True) if impl == "pallas" else xla
+  return lax.platform_dependent(*args, cuda=compiled, default=other)
+
+
+def _row_gemm_epilogue(a, b, lay, impl, contract_last, sub, row, col, out):
+  experts = b.shape[0]
+  xla_impl = "tiled" if impl in _KERNEL_IMPLS else impl
+
+  def xla(a, b, sub, row, col):
+    acc = (gmm_nt if contract_last else gmm)(a, b, lay, xla_impl)
+    col_rows = None if col is None else col[jnp.minimum(lay.seg_T, experts - 1)]
+    row_col = None if row is None else row.reshape(-1, 1)
+    return epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
+
+  def kernel(a, b, sub, row, col, interpret):
+    return grouped_pallas.gmm_rows(
+      a,
+      b,
+      lay.group_sizes,
+      contract_last=contract_last,
+      sub_TxD=sub,
+      row_T=row,
+      col_ExD=col,
+      out=out,
+      interpret=interpret,
+    )
+
+  return _dispatch(impl, kernel, xla, a, b, sub, row, col)
+
+
+def gmm_epilogue(a_TxC, b_ExCxN, lay: Layout, impl: str, *, row_T=None, col_ExN=None, out=jnp.int32) -> jax.Array:
+  """epilogue(a[t] b[e(t)]) with row scales row_T [T] and column scales col_ExN [E, N]: [T, N] in `out`."""
+  return _row_gemm_epilogue(a_TxC, b_ExCxN, lay, impl, False, None, row_T, col_ExN, out)
+
+
+def gmm_nt_epilogue(a_TxN, b_ExKxN, lay: Layout, impl: str, *, sub_TxK=None, row_T=None, out=jnp.int32) -> jax.Array:
+  """epilogue(a[t] b[e(t)]ᵀ) with sub_TxK [T, K] subtracted and row scales row_T [T]: [T, K] in `out`."""
+  return _row_gemm_epilogue(a_TxN, b_ExKxN, lay, impl, True, sub_TxK, row_T, None, out)
+
+
+def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_ExN=None, out=jnp.int32) -> jax.Array:
+  """epilogue(Σ_{t in e} a[t]ᵀ b[t]) with sub_ExKxN subtracted and col_ExN [E, N] scales: [E, K, N] in `out`."""
+  xla_impl = "tiled" if impl in _KERNEL_IMPLS else impl
+
+  def xla(a, b, sub, col):
+    acc = tgmm(a, b, lay, xla_impl)
+    return epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
+
+  def kernel(a, b, sub, col, interpret):
+    return grouped_pallas.tgmm(a, b, lay.group_sizes, sub_ExKxN=sub, col_ExN=col, out=out, interpret=interpret)
+
+  return _dispatch(impl, kernel, xla, a_TxK, b_TxN, sub_ExKxN, col_ExN)

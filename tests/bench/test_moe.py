@@ -49,9 +49,9 @@ def test_moe_bench_writes_block_and_gemm_results(tmp_path):
 
 def test_gemm_formulations_give_identical_int32_results():
   shape = {"hidden": 24, "experts": 3, "top_k": 2, "expert_width": 16, "shared": 0}
-  configs = moe.gemm_configs(shape, list(moe.GEMM_FORMS), rows=30)
+  configs = moe.gemm_configs(shape, list(moe.ALL_GEMM_FORMS), rows=30)
   outs = {f: fn(*args) for f, (fn, args) in configs.items()}
-  for f in ("tiled", "dense"):
+  for f in ("tiled", "dense", "pallas"):
     for a, b in zip(outs[f], outs["ragged"]):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -61,3 +61,14 @@ def test_paper_moe_shapes_parse_by_name_and_custom_spec():
   assert shapes["qwen3-30b-a3b"] == paper.MOE_SHAPES["qwen3-30b-a3b"]
   assert shapes["qwen3-30b-a3b"]["experts"] == 128 and paper.MOE_SHAPES["deepseek-v2-lite"]["shared"] == 2
   assert shapes["64x8x2x32+2"] == {"hidden": 64, "experts": 8, "top_k": 2, "expert_width": 32, "shared": 2}
+
+
+def test_a_formulation_that_fails_to_compile_is_recorded_and_left_out():
+  shape = {"hidden": 24, "experts": 3, "top_k": 2, "expert_width": 16, "shared": 0}
+  configs = moe.gemm_configs(shape, ["tiled", "ragged"], rows=30)
+  fn, args = configs["ragged"]
+  configs["ragged"] = (fn, args[:2])  # a call with missing operands does not lower
+  errors = []
+  ok = moe._compiled(configs, "tiny", errors)
+  assert list(ok) == ["tiled"] and [e["formulation"] for e in errors] == ["ragged"]
+  np.testing.assert_array_equal(np.asarray(ok["tiled"][0](*ok["tiled"][1])[0]), np.asarray(fn(*args)[0]))

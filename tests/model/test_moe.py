@@ -129,3 +129,27 @@ def test_stochastic_recipe_without_key_and_bad_config_raise():
     _block(top_k=E + 1)
   with pytest.raises(ValueError, match="capacity_factor"):
     _block(capacity_factor=0.0)
+
+
+def _kernel_names(block):
+  """Names of the pallas_calls in the jaxpr of the block's forward (nested jaxprs included)."""
+  from jax.extend import core
+
+  def walk(j):
+    for eqn in getattr(j, "jaxpr", j).eqns:
+      if eqn.primitive.name == "pallas_call":
+        yield eqn.params["name"]
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          if isinstance(sub, (core.ClosedJaxpr, core.Jaxpr)):
+            yield from walk(sub)
+
+  graphdef, state = nnx.split(block)
+  return list(walk(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x, jax.random.key(0))[0])(state, _x())))
+
+
+def test_impl_reaches_the_three_expert_gemms():
+  assert _kernel_names(_block("s3r")) == []
+  assert _kernel_names(_block("s3r", impl="auto")) == ["s3r_grouped_gmm"] * 3  # compiled on GPU only
+  with pytest.raises(ValueError, match="impl must be one of"):
+    _block("s3r", impl="triton")(_x(), jax.random.key(0))

@@ -194,7 +194,7 @@ def test_traced_negative_or_overflowing_sizes_are_clamped_the_same_by_both_paths
     (dict(group_sizes=jnp.asarray([3, -1, 5, 2], jnp.int32)), "group_sizes must be >= 0"),
     (dict(group_sizes=jnp.asarray([3, 9, 5, 2], jnp.int32)), "group_sizes sum to 19"),
     (dict(key=None), "needs key"),
-    (dict(impl="pallas"), "impl must be"),
+    (dict(impl="triton"), "impl must be"),
     (dict(recipe="nope"), "unknown recipe"),
   ],
 )

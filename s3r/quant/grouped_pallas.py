@@ -1,0 +1,287 @@
+"""Pallas kernels of the three int8 grouped GEMMs, with the dequantize epilogue fused.
+
+Rows 0..T-1 are sorted by expert (ragged-dot semantics, see grouped_gemm.py): expert e owns
+rows starts[e] .. ends[e] - 1; rows past ends[E-1] belong to no expert.
+
+- `gmm_rows(a_TxC, b, sizes)`: out[t] = a[t] b[e(t)] (forward, b = Ŵ [E, K, N]) or
+  a[t] b[e(t)]ᵀ (dX, b = Ŵ [E, K, N] contracted on N: `contract_last=True`). Grid (row tile m,
+  column block j). Each program loops over the experts whose segments meet its tile (a
+  precomputed tile -> (first, last) expert table), computes the tile's int8 x int8 -> int32
+  product with that expert's weight block (an inner loop over the contracted dim), applies the
+  epilogue and keeps it for the rows of that segment (a select: rows of one tile are disjoint
+  between experts, so no output block is written by two programs and nothing is summed in
+  float). Rows past the sum are set to zero explicitly.
+- `tgmm(a_TxK, b_TxN, sizes)`: out[e] = Σ_{t in segment e} a[t]ᵀ b[t] (dW). Grid (expert e,
+  row block i, column block j); each program loops over the row tiles that meet segment e,
+  zeroes the rows outside the segment and accumulates a_tileᵀ b_tile in int32.
+
+Epilogue (the float ops of the XLA path, in its order): y = f32(acc); y = y - sub; y = y ·
+row[t]; y = y · col[e, d]; rows past the sum -> 0; cast to `out`. Each factor is optional;
+without any, the int32 accumulator itself is returned. int32 accumulation is exact and each
+float op is one IEEE operation on the same operands as the XLA epilogue, so the results are
+bit-identical to the tiled and ragged paths.
+
+Written against the Triton-compatible Pallas API (BlockSpec, program_id, ref indexing with
+pl.ds, jnp.dot-style dot_general with int32 accumulation): block shapes are powers of two and
+≥ 32, so operands are zero-padded to whole blocks (rows to whole tiles) and the outputs cut
+back. `interpret=True` runs the kernels on any backend (the CPU tests); compiled they lower
+through Triton on GPU.
+
+Dimension letters: T rows (Tp padded), E experts, K input features, N outputs, C a contracted
+dim, D the output columns of a row GEMM, M row tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+ROW_TILE = (32, 64)  # bounds of the row tile (power of two ≤ T/E, clipped)
+COL_BLOCK = 128  # largest output-column block of the row GEMMs and of dW's N
+CONTRACT_BLOCK = 64  # largest contracted-dim chunk of the row GEMMs and dW's K block
+_MIN_BLOCK = 32  # Triton's int8 dot wants every block dim ≥ 16 (32 along K) and a power of two
+_NUM_WARPS = 4
+
+
+def row_tile(rows: int, experts: int) -> int:
+  """Rows per tile: the largest power of two ≤ rows/experts, clipped to ROW_TILE (static)."""
+  per = max(rows // max(experts, 1), 1)
+  return min(ROW_TILE[1], max(ROW_TILE[0], 1 << (per.bit_length() - 1)))
+
+
+def _block(dim: int, cap: int) -> int:
+  """A power-of-two block ≥ _MIN_BLOCK covering `dim`, at most `cap`."""
+  return max(_MIN_BLOCK, min(cap, 1 << max(dim - 1, 0).bit_length()))
+
+
+def _pad(a: jax.Array, axis: int, multiple: int) -> jax.Array:
+  extra = -a.shape[axis] % multiple
+  if extra == 0:
+    return a
+  widths = [(0, 0)] * a.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(a, widths)
+
+
+def _bounds(group_sizes: jax.Array):
+  """(starts [E], ends [E]) of the segments; `group_sizes` already sanitized (≥ 0, sum ≤ T)."""
+  ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+  return ends - group_sizes, ends
+
+
+def _compiler(interpret: bool) -> dict:
+  if interpret:
+    return {"interpret": True}
+  from jax.experimental.pallas import triton as plgpu
+
+  return {"compiler_params": plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=2)}
+
+
+def _epilogue(acc, sub, row, col, out):
+  """The fused epilogue on one block: f32(acc) - sub, · row, · col (each optional), as `out`."""
+  if sub is None and row is None and col is None:
+    return acc.astype(out)
+  y = acc.astype(jnp.float32)
+  if sub is not None:
+    y = y - sub
+  if row is not None:
+    y = y * row
+  if col is not None:
+    y = y * col
+  return y.astype(out)
+
+
+# --- forward and dX: rows grouped by expert -----------------------------------------------------
+
+
+def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, has_row, has_col, out):
+  first_ref, last_ref, starts_ref, ends_ref, a_ref, b_ref = refs[:6]
+  rest = list(refs[6:])
+  sub_ref = rest.pop(0) if has_sub else None
+  row_ref = rest.pop(0) if has_row else None
+  col_ref = rest.pop(0) if has_col else None
+  (o_ref,) = rest
+  m, j = pl.program_id(0), pl.program_id(1)
+  d0 = pl.multiple_of(j * dblock, dblock)
+  rows_L = m * tile + lax.broadcasted_iota(jnp.int32, (tile,), 0)
+  sub = sub_ref[...] if has_sub else None
+  row = row_ref[...][:, None] if has_row else None
+
+  def expert(e, y_LxD):
+    def chunk(c, acc_LxD):
+      c0 = pl.multiple_of(c * cblock, cblock)
+      a_LxC = a_ref[:, pl.ds(c0, cblock)]
+      if contract_last:  # b[e] is [D, C]: out = a b[e]ᵀ
+        b_blk = b_ref[e, pl.ds(d0, dblock), pl.ds(c0, cblock)]
+        dims = (((1,), (1,)), ((), ()))
+      else:  # b[e] is [C, D]
+        b_blk = b_ref[e, pl.ds(c0, cblock), pl.ds(d0, dblock)]
+        dims = (((1,), (0,)), ((), ()))
+      return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=jnp.int32)
+
+    acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), jnp.int32))
+    col = col_ref[e, pl.ds(d0, dblock)][None, :] if has_col else None
+    in_seg_L = (rows_L >= starts_ref[e]) & (rows_L < ends_ref[e])
+    return jnp.where(in_seg_L[:, None], _epilogue(acc_LxD, sub, row, col, out), y_LxD)
+
+  y_LxD = lax.fori_loop(first_ref[m], last_ref[m] + 1, expert, jnp.zeros((tile, dblock), out))
+  total = ends_ref[ends_ref.shape[0] - 1]
+  o_ref[...] = jnp.where((rows_L < total)[:, None], y_LxD, jnp.zeros_like(y_LxD))
+
+
+def _tile_experts(starts_E, ends_E, tiles: int, tile: int):
+  """(first, last) expert whose segment meets each row tile; last < first for a tile past the sum."""
+  start_M = jnp.arange(tiles, dtype=jnp.int32) * tile
+  total = ends_E[-1]
+  first_M = jnp.searchsorted(ends_E, start_M, side="right").astype(jnp.int32)
+  last_M = jnp.searchsorted(ends_E, jnp.minimum(start_M + tile, total) - 1, side="right").astype(jnp.int32)
+  return first_M, jnp.where(start_M < total, last_M, first_M - 1)
+
+
+def gmm_rows(
+  a_TxC: jax.Array,
+  b_ExCxD: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  contract_last: bool = False,
+  sub_TxD: jax.Array | None = None,
+  row_T: jax.Array | None = None,
+  col_ExD: jax.Array | None = None,
+  out=jnp.int32,
+  interpret: bool = False,
+) -> jax.Array:
+  """out[t] = epilogue(a[t] b[e(t)]) (or a[t] b[e(t)]ᵀ with `contract_last`), [T, D] in `out`.
+
+  `a` and `b` int8; `group_sizes` [E] sanitized (grouped_gemm.sanitize). Epilogue factors:
+  `sub_TxD` f32 subtracted, `row_T` f32 per row, `col_ExD` f32 per (expert, output column).
+  """
+  rows, c_dim = a_TxC.shape
+  experts = b_ExCxD.shape[0]
+  d_dim = b_ExCxD.shape[1] if contract_last else b_ExCxD.shape[2]
+  tile, cblock, dblock = row_tile(rows, experts), _block(c_dim, CONTRACT_BLOCK), _block(d_dim, COL_BLOCK)
+  a_p = _pad(_pad(a_TxC, 0, tile), 1, cblock)
+  c_ax, d_ax = (2, 1) if contract_last else (1, 2)
+  b_p = _pad(_pad(b_ExCxD, c_ax, cblock), d_ax, dblock)
+  tiles, d_pad = a_p.shape[0] // tile, b_p.shape[d_ax]
+  starts_E, ends_E = _bounds(group_sizes)
+  first_M, last_M = _tile_experts(starts_E, ends_E, tiles, tile)
+  full = pl.no_block_spec
+  operands = [first_M, last_M, starts_E, ends_E, a_p, b_p]
+  specs = [full, full, full, full, pl.BlockSpec((tile, a_p.shape[1]), lambda m, j: (m, 0)), full]
+  if sub_TxD is not None:
+    operands.append(_pad(_pad(sub_TxD.astype(jnp.float32), 0, tile), 1, dblock))
+    specs.append(pl.BlockSpec((tile, dblock), lambda m, j: (m, j)))
+  if row_T is not None:
+    operands.append(_pad(row_T.astype(jnp.float32), 0, tile))
+    specs.append(pl.BlockSpec((tile,), lambda m, j: (m,)))
+  if col_ExD is not None:
+    operands.append(_pad(col_ExD.astype(jnp.float32), 1, dblock))
+    specs.append(full)
+  kernel = functools.partial(
+    _row_kernel,
+    tile=tile,
+    cblock=cblock,
+    dblock=dblock,
+    n_chunks=a_p.shape[1] // cblock,
+    contract_last=contract_last,
+    has_sub=sub_TxD is not None,
+    has_row=row_T is not None,
+    has_col=col_ExD is not None,
+    out=out,
+  )
+  y = pl.pallas_call(
+    kernel,
+    out_shape=jax.ShapeDtypeStruct((a_p.shape[0], d_pad), out),
+    grid=(tiles, d_pad // dblock),
+    in_specs=specs,
+    out_specs=pl.BlockSpec((tile, dblock), lambda m, j: (m, j)),
+    name="s3r_grouped_gmm",
+    **_compiler(interpret),
+  )(*operands)
+  return y[:rows, :d_dim]
+
+
+# --- dW: per-expert contraction over the expert's rows ------------------------------------------
+
+
+def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
+  starts_ref, ends_ref, a_ref, b_ref = refs[:4]
+  rest = list(refs[4:])
+  sub_ref = rest.pop(0) if has_sub else None
+  col_ref = rest.pop(0) if has_col else None
+  (o_ref,) = rest
+  e, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  k0, n0 = pl.multiple_of(i * kblock, kblock), pl.multiple_of(j * nblock, nblock)
+  start, end = starts_ref[e], ends_ref[e]
+
+  def window(r, acc_KxN):
+    r0 = pl.multiple_of(r * tile, tile)
+    rows_L = r0 + lax.broadcasted_iota(jnp.int32, (tile,), 0)
+    a_LxK = a_ref[pl.ds(r0, tile), pl.ds(k0, kblock)]
+    b_LxN = b_ref[pl.ds(r0, tile), pl.ds(n0, nblock)]
+    in_seg_L = (rows_L >= start) & (rows_L < end)
+    a_LxK = jnp.where(in_seg_L[:, None], a_LxK, jnp.zeros_like(a_LxK))
+    prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+    return acc_KxN + prod
+
+  first, stop = lax.div(start, tile), lax.div(end + tile - 1, tile)  # both ≥ 0: truncation is floor
+  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), jnp.int32))
+  sub = sub_ref[...] if has_sub else None
+  col = col_ref[e, pl.ds(n0, nblock)][None, :] if has_col else None
+  o_ref[...] = _epilogue(acc_KxN, sub, None, col, out)
+
+
+def tgmm(
+  a_TxK: jax.Array,
+  b_TxN: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  sub_ExKxN: jax.Array | None = None,
+  col_ExN: jax.Array | None = None,
+  out=jnp.int32,
+  interpret: bool = False,
+) -> jax.Array:
+  """out[e] = epilogue(Σ_{t in segment e} a[t]ᵀ b[t]), [E, K, N] in `out` (0 for an empty segment).
+
+  `a`, `b` int8; `group_sizes` [E] sanitized. Epilogue: `sub_ExKxN` f32 subtracted, then
+  `col_ExN` f32 per (expert, column). Rows outside every segment never enter a product.
+  """
+  rows, k_dim = a_TxK.shape
+  n_dim, experts = b_TxN.shape[1], group_sizes.shape[0]
+  tile, kblock, nblock = row_tile(rows, experts), _block(k_dim, CONTRACT_BLOCK), _block(n_dim, COL_BLOCK)
+  a_p = _pad(_pad(a_TxK, 0, tile), 1, kblock)
+  b_p = _pad(_pad(b_TxN, 0, tile), 1, nblock)
+  starts_E, ends_E = _bounds(group_sizes)
+  full = pl.no_block_spec
+  block = pl.BlockSpec((pl.squeezed, kblock, nblock), lambda e, i, j: (e, i, j))
+  operands, specs = [starts_E, ends_E, a_p, b_p], [full, full, full, full]
+  if sub_ExKxN is not None:
+    operands.append(_pad(_pad(sub_ExKxN.astype(jnp.float32), 1, kblock), 2, nblock))
+    specs.append(block)
+  if col_ExN is not None:
+    operands.append(_pad(col_ExN.astype(jnp.float32), 1, nblock))
+    specs.append(full)
+  kernel = functools.partial(
+    _tgmm_kernel,
+    tile=tile,
+    kblock=kblock,
+    nblock=nblock,
+    has_sub=sub_ExKxN is not None,
+    has_col=col_ExN is not None,
+    out=out,
+  )
+  shape = (experts, a_p.shape[1], b_p.shape[1])
+  y = pl.pallas_call(
+    kernel,
+    out_shape=jax.ShapeDtypeStruct(shape, out),
+    grid=(experts, shape[1] // kblock, shape[2] // nblock),
+    in_specs=specs,
+    out_specs=block,
+    name="s3r_grouped_tgmm",
+    **_compiler(interpret),
+  )(*operands)
+  return y[:, :k_dim, :n_dim]
