@@ -3,6 +3,7 @@
 #   device run, command: bash scripts/device_moe.sh, timeout_s 480
 # Uses the device image's python3 (JAX with CUDA, Flax, Optax, Matplotlib); s3r runs from the checkout.
 # Four steps, each its own process under its own time limit, each writing bench_moe_gpu.{json,md}
+# (GEMM steps) or bench_moe_block_gpu.{json,md} (block steps)
 # after every configuration set it finishes (so a step cut short keeps what it finished), into
 # its own folder of $OUT (or ./results/moe_gpu elsewhere), plus device_moe.log:
 #   gemm_qwen, gemm_deepseek: the grouped GEMM formulations (tiled, ragged_dot, dense capacity)
