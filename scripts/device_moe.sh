@@ -12,7 +12,10 @@
 #   gemm_qwen, gemm_deepseek: the grouped GEMM formulations (tiled, ragged_dot, dense capacity,
 #     pallas), each step writing bench_moe_gpu.{json,md} (a formulation that fails to compile is
 #     logged with "!!!", recorded under "errors" and left out)
-#   block_qwen, block_deepseek: the MoE block fwd+bwd per recipe (default impl, the tiled path)
+#   block_qwen, block_deepseek: the MoE block fwd+bwd per recipe (default impl, the tiled path),
+#     each step writing bench_moe_block_gpu.{json,md}
+# Each step rewrites its files after every configuration set it finishes, so a step cut short
+# keeps what it finished.
 # GEMMs before blocks: they carry the GPU target (grouped GEMM >= 4x faster than ragged_dot at 128 experts).
 # Time: CHECK_S + 2 GEMM_S + 2 BLOCK_S = 60 + 150 + 230 = 440 s of step limits, plus start-up.
 # Env (defaults in brackets; shrink for a CPU dry run, e.g. TOKENS=32 GEMM_TOKENS=32 CHECK_TOKENS=40

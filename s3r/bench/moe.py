@@ -20,6 +20,9 @@ dot_generals; it drops rows past C, so it is a lower bound for a dropless dense 
 and on request "pallas" (the Pallas kernels, impl="pallas": compiled on GPU, interpret mode
 elsewhere, which is far too slow to time at the paper shapes). A formulation that fails to
 compile is logged loudly, recorded under "errors" in the JSON and left out; the others run.
+
+Files: results/bench_moe_block_<platform>.* when the block is timed, bench_moe_<platform>.* for the
+grouped GEMMs alone (--skip-block).
 """
 
 from __future__ import annotations
@@ -164,7 +167,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
   p.add_argument("--prime", type=int, default=1, help="untimed calls before each sample (default %(default)s)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
-  p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where bench_moe_<platform>.* go (default %(default)s)")
+  p.add_argument(
+    "--out-dir",
+    default=str(RESULTS_DIR),
+    help="where bench_moe_block_<platform>.* (block timed) or bench_moe_<platform>.* (--skip-block) go "
+    "(default %(default)s)",
+  )
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
@@ -177,7 +185,12 @@ def run(args: argparse.Namespace) -> dict:
   gemm_tokens = args.tokens if args.gemm_tokens is None else args.gemm_tokens
   settings = {k: getattr(args, k) for k in ("tokens", "gemm_tokens", "repeats", "number", "warmup", "prime", "seed")}
   run_ = Run(
-    "moe", args.out_dir, shapes=",".join(shapes), recipes=",".join(recipes), gemm_forms=",".join(forms), **settings
+    "moe_block" if recipes else "moe",  # the GEMM-only comparison keeps its own file
+    args.out_dir,
+    shapes=",".join(shapes),
+    recipes=",".join(recipes),
+    gemm_forms=",".join(forms),
+    **settings,
   )
   results = {"block": [], "gemm": [], "errors": []}
   timed = functools.partial(

@@ -68,10 +68,40 @@ def grouped_qmatmul(
   key = _check_key(key, r)
   impl = _check_impl(impl)
   if not r.quantized:
-    lay = grouped_gemm.layout(group_sizes, x.shape[0])
-    y = grouped_gemm.gmm(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), lay, impl, out=jnp.float32)
-    return y.astype(x.dtype)
+    return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
   return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key)
+
+
+# --- the unquantized (bf16) product: _bf16_gmm, _fwd, _bwd, defvjp ---------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes):
+  """[T, N] f32: bf16 operands, f32 accumulation. The VJP is two more bf16 grouped GEMMs with
+  f32 accumulation, dX = G W_eᵀ and dW[e] = X_eᵀ G_e, each rounded to bf16 once (G enters in
+  bf16: lossless for bf16 activations, whose output gradient is bf16), so no gathered weight
+  copy or f32 weight copy is kept or differentiated."""
+  lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
+  return grouped_gemm.gmm(x_TxK.astype(jnp.bfloat16), w_ExKxN.astype(jnp.bfloat16), lay, impl, out=jnp.float32)
+
+
+def _bf16_fwd(impl, x_TxK, w_ExKxN, group_sizes):
+  return _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes), (x_TxK, w_ExKxN, group_sizes)
+
+
+def _bf16_bwd(impl, res, g_TxN):
+  x_TxK, w_ExKxN, group_sizes = res
+  lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
+  g_TxN = jnp.where(_valid(lay)[:, None], g_TxN, 0.0).astype(jnp.bfloat16)  # a NaN padding row stays out of dW
+  xb_TxK, wb_ExKxN = x_TxK.astype(jnp.bfloat16), w_ExKxN.astype(jnp.bfloat16)
+  dx_TxK = grouped_gemm.gmm_nt(g_TxN, wb_ExKxN, lay, impl, out=jnp.float32)
+  dw_ExKxN = grouped_gemm.tgmm(xb_TxK, g_TxN, lay, impl, out=jnp.float32)
+  dx_TxK = dx_TxK.astype(jnp.bfloat16).astype(x_TxK.dtype)
+  dw_ExKxN = dw_ExKxN.astype(jnp.bfloat16).astype(w_ExKxN.dtype)
+  return dx_TxK, dw_ExKxN, None
+
+
+_bf16_gmm.defvjp(_bf16_fwd, _bf16_bwd)
 
 
 # --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------

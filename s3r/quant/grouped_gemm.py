@@ -13,8 +13,10 @@ Three implementations with the same results (int32 accumulators are exact, so bi
   XLA's GPU rewriter expand it into a masked [E, T, C] operand: E times the routed work.
 - "tiled": each segment is padded to a multiple of a tile of `tile` rows, so that every tile
   belongs to one expert; the tiles are gathered into [n_tiles, tile, C] (a static bound
-  n_tiles = ceil(T / tile) + E) and multiplied with their expert's weight in one batched
-  dot_general. Work: at most (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
+  n_tiles = ceil(T / tile) + E) and a loop over the tiles in use multiplies each with its
+  expert's weight, indexed inside the loop (no per-tile copy of the weights: a gathered
+  [n_tiles, C, N] operand is about twice the size of all expert weights). Work: at most
+  (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
 - "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
   GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
   (the bf16 recipe's, `int8_exact_bwd`'s backward) runs on the tiled path.
@@ -25,7 +27,7 @@ The `*_epilogue` functions add the dequantize epilogue of grouped_qmatmul (y = f
 the Pallas path, the same float ops in the same order after the GEMM on the others.
 
 Dimension letters: T rows, E experts, K input features, N outputs, C a contracted dim,
-P padded rows (n_tiles · tile).
+P padded rows (n_tiles · tile), I tiles, L rows of a tile, M the output columns of a tile product.
 """
 
 from __future__ import annotations
@@ -138,11 +140,7 @@ def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.in
     return gmm_epilogue(a_TxC, b_ExCxN, lay, impl, out=out)
   if impl == "ragged":
     return lax.ragged_dot(a_TxC, b_ExCxN, lay.group_sizes, preferred_element_type=out, precision=precision)
-  b_tiles = jnp.take(b_ExCxN, lay.tile_expert, axis=0)
-  acc = lax.dot_general(
-    _tiles(a_TxC, lay), b_tiles, (((2,), (1,)), ((0,), (0,))), precision=precision, preferred_element_type=out
-  )
-  return _untile(acc, lay)
+  return _untile(_tile_loop(_tiles(a_TxC, lay), b_ExCxN, 1, lay, out, precision), lay)
 
 
 def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
@@ -155,11 +153,27 @@ def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp
     return lax.ragged_dot_general(
       a_TxN, b_ExKxN, lay.group_sizes, dims, precision=precision, preferred_element_type=out
     )
-  b_tiles = jnp.take(b_ExKxN, lay.tile_expert, axis=0)
-  acc = lax.dot_general(
-    _tiles(a_TxN, lay), b_tiles, (((2,), (2,)), ((0,), (0,))), precision=precision, preferred_element_type=out
-  )
-  return _untile(acc, lay)
+  return _untile(_tile_loop(_tiles(a_TxN, lay), b_ExKxN, 2, lay, out, precision), lay)
+
+
+def _tile_loop(a_IxLxC, b_ExKxN, contract: int, lay: Layout, out, precision) -> jax.Array:
+  """[n_tiles, tile, M]: tile i times its expert's weight, contracting b's dim `contract` (1 or 2).
+
+  Only the Σ_e ⌈S_e/tile⌉ tiles in use are multiplied (a dynamic trip count; the rest stay 0),
+  and b[e] is indexed inside the loop, so no [n_tiles, K, N] copy of the weights exists.
+  """
+  n_tiles, tile, _ = a_IxLxC.shape
+  m = b_ExKxN.shape[3 - contract]
+  used = jnp.sum((lay.group_sizes + tile - 1) // tile)
+
+  def product(i, acc_IxLxM):
+    b_KxN = lax.dynamic_index_in_dim(b_ExKxN, lay.tile_expert[i], axis=0, keepdims=False)
+    a_LxC = lax.dynamic_index_in_dim(a_IxLxC, i, axis=0, keepdims=False)
+    dims = (((1,), (contract - 1,)), ((), ()))
+    prod_LxM = lax.dot_general(a_LxC, b_KxN, dims, precision=precision, preferred_element_type=out)
+    return lax.dynamic_update_index_in_dim(acc_IxLxM, prod_LxM, i, axis=0)
+
+  return lax.fori_loop(0, used, product, jnp.zeros((n_tiles, tile, m), out))
 
 
 def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:

@@ -31,7 +31,7 @@ def test_moe_bench_writes_block_and_gemm_results(tmp_path):
     ]
   )
   assert args.func(args) == 0
-  stem = tmp_path / f"bench_moe_{jax.default_backend()}"
+  stem = tmp_path / f"bench_moe_block_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())
   assert doc["complete"] is True
   (block,) = doc["results"]["block"]

@@ -80,6 +80,35 @@ def test_tiled_gemms_equal_ragged_dot_on_random_int8_operands_with_many_tiles():
     np.testing.assert_array_equal(run(*args, "tiled"), run(*args, "ragged"))
 
 
+def test_tiled_gemms_keep_no_per_tile_copy_of_the_expert_weights():
+  """The forward and dX GEMMs index each tile's expert weight inside the loop: their compiled
+  scratch memory stays below one int8 copy of all the weights, where a gathered [n_tiles, K, N]
+  operand (n_tiles = ceil(R/tile) + E = 2E here) alone would take two copies."""
+  rows, experts, k, n = 256, 64, 128, 96
+  lay_of = lambda sizes: grouped_gemm.layout(sizes, rows)
+  args = (
+    jax.ShapeDtypeStruct((rows, k), jnp.int8),
+    jax.ShapeDtypeStruct((experts, k, n), jnp.int8),
+    jax.ShapeDtypeStruct((experts,), jnp.int32),
+  )
+  weight_bytes = experts * k * n
+  fwd = lambda a, w, sizes: grouped_gemm.gmm(a, w, lay_of(sizes), "tiled")
+  dx = lambda a, w, sizes: grouped_gemm.gmm_nt(a[:, :n], w, lay_of(sizes), "tiled")
+  for fn in (fwd, dx):
+    temp = jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert temp < weight_bytes, (temp, weight_bytes)
+
+
+def test_bf16_gradients_of_the_tiled_and_ragged_dot_paths_agree():
+  x, w, g = _problem(seed=8, dtype=jnp.bfloat16)
+  for sizes in (SIZES, [1, 1, 1, 10]):
+    ragged = _run("bf16", x, w, sizes, g, impl="ragged")
+    tiled = _run("bf16", x, w, sizes, g, impl="tiled")
+    for a, b in zip(ragged, tiled):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      np.testing.assert_allclose(b, a, rtol=0, atol=2**-7 * np.abs(a).max())  # one bf16 rounding apart at most
+
+
 def test_tiled_layout_does_at_most_rows_plus_experts_times_tile_rows_of_work():
   for rows, experts in ((2048, 8), (2048, 128), (1, 1), (100, 64)):
     lay = jax.eval_shape(lambda sizes: grouped_gemm.layout(sizes, rows), jax.ShapeDtypeStruct((experts,), jnp.int32))
