@@ -151,7 +151,7 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
-  def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe):
+  def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe, impl=None):
     return recording_qmatmul(x, w[0], key=key, recipe=recipe)
 
   monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
