@@ -230,26 +230,6 @@ def _float_fallback(impl: str, a: jax.Array, b: jax.Array, out, precision) -> st
   return "tiled" if impl in _KERNEL_IMPLS and not int8 else impl
 
 
-def epilogue(acc, sub=None, row=None, col=None, valid=None, out=jnp.float32) -> jax.Array:
-  """f32(acc) - sub, · row, · col (each optional, in this order), 0 where not `valid`, as `out`.
-
-  Without any factor an int32 `acc` is returned as it is (masked by `valid`). The Pallas
-  kernels' epilogue (grouped_pallas._epilogue) performs the same float ops in the same order.
-  """
-  if sub is None and row is None and col is None:
-    return acc if valid is None else jnp.where(valid, acc, jnp.zeros_like(acc))
-  y = acc.astype(jnp.float32)
-  if sub is not None:
-    y = y - sub
-  if row is not None:
-    y = y * row
-  if col is not None:
-    y = y * col
-  if valid is not None:
-    y = jnp.where(valid, y, 0.0)
-  return y.astype(out)
-
-
 def _dispatch(impl: str, kernel, xla, *args):
   """The kernel compiled on CUDA and interpreted elsewhere for "pallas", compiled on CUDA and `xla`
   elsewhere for "auto", `xla` otherwise. Only the branch of the platform compiled for is lowered."""
@@ -268,7 +248,7 @@ def _row_gemm_epilogue(a, b, lay, impl, contract_last, sub, row, col, out):
     acc = (gmm_nt if contract_last else gmm)(a, b, lay, xla_impl)
     col_rows = None if col is None else col[jnp.minimum(lay.seg_T, experts - 1)]
     row_col = None if row is None else row.reshape(-1, 1)
-    return epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
+    return grouped_pallas.epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
 
   def kernel(a, b, sub, row, col, interpret):
     return grouped_pallas.gmm_rows(
@@ -302,7 +282,7 @@ def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_E
 
   def xla(a, b, sub, col):
     acc = tgmm(a, b, lay, xla_impl)
-    return epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
+    return grouped_pallas.epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
 
   def kernel(a, b, sub, col, interpret):
     return grouped_pallas.tgmm(a, b, lay.group_sizes, sub_ExKxN=sub, col_ExN=col, out=out, interpret=interpret)

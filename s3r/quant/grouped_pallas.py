@@ -81,18 +81,29 @@ def _compiler(interpret: bool) -> dict:
   return {"compiler_params": plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=2)}
 
 
-def _epilogue(acc, sub, row, col, out):
-  """The fused epilogue on one block: f32(acc) - sub, · row, · col (each optional), as `out`."""
-  if sub is None and row is None and col is None:
-    return acc.astype(out)
-  y = acc.astype(jnp.float32)
-  if sub is not None:
-    y = y - sub
-  if row is not None:
-    y = y * row
-  if col is not None:
-    y = y * col
+def epilogue(acc, sub=None, row=None, col=None, valid=None, out=jnp.float32) -> jax.Array:
+  """f32(acc) - sub, · row, · col (each optional, in this order), 0 where not `valid`, as `out`.
+
+  One definition for the kernels (on one block) and the XLA path of grouped_gemm (on the whole
+  product), so both round identically. Without any factor the accumulator is only masked and cast.
+  """
+  y = acc
+  if sub is not None or row is not None or col is not None:
+    y = acc.astype(jnp.float32)
+    if sub is not None:
+      y = y - sub
+    if row is not None:
+      y = y * row
+    if col is not None:
+      y = y * col
+  if valid is not None:
+    y = jnp.where(valid, y, jnp.zeros_like(y))
   return y.astype(out)
+
+
+def _blocks(rows: int, experts: int, contract: int, cols: int) -> tuple[int, int, int]:
+  """(row tile, contracted-dim block, output-column block) of a grouped GEMM (static)."""
+  return row_tile(rows, experts), _block(contract, CONTRACT_BLOCK), _block(cols, COL_BLOCK)
 
 
 # --- forward and dX: rows grouped by expert -----------------------------------------------------
@@ -126,7 +137,7 @@ def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, h
     acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), jnp.int32))
     col = col_ref[e, pl.ds(d0, dblock)][None, :] if has_col else None
     in_seg_L = (rows_L >= starts_ref[e]) & (rows_L < ends_ref[e])
-    return jnp.where(in_seg_L[:, None], _epilogue(acc_LxD, sub, row, col, out), y_LxD)
+    return jnp.where(in_seg_L[:, None], epilogue(acc_LxD, sub, row, col, out=out), y_LxD)
 
   y_LxD = lax.fori_loop(first_ref[m], last_ref[m] + 1, expert, jnp.zeros((tile, dblock), out))
   total = ends_ref[ends_ref.shape[0] - 1]
@@ -162,7 +173,7 @@ def gmm_rows(
   rows, c_dim = a_TxC.shape
   experts = b_ExCxD.shape[0]
   d_dim = b_ExCxD.shape[1] if contract_last else b_ExCxD.shape[2]
-  tile, cblock, dblock = row_tile(rows, experts), _block(c_dim, CONTRACT_BLOCK), _block(d_dim, COL_BLOCK)
+  tile, cblock, dblock = _blocks(rows, experts, c_dim, d_dim)
   a_p = _pad(_pad(a_TxC, 0, tile), 1, cblock)
   c_ax, d_ax = (2, 1) if contract_last else (1, 2)
   b_p = _pad(_pad(b_ExCxD, c_ax, cblock), d_ax, dblock)
@@ -232,7 +243,7 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
   acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), jnp.int32))
   sub = sub_ref[...] if has_sub else None
   col = col_ref[e, pl.ds(n0, nblock)][None, :] if has_col else None
-  o_ref[...] = _epilogue(acc_KxN, sub, None, col, out)
+  o_ref[...] = epilogue(acc_KxN, sub, None, col, out=out)
 
 
 def tgmm(
@@ -252,7 +263,7 @@ def tgmm(
   """
   rows, k_dim = a_TxK.shape
   n_dim, experts = b_TxN.shape[1], group_sizes.shape[0]
-  tile, kblock, nblock = row_tile(rows, experts), _block(k_dim, CONTRACT_BLOCK), _block(n_dim, COL_BLOCK)
+  tile, kblock, nblock = _blocks(rows, experts, k_dim, n_dim)
   a_p = _pad(_pad(a_TxK, 0, tile), 1, kblock)
   b_p = _pad(_pad(b_TxN, 0, tile), 1, nblock)
   starts_E, ends_E = _bounds(group_sizes)
