@@ -67,6 +67,17 @@ def _pad(a: jax.Array, axis: int, multiple: int) -> jax.Array:
   return jnp.pad(a, widths)
 
 
+def _append_factor(operands: list, specs: list, factor, spec, *pads: tuple[int, int]) -> None:
+  """Append an optional epilogue factor (as f32, padded to each (axis, multiple)) and its BlockSpec."""
+  if factor is None:
+    return
+  factor = factor.astype(jnp.float32)
+  for axis, multiple in pads:
+    factor = _pad(factor, axis, multiple)
+  operands.append(factor)
+  specs.append(spec)
+
+
 def _bounds(group_sizes: jax.Array):
   """(starts [E], ends [E]) of the segments; `group_sizes` already sanitized (≥ 0, sum ≤ T)."""
   ends = jnp.cumsum(group_sizes.astype(jnp.int32))
@@ -183,15 +194,9 @@ def gmm_rows(
   full = pl.no_block_spec
   operands = [first_M, last_M, starts_E, ends_E, a_p, b_p]
   specs = [full, full, full, full, pl.BlockSpec((tile, a_p.shape[1]), lambda m, j: (m, 0)), full]
-  if sub_TxD is not None:
-    operands.append(_pad(_pad(sub_TxD.astype(jnp.float32), 0, tile), 1, dblock))
-    specs.append(pl.BlockSpec((tile, dblock), lambda m, j: (m, j)))
-  if row_T is not None:
-    operands.append(_pad(row_T.astype(jnp.float32), 0, tile))
-    specs.append(pl.BlockSpec((tile,), lambda m, j: (m,)))
-  if col_ExD is not None:
-    operands.append(_pad(col_ExD.astype(jnp.float32), 1, dblock))
-    specs.append(full)
+  _append_factor(operands, specs, sub_TxD, pl.BlockSpec((tile, dblock), lambda m, j: (m, j)), (0, tile), (1, dblock))
+  _append_factor(operands, specs, row_T, pl.BlockSpec((tile,), lambda m, j: (m,)), (0, tile))
+  _append_factor(operands, specs, col_ExD, full, (1, dblock))
   kernel = functools.partial(
     _row_kernel,
     tile=tile,
@@ -270,12 +275,8 @@ def tgmm(
   full = pl.no_block_spec
   block = pl.BlockSpec((pl.squeezed, kblock, nblock), lambda e, i, j: (e, i, j))
   operands, specs = [starts_E, ends_E, a_p, b_p], [full, full, full, full]
-  if sub_ExKxN is not None:
-    operands.append(_pad(_pad(sub_ExKxN.astype(jnp.float32), 1, kblock), 2, nblock))
-    specs.append(block)
-  if col_ExN is not None:
-    operands.append(_pad(col_ExN.astype(jnp.float32), 1, nblock))
-    specs.append(full)
+  _append_factor(operands, specs, sub_ExKxN, block, (1, kblock), (2, nblock))
+  _append_factor(operands, specs, col_ExN, full, (1, nblock))
   kernel = functools.partial(
     _tgmm_kernel,
     tile=tile,
