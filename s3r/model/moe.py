@@ -32,12 +32,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model import moe_ep
+from s3r.model.config import EXPERT_DISPATCHES as DISPATCHES
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
 PURPOSES = ("gate", "up", "down", "shared_gate", "shared_up", "shared_down")  # index = fold_in data of each GEMM key
 _ACTS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
-DISPATCHES = ("gspmd", "all_to_all")  # how the routed rows reach the expert-sharded weights (see above)
 
 
 def _param(key, shape, std, axes) -> nnx.Param:
