@@ -85,6 +85,7 @@ def moe_feed_forward(cfg, key) -> nnx.Module:
     d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
     renormalize=cfg.renormalize,
     capacity_factor=cfg.capacity_factor,
+    expert_dispatch=cfg.expert_dispatch,
     aux_loss_weight=cfg.aux_loss_weight,
     recipe=cfg.recipe,
     act="silu",

@@ -53,6 +53,7 @@ from s3r.quant import RECIPES
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
+EXPERT_DISPATCHES = ("gspmd", "all_to_all")  # MoE token exchange under expert parallelism (see MoeFields)
 ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
 
 
@@ -221,6 +222,7 @@ class MoeFields:
   renormalize: bool = True  # renormalize the top-k router weights to sum to 1
   capacity_factor: float | None = None  # expert capacity (tokens per expert) / (tokens * top_k / E); None: no drops
   aux_loss_weight: float = 0.001  # weight of the load-balancing loss
+  expert_dispatch: str = "gspmd"  # expert-parallel token exchange: "gspmd" (XLA's partitioner) or "all_to_all"
 
   def _check_moe(self):
     _check_positive(self, ("n_experts", "top_k", "d_expert"))
@@ -235,6 +237,12 @@ class MoeFields:
       )
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
+    if self.expert_dispatch not in EXPERT_DISPATCHES:
+      raise ValueError(f"{name}.expert_dispatch must be one of {EXPERT_DISPATCHES}, got {self.expert_dispatch!r}")
+    if self.expert_dispatch == "all_to_all" and self.capacity_factor is not None:
+      raise ValueError(
+        f"{name}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {self.capacity_factor!r}"
+      )
 
   def is_moe(self, layer: int) -> bool:
     return layer >= self.dense_layers

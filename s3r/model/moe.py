@@ -15,6 +15,11 @@ are one dense SwiGLU of width G through `qmatmul`. The auxiliary load-balancing 
 Switch/GShard one, E · Σ_e f_e P_e (f_e the fraction of assignments routed to e, P_e the
 mean router probability of e), times `aux_loss_weight`.
 
+Expert dispatch: "gspmd" (the default) writes the routed experts as one program over all tokens
+and leaves any token exchange to XLA's SPMD partitioner; "all_to_all" (dropless only) runs them
+in a `shard_map` with an explicit all_to_all exchange when the trace has a mesh (moe_ep.py).
+Both give the same quantized gradients (docs/moe.md, "Expert parallelism").
+
 Randomness: each GEMM's key is `fold_in(key, index of its purpose in PURPOSES)`.
 """
 
@@ -26,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from s3r.model import moe_ep
+from s3r.model.config import EXPERT_DISPATCHES as DISPATCHES
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
@@ -57,6 +64,7 @@ class MoEFeedForward(nnx.Module):
     rngs: nnx.Rngs,
     init_std: float = 0.02,
     impl: str | None = None,
+    expert_dispatch: str = "gspmd",
   ):
     if not 1 <= top_k <= n_experts:
       raise ValueError(f"MoEFeedForward: top_k must be in [1, n_experts={n_experts}], got {top_k}")
@@ -66,6 +74,8 @@ class MoEFeedForward(nnx.Module):
       raise ValueError(f"MoEFeedForward: act must be one of {tuple(_ACTS)}, got {act!r}")
     if n_shared < 0:
       raise ValueError(f"MoEFeedForward: n_shared must be >= 0, got {n_shared}")
+    check_dispatch("MoEFeedForward", expert_dispatch, capacity_factor)
+    self.expert_dispatch = expert_dispatch
     self.recipe = get_recipe(recipe)
     self.impl = impl  # grouped GEMM implementation of the expert GEMMs (see s3r.grouped_qmatmul); None: default
     self.n_experts, self.top_k, self.renormalize = n_experts, top_k, renormalize
@@ -107,11 +117,36 @@ class MoEFeedForward(nnx.Module):
       weight_TxK = weight_TxK / jnp.sum(weight_TxK, axis=-1, keepdims=True)
 
     # Assignments slot-major (every token's first choice before any second choice), so that a
-    # capacity drops lower-ranked choices first.
+    # capacity drops lower-ranked choices first (both dispatches sort them by expert stably).
     expert_A = expert_TxK.T.reshape(-1).astype(jnp.int32)
+    routed_E = jnp.bincount(expert_A, length=e)
+    mesh = jax.sharding.get_abstract_mesh()
+    if self.expert_dispatch == "all_to_all" and moe_ep.applies(mesh):
+      weights = tuple(getattr(self, name)[...] for name in ("gate", "up", "down"))
+      keys = tuple(self._key(key, name) for name in ("gate", "up", "down"))
+      y_TxD = moe_ep.routed_experts(
+        x_TxD, expert_TxK, weight_TxK, weights, keys, act=_ACTS[self.act], recipe=self.recipe, impl=self.impl, mesh=mesh
+      )
+      kept = jnp.float32(t * k)  # dropless
+    else:
+      y_TxD, kept = self._routed(x_TxD, expert_A, weight_TxK, routed_E, key)
+    if self.d_shared:
+      y_TxD = y_TxD + self._shared(x_BxSxD, key).reshape(t, d).astype(jnp.float32)
+
+    fraction_E = routed_E.astype(jnp.float32) / (t * k)
+    balance = e * jnp.sum(fraction_E * jnp.mean(probs_TxE, axis=0))
+    aux = {
+      "load_balance_loss": self.aux_loss_weight * balance,
+      "dropped_fraction": 1.0 - kept / (t * k),
+    }
+    return y_TxD.astype(x_BxSxD.dtype).reshape(b, s, d), aux
+
+  def _routed(self, x_TxD, expert_A, weight_TxK, routed_E, key):
+    """(routed experts' output [T, D] f32, rows kept (f32 scalar)): the one-program formulation."""
+    t, d = x_TxD.shape
+    e, k = self.n_experts, self.top_k
     token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
     weight_A = weight_TxK.T.reshape(-1)
-    routed_E = jnp.bincount(expert_A, length=e)
     order = jnp.argsort(expert_A, stable=True)
     cap = self.capacity(t)
     if cap is not None:
@@ -132,18 +167,19 @@ class MoEFeedForward(nnx.Module):
     h_RxF = _ACTS[self.act](gq(x_RxD, "gate")) * gq(x_RxD, "up")
     out_RxD = gq(h_RxF, "down")  # rows past sum(group_sizes) are exactly zero
     y_TxD = jnp.zeros((t, d), jnp.float32).at[token_R].add(out_RxD.astype(jnp.float32) * weight_R[:, None])
-    if self.d_shared:
-      y_TxD = y_TxD + self._shared(x_BxSxD, key).reshape(t, d).astype(jnp.float32)
-
-    fraction_E = routed_E.astype(jnp.float32) / (t * k)
-    balance = e * jnp.sum(fraction_E * jnp.mean(probs_TxE, axis=0))
-    aux = {
-      "load_balance_loss": self.aux_loss_weight * balance,
-      "dropped_fraction": 1.0 - jnp.sum(group_sizes).astype(jnp.float32) / (t * k),
-    }
-    return y_TxD.astype(x_BxSxD.dtype).reshape(b, s, d), aux
+    return y_TxD, jnp.sum(group_sizes).astype(jnp.float32)
 
   def _shared(self, x_BxSxD, key):
     q = lambda a, name: qmatmul(a, getattr(self, name)[...], key=self._key(key, name), recipe=self.recipe)
     h = _ACTS[self.act](q(x_BxSxD, "shared_gate")) * q(x_BxSxD, "shared_up")
     return q(h, "shared_down")
+
+
+def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
+  """Raises ValueError unless `expert_dispatch` is one of DISPATCHES (all_to_all: dropless only)."""
+  if expert_dispatch not in DISPATCHES:
+    raise ValueError(f"{owner}.expert_dispatch must be one of {DISPATCHES}, got {expert_dispatch!r}")
+  if expert_dispatch == "all_to_all" and capacity_factor is not None:
+    raise ValueError(
+      f"{owner}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {capacity_factor!r}"
+    )

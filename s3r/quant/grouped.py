@@ -14,12 +14,19 @@ one per row for `s3r` (a row is one token's copy for one expert), one per expert
 the `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the
 error per segment (grouped_ec.py).
 
+Sharded rows (expert parallelism, s3r.model.moe_ep): when the rows are one shard's part of a
+larger grouped product, `rows=GlobalRows(...)` says where each sits in the global row order;
+the backward then draws every threshold by the global row (or expert) index and takes Δ as the
+max over the mesh axes holding the other rows, so each row is quantized exactly as in the
+unsharded product.
+
 Dimension letters: T rows, E experts, K input features, N outputs.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +43,16 @@ _NAME = "grouped_qmatmul"
 DEFAULT_IMPL = "tiled"
 
 
+class GlobalRows(NamedTuple):
+  """Where one shard's rows sit in a grouped product spread over mesh axes (inside `shard_map`)."""
+
+  index: jax.Array  # int32 [T]: each row's position in the global expert-sorted rows (padding rows: any)
+  expert0: jax.Array  # int32 []: the global index of w[0], the shard's first expert
+  total: int  # rows of the global product: per-row thresholds are drawn for this many rows
+  experts: int  # experts of the global product: per-expert thresholds ("_bcast") are drawn for this many
+  axes: tuple[str, ...]  # mesh axes over which the global rows are spread: Δ is the max over them
+
+
 def grouped_qmatmul(
   x: jax.Array,
   w: jax.Array,
@@ -44,6 +61,7 @@ def grouped_qmatmul(
   key: jax.Array | None = None,
   recipe: str | Recipe = "s3r_ec_dx",
   impl: str | None = None,
+  rows: GlobalRows | None = None,
 ) -> jax.Array:
   """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's INT8 forward and backward.
 
@@ -60,6 +78,9 @@ def grouped_qmatmul(
       expands it to E times the work), "pallas" (the Pallas kernels with the dequantize
       epilogue fused: compiled on GPU, interpret mode elsewhere, which is for tests) or "auto"
       (the compiled Pallas kernels on GPU, "tiled" elsewhere). All give bit-identical results.
+    rows: None (the rows are the whole product), or, inside `shard_map`, where the rows sit in
+      the global product (`GlobalRows`): the backward then quantizes each row as the global
+      product does (thresholds by global row or expert index, Δ a max over `rows.axes`).
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
@@ -69,7 +90,9 @@ def grouped_qmatmul(
   impl = _check_impl(impl)
   if not r.quantized:
     return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
-  return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key)
+  spread = None if rows is None else (int(rows.total), int(rows.experts), tuple(rows.axes))
+  where = None if rows is None else (rows.index.astype(jnp.int32), jnp.asarray(rows.expert0, jnp.int32))
+  return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), spread, x, w, group_sizes, key, where)
 
 
 # --- the unquantized (bf16) product: _bf16_gmm, _fwd, _bwd, defvjp ---------------------------
@@ -107,13 +130,14 @@ _bf16_gmm.defvjp(_bf16_fwd, _bf16_bwd)
 # --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _gqmatmul(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
-  return _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _gqmatmul(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where):
+  return _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where)[0]
 
 
-def _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
-  del r, w_dtype
+def _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where):
+  """`spread` (static) and `where` (arrays): the GlobalRows split, or both None."""
+  del r, w_dtype, spread
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   sx_T = numerics.absmax_scale(x_TxK, axis=1)
   sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
@@ -121,17 +145,21 @@ def _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key):
   wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
   # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
   y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
-  return y_TxN, (xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key)
+  return y_TxN, (xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, where)
 
 
-def _bwd(r, impl, x_dtype, w_dtype, res, g_TxN):
-  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key = res
+def _bwd(r, impl, x_dtype, w_dtype, spread, res, g_TxN):
+  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key, where = res
   lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
   valid_Tx1 = _valid(lay)[:, None]
   gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
   if r.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
-  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, lay.group_sizes.shape[0], key)
+  n_seg = lay.group_sizes.shape[0]
+  if spread is None:
+    delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, n_seg, key)
+  else:
+    delta, v_TxN, q_dx, q_dw = _quantize_spread(r, gp_TxN, lay.seg_T, n_seg, key, spread, where)
 
   corr_dx_TxK = corr_dw_ExKxN = None
   if r.correct_dx or r.correct_dw:
@@ -146,7 +174,7 @@ def _bwd(r, impl, x_dtype, w_dtype, res, g_TxN):
   dw_ExKxN = grouped_gemm.tgmm_epilogue(
     xq_TxK, q_dw, lay, impl, sub_ExKxN=corr_dw_ExKxN, col_ExN=delta / sw_ExN, out=w_dtype
   )
-  return dx_TxK, dw_ExKxN, None, None
+  return dx_TxK, dw_ExKxN, None, None, None
 
 
 _gqmatmul.defvjp(_fwd, _bwd)
@@ -192,15 +220,52 @@ def quantize_grouped_gradient(r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_
   return delta, v_TxN, q_dx, (q_dx if not r.split else codes(key_dw, r.dw_topology))
 
 
+def _quantize_spread(r: Recipe, gp_TxN, seg_T, n_seg: int, key, spread, where):
+  """`quantize_grouped_gradient` of one shard's rows of a product spread over mesh axes: the same
+  (Δ, G'/Δ, Q for dX, Q for dW) as the global product gives these rows.
+
+  Δ is the global max (a pmax over the axes). Every threshold is drawn for the whole product
+  (`total` per-row ones, `experts` per-expert ones, or `total` x N for `int8_sr`: the dense
+  path's draws for one example of `total` tokens, and the per-segment draws) and gathered at the
+  rows' global indices; padding rows have v = 0, whose code is 0 for any threshold.
+  """
+  total, experts, axes = spread
+  index_T, expert0 = where
+  delta = jnp.max(jnp.abs(gp_TxN))
+  delta = jax.lax.pmax(delta, axes) * numerics.INV_QMAX if axes else delta * numerics.INV_QMAX
+  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  v_TxN = gp_TxN * numerics.reciprocal(delta)
+  row_T = jnp.clip(index_T, 0, total - 1)
+  if r.rounding == "rtne":
+    q = jnp.clip(jnp.round(v_TxN), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+    return delta, v_TxN, q, q
+
+  def codes(k, kind):
+    if kind == "sr":
+      u = jax.random.uniform(k, (1, total, v_TxN.shape[1]))[0][row_T]
+    elif kind == "token":
+      u = thresholds.compact_uniform(k, total)[row_T][:, None]
+    else:
+      u = thresholds.compact_uniform(k, experts)[expert0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
+    return jnp.clip(jnp.floor(v_TxN + u), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+
+  if r.rounding == "sr" or r.split:
+    key_dx, key_dw = jax.random.split(key)
+    kinds = ("sr", "sr") if r.rounding == "sr" else (r.dx_topology, r.dw_topology)
+    return delta, v_TxN, codes(key_dx, kinds[0]), codes(key_dw, kinds[1])
+  q = codes(key, r.dx_topology)
+  return delta, v_TxN, q, q
+
+
 def _exact_bwd(impl, x_dtype, w_dtype, res, lay, g_TxN):
   """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed INT8 forward graph."""
-  xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _ = res
+  xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _, _ = res
   hi = jax.lax.Precision.HIGHEST
   w_deq = wq_ExKxN.astype(jnp.float32) * sw_ExN[:, None, :]
   x_deq = xq_TxK.astype(jnp.float32) * sx_T[:, None]
   dx_TxK = grouped_gemm.gmm_nt(g_TxN, w_deq, lay, impl, out=jnp.float32, precision=hi)
   dw_ExKxN = grouped_gemm.tgmm(x_deq, g_TxN, lay, impl, out=jnp.float32, precision=hi)
-  return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None
+  return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None, None
 
 
 # --- argument checks (trace time; concrete group sizes eagerly) -------------------------------

@@ -7,7 +7,8 @@ parameters (`logical_axes` metadata) and of its activations (`s3r.model.constrai
   batch slice (outside the MoE feed-forward an expert rank is a data-parallel rank);
 - the routed experts of every MoE layer over expert: expert parallelism (each rank holds
   E / expert experts of every MoE layer and their optimizer state; XLA's SPMD partitioner
-  moves the expert-sorted rows and gradients between ranks, see docs/moe.md);
+  moves the expert-sorted rows and gradients between ranks, or, with the MoE config's
+  expert_dispatch="all_to_all", an explicit all_to_all (s3r.model.moe_ep); see docs/moe.md);
 - the model width of every matrix over fsdp: FSDP (parameters and optimizer state sharded,
   gathered per layer by XLA);
 - attention heads, MLP hidden units and the vocabulary over tensor: Megatron-style tensor

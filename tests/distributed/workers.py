@@ -389,8 +389,82 @@ def moe_worker(out: pathlib.Path) -> None:
   (out / "result.json").write_text(json.dumps(info))
 
 
+A2A_MESHES = ("expert=8", "expert=4,data=2")
+
+
+def moe_a2a_worker(out: pathlib.Path) -> None:
+  """The MoE layer of moe_worker with expert_dispatch="all_to_all": its output and gradients on
+  one device (the one-program formulation) and, traced under each mesh, by all_to_all; the
+  collectives of each compiled gradient program, counted by kind."""
+  from flax import nnx
+
+  from s3r.analysis.collectives import collectives
+  from s3r.model.moe import MoEFeedForward
+  from s3r.train import sharding
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
+  g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
+  key = jax.random.key(10)
+  info = {}
+  for recipe in MOE_RECIPES:
+    block = MoEFeedForward(
+      d_model=32,
+      d_expert=24,
+      n_experts=8,
+      top_k=2,
+      n_shared=1,
+      recipe=recipe,
+      expert_dispatch="all_to_all",
+      rngs=nnx.Rngs(params=0),
+    )
+    graphdef, state = nnx.split(block)
+    axes = jax.tree.map(
+      lambda v: P(*v.get_metadata()["logical_axes"]), state, is_leaf=lambda v: isinstance(v, nnx.Variable)
+    )
+    params, axes = nnx.to_pure_dict(state), nnx.to_pure_dict(axes)
+
+    def forward(params, x, key):
+      y, aux = nnx.merge(graphdef, params)(x, key)
+      return y.astype(jnp.float32), aux
+
+    def loss(params, x, key):
+      y, aux = forward(params, x, key)
+      return jnp.sum(y * g) + aux["load_balance_loss"]
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    for mesh_spec in (None,) + A2A_MESHES:
+      name = mesh_spec or "1"
+      if mesh_spec is None:
+        (dp, dx), (y, aux) = jax.jit(grad)(params, x, key), jax.jit(forward)(params, x, key)
+      else:
+        mesh = sharding.make_mesh(sharding.parse_mesh(mesh_spec, 8))
+        p_sh = jax.tree.map(
+          lambda spec, a: sharding.sharding(mesh, spec, a.shape), axes, params, is_leaf=lambda s: isinstance(s, P)
+        )
+        x_sh = sharding.sharding(mesh, P("batch", "seq", None), x.shape)
+        in_sh = (p_sh, x_sh, NamedSharding(mesh, P()))
+        traced = lambda f: sharding.with_activation_sharding(f, mesh)
+        fn = jax.jit(traced(grad), in_shardings=in_sh, out_shardings=(p_sh, x_sh))
+        compiled = fn.lower(params, x, key).compile()
+        kinds = [c.kind for c in collectives(compiled.as_text())]
+        info[f"{recipe}_{name}_collectives"] = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+        info[f"{recipe}_{name}_jaxpr_all_to_all"] = str(jax.make_jaxpr(traced(grad))(params, x, key)).count(
+          "all_to_all"
+        )
+        args = (jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
+        dp, dx = compiled(*args)
+        y, aux = jax.jit(traced(forward), in_shardings=in_sh)(*args)
+      arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
+      arrays |= {"y": np.asarray(y), "load_balance_loss": np.asarray(aux["load_balance_loss"])}
+      arrays["dropped_fraction"] = np.asarray(aux["dropped_fraction"])
+      np.savez(out / f"moe_a2a_{recipe}_{name}.npz", **arrays)
+  (out / "result.json").write_text(json.dumps(info))
+
+
 WORKERS = {
   "moe": moe_worker,
+  "moe_a2a": moe_a2a_worker,
   "comm": comm_worker,
   "qmatmul": qmatmul_worker,
   "tp": tp_worker,
