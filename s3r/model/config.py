@@ -210,6 +210,16 @@ class Gemma3Config(ModelConfig):
     return 4 * self.d_model + 2 * self.head_dim
 
 
+def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
+  """Raises ValueError unless `expert_dispatch` is one of EXPERT_DISPATCHES (all_to_all: dropless only)."""
+  if expert_dispatch not in EXPERT_DISPATCHES:
+    raise ValueError(f"{owner}.expert_dispatch must be one of {EXPERT_DISPATCHES}, got {expert_dispatch!r}")
+  if expert_dispatch == "all_to_all" and capacity_factor is not None:
+    raise ValueError(
+      f"{owner}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {capacity_factor!r}"
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoeFields:
   """Routed mixture-of-experts feed-forward (s3r.model.moe.MoEFeedForward), shared by the MoE families."""
@@ -237,12 +247,7 @@ class MoeFields:
       )
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
-    if self.expert_dispatch not in EXPERT_DISPATCHES:
-      raise ValueError(f"{name}.expert_dispatch must be one of {EXPERT_DISPATCHES}, got {self.expert_dispatch!r}")
-    if self.expert_dispatch == "all_to_all" and self.capacity_factor is not None:
-      raise ValueError(
-        f"{name}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {self.capacity_factor!r}"
-      )
+    check_dispatch(name, self.expert_dispatch, self.capacity_factor)
 
   def is_moe(self, layer: int) -> bool:
     return layer >= self.dense_layers

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model import moe_ep
-from s3r.model.config import EXPERT_DISPATCHES as DISPATCHES
+from s3r.model.config import check_dispatch
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
@@ -173,13 +173,3 @@ class MoEFeedForward(nnx.Module):
     q = lambda a, name: qmatmul(a, getattr(self, name)[...], key=self._key(key, name), recipe=self.recipe)
     h = _ACTS[self.act](q(x_BxSxD, "shared_gate")) * q(x_BxSxD, "shared_up")
     return q(h, "shared_down")
-
-
-def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
-  """Raises ValueError unless `expert_dispatch` is one of DISPATCHES (all_to_all: dropless only)."""
-  if expert_dispatch not in DISPATCHES:
-    raise ValueError(f"{owner}.expert_dispatch must be one of {DISPATCHES}, got {expert_dispatch!r}")
-  if expert_dispatch == "all_to_all" and capacity_factor is not None:
-    raise ValueError(
-      f"{owner}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {capacity_factor!r}"
-    )
