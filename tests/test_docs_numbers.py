@@ -1,7 +1,7 @@
 """The README's numbers match the committed results files they come from.
 
-The Performance and Results sections of the README each open with one table. This module
-rebuilds both tables from `results/*.json` (the same rounding the README uses) and compares
+The Performance, Results and Mixture of experts sections of the README each open with one
+table. This module rebuilds those tables from `results/*.json` (the same rounding the README uses) and compares
 them cell by cell with the tables parsed from README.md, so a re-run that changes a results
 file, or an edit that changes a number, fails here until the two agree. The Quickstart's
 numbers are checked against `results/quickstart.json` the same way.
@@ -103,6 +103,30 @@ def results_rows() -> list[list[str]]:
   return rows
 
 
+MOE_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
+MOE_SHAPES = ("qwen3-30b-a3b", "deepseek-v2-lite")
+
+
+def moe_rows() -> list[list[str]]:
+  """Per recipe: moe-cpu-small validation loss, its per-seed gap to bf16, MoE block speedup vs int8_sr."""
+  quality = _load("results/moe_quality.json")["rows"]
+  blocks = {b["shape"]: b for b in _load("results/bench_moe_block_cpu.json")["results"]["block"]}
+  rows = []
+  for recipe in MOE_RECIPES:
+    q = quality[recipe]
+    sd = f"{q['val_std']:.3f}" if q["seeds_done"] > 1 else "–"
+    paired = q["paired_vs_bf16"]
+    if recipe == "bf16" or paired is None:
+      gap = "–"
+    elif paired["sd"] is None:
+      gap = f"{paired['mean']:+.3f} (seed 0 only)"
+    else:
+      gap = _fmt_paired(paired)
+    speed = [f"{blocks[shape]['recipes'][recipe]['speedup_vs_int8_sr']:.2f}" for shape in MOE_SHAPES]
+    rows.append([f"`{recipe}`", f"{q['val_mean']:.3f} ± {sd} ({q['seeds_done']})", gap, *speed])
+  return rows
+
+
 def _mismatches(readme_rows: list[list[str]], expected: list[list[str]]) -> list[str]:
   out = []
   if len(readme_rows) != len(expected):
@@ -123,6 +147,11 @@ def test_readme_results_table_matches_results_files():
   assert not _mismatches(rows, results_rows()), _mismatches(rows, results_rows())
 
 
+def test_readme_moe_table_matches_results_files():
+  rows = _section_table(README.read_text(), "Mixture of experts")
+  assert not _mismatches(rows, moe_rows()), _mismatches(rows, moe_rows())
+
+
 def test_readme_quickstart_numbers_match_the_snapshot():
   snap = _load("results/quickstart.json")
   text = README.read_text()
@@ -139,7 +168,8 @@ def test_readme_quickstart_numbers_match_the_snapshot():
 
 def test_a_changed_readme_number_is_caught():
   # The comparison must be able to fail: one digit changed in one cell is reported.
-  for heading, expected in (("Performance", performance_rows()), ("Results", results_rows())):
+  tables = (("Performance", performance_rows()), ("Results", results_rows()), ("Mixture of experts", moe_rows()))
+  for heading, expected in tables:
     rows = [list(r) for r in _section_table(README.read_text(), heading)]
     cell = rows[1][1]
     rows[1][1] = re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), cell)
