@@ -15,6 +15,10 @@ through the router, the input's. Bound: one bf16 rounding (relative 2^-9) of eac
 term, so 2^-8 of the largest entry; the input gradient is bf16 itself, so the same relative bound
 is its resolution. The load-balancing loss averages the router probabilities over the tokens in
 another order (a reduction over 128 tokens in f32: 128 ulp of its value bounds it).
+
+The tests that run the 8-device worker are slow-marked (a few minutes of compilation; the opt-in
+dispatch stays out of the default suite): `python -m pytest -m slow
+tests/distributed/test_expert_parallel_a2a.py`.
 """
 
 import numpy as np
@@ -37,6 +41,7 @@ def a2a_runs(tmp_path_factory):
   return info, load
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_all_to_all_expert_and_shared_gradients_and_output_are_bitwise_the_one_device_ones(a2a_runs, recipe):
   _, load = a2a_runs
@@ -48,6 +53,7 @@ def test_all_to_all_expert_and_shared_gradients_and_output_are_bitwise_the_one_d
     assert float(got["dropped_fraction"]) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_all_to_all_router_and_input_gradients_agree_within_bf16_resolution(a2a_runs, recipe):
   _, load = a2a_runs
@@ -61,6 +67,7 @@ def test_all_to_all_router_and_input_gradients_agree_within_bf16_resolution(a2a_
     assert abs(float(got["load_balance_loss"]) - lb) <= 128 * np.finfo(np.float32).eps * abs(lb)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_all_to_all_program_exchanges_the_rows_with_all_to_all_collectives(a2a_runs, recipe):
   """Forward: rows, their (global row, expert) indices, outputs back; backward: the transposes of
