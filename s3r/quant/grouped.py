@@ -7,8 +7,8 @@ by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 It mirrors the dense layer (matmul.py) row for row. Forward: per-row activation scales,
 per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped
 GEMM, rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor
-step Δ, Q quantized once for both products (twice for split recipes) by the dense
-quantizer `quantize_gradient` with the [T, N] rows as one example of T tokens; dX = (Δ/s_x)
+step Δ, Q quantized once for both products (twice for split recipes) exactly as the dense
+quantizer `quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x)
 Q Ŵ_eᵀ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped int8 GEMMs. Shared thresholds are
 one per row for `s3r` (a row is one token's copy for one expert), one per expert segment for
 the `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the
@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from s3r.quant import grouped_ec, grouped_gemm, numerics, thresholds
-from s3r.quant.matmul import quantize_gradient
 from s3r.quant.recipes import Recipe
 from s3r.quant.recipes import recipe as lookup_recipe
 
@@ -156,10 +155,7 @@ def _bwd(r, impl, x_dtype, w_dtype, spread, res, g_TxN):
   if r.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
   n_seg = lay.group_sizes.shape[0]
-  if spread is None:
-    delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, n_seg, key)
-  else:
-    delta, v_TxN, q_dx, q_dw = _quantize_spread(r, gp_TxN, lay.seg_T, n_seg, key, spread, where)
+  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, n_seg, key, spread, where)
 
   corr_dx_TxK = corr_dw_ExKxN = None
   if r.correct_dx or r.correct_dw:
@@ -189,64 +185,44 @@ def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
   return sw_ExN[jnp.minimum(lay.seg_T, sw_ExN.shape[0] - 1)]
 
 
-def quantize_grouped_gradient(r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_seg: int, key):
+def quantize_grouped_gradient(
+  r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_seg: int, key, spread=None, where=None
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW) of the scaled gradient G' [T, N] of expert-sorted rows.
 
-  The dense quantizer on the rows as one example of T tokens (identical thresholds, step
-  and codes); only a per-example ("_bcast") topology differs: one threshold per expert
-  segment, u[e(t)] for the `n_seg` segments (rows past them: v = 0 gives code 0 for any u),
-  drawn from ⌈E/4⌉ words as the dense path draws ⌈B/4⌉.
+  The dense quantizer's step, rounding and draws (`quantize_gradient` on the rows as one
+  example of T tokens, bit for bit): per element (`int8_sr`, [1, T, N] uniforms per product)
+  or one threshold per row from ⌈T/4⌉ words. A per-example ("_bcast") topology becomes one
+  threshold per expert segment, u[e(t)], from ⌈E/4⌉ words; rows past the segments have
+  v = 0, whose code is 0 for any u.
+
+  Sharded rows (`spread` = (total, experts, axes), `where` = (index_T, expert0), as in
+  GlobalRows): the draws are made for the whole product (`total` rows, `experts` segments)
+  and gathered at each row's global index, and Δ is the max over `axes`, so every row gets
+  the code the unsharded product gives it.
   """
   rows, n = gp_TxN.shape
-  ones_1xT, ones_N = jnp.ones((1, rows), jnp.float32), jnp.ones((n,), jnp.float32)
-  per_segment = r.rounding == "shared" and "example" in (r.dx_topology, r.dw_topology)
-  if not per_segment:  # G' enters as g with unit scales: 1 · G' · 1 is G' exactly
-    delta, v, q_dx, q_dw = quantize_gradient(r, ones_1xT, ones_N, gp_TxN[None], key)
-    return delta, v[0], q_dx[0], q_dw[0]
-  # The step and G'/Δ exactly as quantize_gradient computes them (its codes would be per example)
-  delta = jnp.max(jnp.abs(gp_TxN)) * numerics.INV_QMAX
+  total, experts, axes = spread if spread is not None else (rows, n_seg, ())
+  amax = jnp.max(jnp.abs(gp_TxN))
+  delta = (jax.lax.pmax(amax, axes) if axes else amax) * numerics.INV_QMAX
   delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
-  v_TxN = gp_TxN * numerics.reciprocal(delta)
-  key_dx, key_dw = jax.random.split(key) if r.split else (key, key)
-
-  def codes(k, topology):
-    if topology == "token":
-      u = thresholds.shared_thresholds(k, 1, rows, "token")[0]
-    else:
-      u = thresholds.compact_uniform(k, n_seg)[jnp.minimum(seg_T, n_seg - 1)][:, None]
-    return jnp.clip(jnp.floor(v_TxN + u), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
-
-  q_dx = codes(key_dx, r.dx_topology)
-  return delta, v_TxN, q_dx, (q_dx if not r.split else codes(key_dw, r.dw_topology))
-
-
-def _quantize_spread(r: Recipe, gp_TxN, seg_T, n_seg: int, key, spread, where):
-  """`quantize_grouped_gradient` of one shard's rows of a product spread over mesh axes: the same
-  (Δ, G'/Δ, Q for dX, Q for dW) as the global product gives these rows.
-
-  Δ is the global max (a pmax over the axes). Every threshold is drawn for the whole product
-  (`total` per-row ones, `experts` per-expert ones, or `total` x N for `int8_sr`: the dense
-  path's draws for one example of `total` tokens, and the per-segment draws) and gathered at the
-  rows' global indices; padding rows have v = 0, whose code is 0 for any threshold.
-  """
-  total, experts, axes = spread
-  index_T, expert0 = where
-  delta = jnp.max(jnp.abs(gp_TxN))
-  delta = jax.lax.pmax(delta, axes) * numerics.INV_QMAX if axes else delta * numerics.INV_QMAX
-  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
-  v_TxN = gp_TxN * numerics.reciprocal(delta)
-  row_T = jnp.clip(index_T, 0, total - 1)
+  v_TxN = gp_TxN * numerics.reciprocal(delta)  # never a division, as in the dense quantizer
   if r.rounding == "rtne":
     q = jnp.clip(jnp.round(v_TxN), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
     return delta, v_TxN, q, q
+  if where is None:
+    at_row, seg0 = (lambda u: u), 0
+  else:
+    index_T, seg0 = where
+    at_row = lambda u: u[jnp.clip(index_T, 0, total - 1)]  # noqa: E731
 
   def codes(k, kind):
     if kind == "sr":
-      u = jax.random.uniform(k, (1, total, v_TxN.shape[1]))[0][row_T]
+      u = at_row(jax.random.uniform(k, (1, total, n))[0])
     elif kind == "token":
-      u = thresholds.compact_uniform(k, total)[row_T][:, None]
+      u = at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
     else:
-      u = thresholds.compact_uniform(k, experts)[expert0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
+      u = thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
     return jnp.clip(jnp.floor(v_TxN + u), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
 
   if r.rounding == "sr" or r.split:

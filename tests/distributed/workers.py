@@ -334,14 +334,17 @@ def comm_worker(out: pathlib.Path) -> None:
 
 
 MOE_MESHES = (None, "expert=8", "expert=4,data=2", "expert=2,data=4")
+A2A_MESHES = ("expert=8", "expert=4,data=2")
 MOE_RECIPES = ("s3r", "s3r_ec_dx")
 
 
-def moe_worker(out: pathlib.Path) -> None:
-  """Gradients (parameters and input) of one MoE layer (8 experts, top-2, one shared expert) on one
-  device and on expert x data meshes (tokens over (data, expert), expert weights over expert, as
-  `s3r train` shards them), for each recipe; plus a one-device run with another key (the size of
-  the rounding noise). Writes moe_<mesh>.npz and the collectives of each sharded program."""
+def _moe_layer_runs(out: pathlib.Path, prefix: str, expert_dispatch: str, runs) -> None:
+  """One MoE layer (8 experts, top-2, one shared expert) per recipe: its output, load-balancing
+  loss, dropped fraction and gradients (parameters and input) for each (name, mesh spec or None,
+  key seed) of `runs`, traced as `s3r train` traces it (tokens over (data, expert), expert weights
+  over expert, activations constrained). Writes <prefix>_<recipe>_<name>.npz and, per sharded
+  run, the compiled gradient program's collectives by kind, the all_to_alls of its jaxpr and the
+  router weight's sharding into result.json."""
   from flax import nnx
 
   from s3r.analysis.collectives import collectives
@@ -351,61 +354,6 @@ def moe_worker(out: pathlib.Path) -> None:
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
   g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
-  info = {}
-  for recipe in MOE_RECIPES:
-    block = MoEFeedForward(
-      d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, recipe=recipe, rngs=nnx.Rngs(params=0)
-    )
-    graphdef, state = nnx.split(block)
-    axes = jax.tree.map(
-      lambda v: P(*v.get_metadata()["logical_axes"]), state, is_leaf=lambda v: isinstance(v, nnx.Variable)
-    )
-    params = nnx.to_pure_dict(state)
-    axes = nnx.to_pure_dict(axes)
-
-    def loss(params, x, key):
-      y, aux = nnx.merge(graphdef, params)(x, key)
-      return jnp.sum(y.astype(jnp.float32) * g) + aux["load_balance_loss"]
-
-    grad = jax.grad(loss, argnums=(0, 1))
-    for mesh_spec in MOE_MESHES + ("1:other_key",):
-      name = mesh_spec or "1"
-      key = jax.random.key(11 if name == "1:other_key" else 10)
-      if name.startswith("1"):
-        dp, dx = jax.jit(grad)(params, x, key)
-      else:
-        mesh = sharding.make_mesh(sharding.parse_mesh(mesh_spec, 8))
-        p_sh = jax.tree.map(
-          lambda spec, a: sharding.sharding(mesh, spec, a.shape), axes, params, is_leaf=lambda s: isinstance(s, P)
-        )
-        x_sh = sharding.sharding(mesh, P("batch", "seq", None), x.shape)
-        fn = jax.jit(grad, in_shardings=(p_sh, x_sh, NamedSharding(mesh, P())), out_shardings=(p_sh, x_sh))
-        compiled = fn.lower(params, x, key).compile()
-        info[f"{recipe}_{name}_collectives"] = len(collectives(compiled.as_text()))
-        info[f"{recipe}_{name}_gate_spec"] = str(p_sh["gate"].spec)
-        dp, dx = fn(jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
-      arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
-      np.savez(out / f"moe_{recipe}_{name}.npz", **arrays)
-  (out / "result.json").write_text(json.dumps(info))
-
-
-A2A_MESHES = ("expert=8", "expert=4,data=2")
-
-
-def moe_a2a_worker(out: pathlib.Path) -> None:
-  """The MoE layer of moe_worker with expert_dispatch="all_to_all": its output and gradients on
-  one device (the one-program formulation) and, traced under each mesh, by all_to_all; the
-  collectives of each compiled gradient program, counted by kind."""
-  from flax import nnx
-
-  from s3r.analysis.collectives import collectives
-  from s3r.model.moe import MoEFeedForward
-  from s3r.train import sharding
-
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
-  g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
-  key = jax.random.key(10)
   info = {}
   for recipe in MOE_RECIPES:
     block = MoEFeedForward(
@@ -415,7 +363,7 @@ def moe_a2a_worker(out: pathlib.Path) -> None:
       top_k=2,
       n_shared=1,
       recipe=recipe,
-      expert_dispatch="all_to_all",
+      expert_dispatch=expert_dispatch,
       rngs=nnx.Rngs(params=0),
     )
     graphdef, state = nnx.split(block)
@@ -433,8 +381,8 @@ def moe_a2a_worker(out: pathlib.Path) -> None:
       return jnp.sum(y * g) + aux["load_balance_loss"]
 
     grad = jax.grad(loss, argnums=(0, 1))
-    for mesh_spec in (None,) + A2A_MESHES:
-      name = mesh_spec or "1"
+    for name, mesh_spec, seed in runs:
+      key = jax.random.key(seed)
       if mesh_spec is None:
         (dp, dx), (y, aux) = jax.jit(grad)(params, x, key), jax.jit(forward)(params, x, key)
       else:
@@ -449,17 +397,31 @@ def moe_a2a_worker(out: pathlib.Path) -> None:
         compiled = fn.lower(params, x, key).compile()
         kinds = [c.kind for c in collectives(compiled.as_text())]
         info[f"{recipe}_{name}_collectives"] = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
-        info[f"{recipe}_{name}_jaxpr_all_to_all"] = str(jax.make_jaxpr(traced(grad))(params, x, key)).count(
-          "all_to_all"
-        )
+        jaxpr = str(jax.make_jaxpr(traced(grad))(params, x, key))
+        info[f"{recipe}_{name}_jaxpr_all_to_all"] = jaxpr.count("all_to_all")
+        info[f"{recipe}_{name}_gate_spec"] = str(p_sh["gate"].spec)
         args = (jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
         dp, dx = compiled(*args)
         y, aux = jax.jit(traced(forward), in_shardings=in_sh)(*args)
       arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
       arrays |= {"y": np.asarray(y), "load_balance_loss": np.asarray(aux["load_balance_loss"])}
       arrays["dropped_fraction"] = np.asarray(aux["dropped_fraction"])
-      np.savez(out / f"moe_a2a_{recipe}_{name}.npz", **arrays)
+      np.savez(out / f"{prefix}_{recipe}_{name}.npz", **arrays)
   (out / "result.json").write_text(json.dumps(info))
+
+
+def moe_worker(out: pathlib.Path) -> None:
+  """The MoE layer with the default (gspmd) dispatch on one device and on expert x data meshes,
+  plus a one-device run with another key (the size of the rounding noise): moe_*.npz."""
+  runs = [(spec or "1", spec, 10) for spec in MOE_MESHES] + [("1:other_key", None, 11)]
+  _moe_layer_runs(out, "moe", "gspmd", runs)
+
+
+def moe_a2a_worker(out: pathlib.Path) -> None:
+  """The MoE layer with expert_dispatch="all_to_all" on one device (the one-program formulation)
+  and, traced under each mesh, by all_to_all: moe_a2a_*.npz."""
+  runs = [("1", None, 10)] + [(spec, spec, 10) for spec in A2A_MESHES]
+  _moe_layer_runs(out, "moe_a2a", "all_to_all", runs)
 
 
 WORKERS = {
