@@ -1,19 +1,16 @@
 """Decoder families (Flax NNX) whose block projections are INT8 quantized matmuls: Llama 3, Qwen3,
-Gemma 3, Qwen3-MoE and DeepSeek-V2 (see s3r/model/config.py and docs/models.md)."""
+Gemma 3, Qwen3-MoE and DeepSeek-V2 (see s3r/model/config.py, s3r/model/presets.py and docs/models.md)."""
 
 from s3r.model.config import (
   FAMILIES,
-  PRESETS,
   DeepSeekV2Config,
   Gemma3Config,
   ModelConfig,
   Qwen3Config,
   Qwen3MoeConfig,
   RopeScaling,
-  active_param_count,
-  param_count,
-  preset,
 )
+from s3r.model.presets import PRESETS, active_param_count, param_count, preset
 from s3r.model.transformer import (
   PROJECTIONS,
   Transformer,

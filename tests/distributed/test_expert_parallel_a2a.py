@@ -79,8 +79,8 @@ def test_the_all_to_all_program_exchanges_the_rows_with_all_to_all_collectives(a
 
 
 def test_expert_dispatch_is_validated_with_the_field_and_the_allowed_values():
-  from s3r.model.config import preset
   from s3r.model.moe import MoEFeedForward
+  from s3r.model.presets import preset
 
   kw = dict(d_model=8, d_expert=8, n_experts=4, top_k=2, recipe="bf16", rngs=nnx.Rngs(params=0))
   with pytest.raises(ValueError, match=r"expert_dispatch must be one of \('gspmd', 'all_to_all'\), got 'ragged'"):
