@@ -10,16 +10,6 @@ from s3r.model.config import (
   Qwen3MoeConfig,
   RopeScaling,
 )
+from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections
 from s3r.model.presets import PRESETS, active_param_count, param_count, preset
-from s3r.model.transformer import (
-  PROJECTIONS,
-  Transformer,
-  activation_sharding,
-  apply,
-  apply_with_aux,
-  constrain,
-  graphdef,
-  init_params,
-  intercept_projections,
-  logical_axes,
-)
+from s3r.model.transformer import Transformer, apply, apply_with_aux, graphdef, init_params, logical_axes

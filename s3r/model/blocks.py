@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from s3r.model.config import ModelConfig
-from s3r.model.transformer import Block, RMSNorm, rope
+from s3r.model.layers import Block, RMSNorm, rope
 
 MOE_KEY = len(Block.PROJECTIONS)  # fold-in index of the MoE feed-forward's key (after the attention projections)
 

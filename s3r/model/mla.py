@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from s3r.model.blocks import moe_call, moe_feed_forward
 from s3r.model.config import DeepSeekV2Config
-from s3r.model.transformer import Block, _param, _yarn_mscale, constrain, rope
+from s3r.model.layers import Block, constrain, param, rope, yarn_mscale
 
 MLA_PROJECTIONS = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "gate", "up", "down")  # index j of the per-projection key
 # Tensor-parallel split (s3r.train.sharding RULES): heads are split; the latents (q_a, kv_a outputs) are replicated.
@@ -54,15 +54,15 @@ class DeepSeekV2Block(Block):
     k = dict(zip(MLA_PROJECTIONS, jax.random.split(key, len(MLA_PROJECTIONS))))
     self.attn_norm = self._norm(d)
     if cfg.q_lora_rank is None:
-      self.q = _param(k["q"], (d, n * qk), std, ("embed", "heads"))
+      self.q = param(k["q"], (d, n * qk), std, ("embed", "heads"))
     else:
-      self.q_a = _param(k["q_a"], (d, cfg.q_lora_rank), std, ("embed", None))
+      self.q_a = param(k["q_a"], (d, cfg.q_lora_rank), std, ("embed", None))
       self.q_a_norm = self._norm(cfg.q_lora_rank)
-      self.q_b = _param(k["q_b"], (cfg.q_lora_rank, n * qk), std, (None, "heads"))
-    self.kv_a = _param(k["kv_a"], (d, c + r), std, ("embed", None))
+      self.q_b = param(k["q_b"], (cfg.q_lora_rank, n * qk), std, (None, "heads"))
+    self.kv_a = param(k["kv_a"], (d, c + r), std, ("embed", None))
     self.kv_a_norm = self._norm(c)
-    self.kv_b = _param(k["kv_b"], (c, n * (cfg.qk_nope_head_dim + cfg.v_head_dim)), std, (None, "heads"))
-    self.o = _param(k["o"], (n * cfg.v_head_dim, d), out_std, ("heads", "embed"))
+    self.kv_b = param(k["kv_b"], (c, n * (cfg.qk_nope_head_dim + cfg.v_head_dim)), std, (None, "heads"))
+    self.o = param(k["o"], (n * cfg.v_head_dim, d), out_std, ("heads", "embed"))
     self.mlp_norm = self._norm(d)
     if cfg.is_moe(layer):
       self.moe = moe_feed_forward(cfg, k["gate"])
@@ -73,7 +73,7 @@ class DeepSeekV2Block(Block):
     cfg, scaling = self.cfg, self.cfg.rope_scaling
     scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
     if scaling is not None and scaling.kind == "yarn" and scaling.mscale_all_dim:
-      scale *= _yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+      scale *= yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
     return scale
 
   def _attention(self, h_BxSxD, layer_key):

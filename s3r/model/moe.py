@@ -33,15 +33,12 @@ from flax import nnx
 
 from s3r.model import moe_ep
 from s3r.model.config import check_dispatch
+from s3r.model.layers import param
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
 PURPOSES = ("gate", "up", "down", "shared_gate", "shared_up", "shared_down")  # index = fold_in data of each GEMM key
 _ACTS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
-
-
-def _param(key, shape, std, axes) -> nnx.Param:
-  return nnx.Param(std * jax.random.normal(key, shape, jnp.float32), logical_axes=axes)
 
 
 class MoEFeedForward(nnx.Module):
@@ -82,16 +79,16 @@ class MoEFeedForward(nnx.Module):
     self.capacity_factor, self.aux_loss_weight, self.act = capacity_factor, aux_loss_weight, act
     k = jax.random.split(rngs.params(), 7)
     d, f, e = d_model, d_expert, n_experts
-    self.router = _param(k[0], (d, e), init_std, ("embed", None))
-    self.gate = _param(k[1], (e, d, f), init_std, ("expert", "embed", "mlp"))
-    self.up = _param(k[2], (e, d, f), init_std, ("expert", "embed", "mlp"))
-    self.down = _param(k[3], (e, f, d), init_std, ("expert", "mlp", "embed"))
+    self.router = param(k[0], (d, e), init_std, ("embed", None))
+    self.gate = param(k[1], (e, d, f), init_std, ("expert", "embed", "mlp"))
+    self.up = param(k[2], (e, d, f), init_std, ("expert", "embed", "mlp"))
+    self.down = param(k[3], (e, f, d), init_std, ("expert", "mlp", "embed"))
     self.d_shared = (d_shared or n_shared * d_expert) if n_shared else 0
     if self.d_shared:
       g = self.d_shared
-      self.shared_gate = _param(k[4], (d, g), init_std, ("embed", "mlp"))
-      self.shared_up = _param(k[5], (d, g), init_std, ("embed", "mlp"))
-      self.shared_down = _param(k[6], (g, d), init_std, ("mlp", "embed"))
+      self.shared_gate = param(k[4], (d, g), init_std, ("embed", "mlp"))
+      self.shared_up = param(k[5], (d, g), init_std, ("embed", "mlp"))
+      self.shared_down = param(k[6], (g, d), init_std, ("mlp", "embed"))
 
   def capacity(self, tokens: int) -> int | None:
     """Rows each expert keeps: ceil(capacity_factor · tokens · top_k / n_experts), or None (dropless)."""

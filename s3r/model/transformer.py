@@ -1,6 +1,6 @@
-"""The decoder in Flax NNX whose block projections are INT8 `qmatmul`s: shared pieces, the
-Llama block, the model and its functional interface. Other families' blocks live in
-`s3r.model.blocks` (Qwen3, Gemma 3, Qwen3-MoE) and `s3r.model.mla` (DeepSeek-V2).
+"""The decoder in Flax NNX whose block projections are INT8 `qmatmul`s: the model and its
+functional interface. The blocks live in `s3r.model.layers` (the shared pieces and the Llama
+block), `s3r.model.blocks` (Qwen3, Gemma 3, Qwen3-MoE) and `s3r.model.mla` (DeepSeek-V2).
 
 Dimension letters in tensor names:
   B batch, S sequence, D model width, N query heads, K key/value heads, H head dim,
@@ -25,213 +25,22 @@ cross-shard sum, as the paper's TPU runs do; "int32" keeps XLA's exact int32 par
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from s3r.model.config import ModelConfig, RopeScaling
-from s3r.quant import qmatmul
+from s3r.model import blocks, mla
+from s3r.model.config import ModelConfig
+from s3r.model.layers import ACT_DTYPE, Block, RMSNorm, constrain, param
 from s3r.quant import recipe as get_recipe
-
-ACT_DTYPE = jnp.bfloat16
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-projection key
-# Megatron-style split of each projection's weight over the "tensor" mesh axis (s3r.train.sharding
-# RULES): column-parallel W [D, F] split along its outputs, row-parallel along its inputs.
-_TP_SPLIT = {"q": "column", "k": "column", "v": "column", "o": "row", "gate": "column", "up": "column", "down": "row"}
-
-_constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint", default=None)
-_projection: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_projection", default=None)
-
-
-@contextlib.contextmanager
-def activation_sharding(fn: Callable[[jax.Array, tuple], jax.Array]):
-  """While tracing inside this context, `constrain(x, axes)` calls `fn(x, axes)`."""
-  token = _constraint.set(fn)
-  try:
-    yield
-  finally:
-    _constraint.reset(token)
-
-
-@contextlib.contextmanager
-def intercept_projections(fn: Callable):
-  """While tracing inside this context, every block projection calls
-  `fn(name, x, w, key=..., recipe=...)` instead of `qmatmul` (diagnostics: record inputs,
-  add probes to outputs). Calls come in layer order, then q, k, v, o, gate, up, down."""
-  token = _projection.set(fn)
-  try:
-    yield
-  finally:
-    _projection.reset(token)
-
-
-def constrain(x: jax.Array, axes: tuple) -> jax.Array:
-  """Tags activation `x` with logical axis names (a no-op outside `activation_sharding`)."""
-  fn = _constraint.get()
-  return x if fn is None else fn(x, axes)
-
-
-def _param(key, shape, std, axes) -> nnx.Param:
-  return nnx.Param(std * jax.random.normal(key, shape, jnp.float32), logical_axes=axes)
-
-
-class RMSNorm(nnx.Module):
-  """RMSNorm over the last axis in f32: x / rms(x) * scale, or * (1 + scale) with `offset` (Gemma;
-  the scale then starts at 0)."""
-
-  def __init__(self, dim: int, eps: float, offset: bool = False):
-    init = jnp.zeros if offset else jnp.ones
-    self.scale = nnx.Param(init((dim,), jnp.float32), logical_axes=("norm",))
-    self.eps, self.offset = eps, offset
-
-  def __call__(self, x_BxSxD):
-    x = x_BxSxD.astype(jnp.float32)
-    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-    scale = 1.0 + self.scale[...] if self.offset else self.scale[...]
-    return (x * scale).astype(ACT_DTYPE)
-
-
-def _yarn_mscale(factor: float, mscale: float) -> float:
-  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def rope_frequencies(h: int, theta: float, scaling: RopeScaling | None):
-  """The h/2 inverse frequencies of RoPE with base `theta`, rescaled as `scaling` says, and the
-  factor on cos/sin (YaRN's magnitude correction; 1 otherwise)."""
-  inv_freq = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
-  if scaling is None:
-    return inv_freq, 1.0
-  if scaling.kind == "linear":
-    return inv_freq / scaling.factor, 1.0
-  if scaling.kind == "llama3":  # keep short wavelengths, divide long ones by factor, interpolate in between
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
-      scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    mid = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
-    long_ = wavelen > scaling.original_max_seq_len / scaling.low_freq_factor
-    short = wavelen < scaling.original_max_seq_len / scaling.high_freq_factor
-    return jnp.where(long_, inv_freq / scaling.factor, jnp.where(short, inv_freq, mid)), 1.0
-  # yarn: extrapolate the high frequencies, interpolate (/ factor) the low ones, linear ramp between.
-  dim_of = lambda rotations: (
-    h * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-  )
-  low = max(math.floor(dim_of(scaling.beta_fast)), 0)
-  high = min(math.ceil(dim_of(scaling.beta_slow)), h - 1)
-  ramp = jnp.clip((jnp.arange(h // 2, dtype=jnp.float32) - low) / max(high - low, 1e-3), 0, 1)
-  inv_freq = inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)
-  return inv_freq, _yarn_mscale(scaling.factor, scaling.mscale) / _yarn_mscale(scaling.factor, scaling.mscale_all_dim)
-
-
-def rope(x_BxSxNxH, theta: float, scaling: RopeScaling | None = None):
-  """Rotary position embedding (rotate-half form), computed in f32."""
-  s, h = x_BxSxNxH.shape[1], x_BxSxNxH.shape[-1]
-  inv_freq, magnitude = rope_frequencies(h, theta, scaling)
-  angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  cos, sin = jnp.cos(angle_SxH2)[None, :, None, :], jnp.sin(angle_SxH2)[None, :, None, :]
-  if magnitude != 1.0:
-    cos, sin = cos * magnitude, sin * magnitude
-  x = x_BxSxNxH.astype(jnp.float32)
-  x1, x2 = x[..., : h // 2], x[..., h // 2 :]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxSxNxH.dtype)
-
-
-class Block(nnx.Module):
-  """Llama block (pre-norm): x + attention(norm(x)), then + SwiGLU(norm(x)).
-
-  Other families subclass it (s3r.model.blocks) and override the hooks: `_qk` (queries and keys
-  before RoPE), `_attend` (the attention core), `_after` (a sublayer's output before the residual
-  add) and `_ffn` (the feed-forward, which also returns the MoE auxiliary terms)."""
-
-  PROJECTIONS = PROJECTIONS
-  TP_SPLIT = _TP_SPLIT
-
-  def __init__(self, cfg: ModelConfig, key, layer: int = 0):
-    self.cfg, self.layer = cfg, layer
-    d, nh, kh = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
-    k = dict(zip(PROJECTIONS, jax.random.split(key, len(PROJECTIONS))))
-    self.attn_norm = self._norm(d)
-    self.q = _param(k["q"], (d, nh), std, ("embed", "heads"))
-    self.k = _param(k["k"], (d, kh), std, ("embed", "kv_heads"))
-    self.v = _param(k["v"], (d, kh), std, ("embed", "kv_heads"))
-    self.o = _param(k["o"], (nh, d), out_std, ("heads", "embed"))
-    self.mlp_norm = self._norm(d)
-    self._init_ffn(k, std, out_std)
-
-  def _norm(self, dim: int) -> RMSNorm:
-    return RMSNorm(dim, self.cfg.norm_eps)
-
-  def _init_ffn(self, k: dict, std: float, out_std: float):
-    d, f = self.cfg.d_model, self.cfg.d_ff
-    self.gate = _param(k["gate"], (d, f), std, ("embed", "mlp"))
-    self.up = _param(k["up"], (d, f), std, ("embed", "mlp"))
-    self.down = _param(k["down"], (f, d), out_std, ("mlp", "embed"))
-
-  def _proj(self, name: str, x, layer_key):
-    key = None if layer_key is None else jax.random.fold_in(layer_key, self.PROJECTIONS.index(name))
-    override = _projection.get()
-    if override is not None:
-      return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
-    tp = self.TP_SPLIT[name] if self.cfg.tp_partial_sums == "bf16" else None
-    return qmatmul(x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe, tp=tp)
-
-  def _qk(self, q_BxSxNxH, k_BxSxKxH):
-    return q_BxSxNxH, k_BxSxKxH
-
-  def _rope(self, x_BxSxNxH):
-    return rope(x_BxSxNxH, self.cfg.rope_theta, self.cfg.rope_scaling)
-
-  def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
-    # bf16 scores and probability-value products (f32 softmax); attention_impl="cudnn": fused flash attention.
-    return jax.nn.dot_product_attention(
-      q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True, implementation=self.cfg.attention_impl
-    )
-
-  def _after(self, name: str, y_BxSxD):
-    return y_BxSxD
-
-  def _attention(self, h_BxSxD, layer_key):
-    cfg = self.cfg
-    b, s, _ = h_BxSxD.shape
-    q_BxSxNxH = self._proj("q", h_BxSxD, layer_key).reshape(b, s, cfg.n_heads, cfg.head_dim)
-    k_BxSxKxH = self._proj("k", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
-    v_BxSxKxH = self._proj("v", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
-    q_BxSxNxH, k_BxSxKxH = self._qk(q_BxSxNxH, k_BxSxKxH)
-    q_BxSxNxH = constrain(self._rope(q_BxSxNxH), ("batch", "seq", "act_heads", None))
-    k_BxSxKxH = constrain(self._rope(k_BxSxKxH), ("batch", "seq", "act_kv_heads", None))
-    v_BxSxKxH = constrain(v_BxSxKxH, ("batch", "seq", "act_kv_heads", None))
-    a_BxSxNxH = self._attend(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH)
-    return self._proj("o", a_BxSxNxH.reshape(b, s, -1), layer_key)
-
-  def _act(self, gate_BxSxF):
-    return jax.nn.silu(gate_BxSxF)
-
-  def _ffn(self, h_BxSxD, layer_key):
-    gate_BxSxF = self._proj("gate", h_BxSxD, layer_key)
-    up_BxSxF = self._proj("up", h_BxSxD, layer_key)
-    hidden_BxSxF = constrain(self._act(gate_BxSxF) * up_BxSxF, ("batch", "seq", "act_mlp"))
-    return self._proj("down", hidden_BxSxF, layer_key), {}
-
-  def __call__(self, x_BxSxD, layer_key):
-    """(the block's output [B, S, D], MoE auxiliary terms: {} for a dense block)."""
-    y_BxSxD = self._after("attn", self._attention(self.attn_norm(x_BxSxD), layer_key))
-    x_BxSxD = constrain(x_BxSxD + y_BxSxD, ("batch", "seq", "act_embed"))
-    y_BxSxD, aux = self._ffn(self.mlp_norm(x_BxSxD), layer_key)
-    return constrain(x_BxSxD + self._after("mlp", y_BxSxD), ("batch", "seq", "act_embed")), aux
 
 
 def block_class(cfg: ModelConfig) -> type[nnx.Module]:
   """The block of the config's family."""
   if cfg.family == "llama":
     return Block
-  from s3r.model import blocks, mla  # noqa: PLC0415 (the families build on this module)
-
   return {
     "qwen3": blocks.Qwen3Block,
     "gemma3": blocks.Gemma3Block,
@@ -246,12 +55,12 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, key: jax.Array):
     embed_key, blocks_key, out_key = jax.random.split(key, 3)
-    self.embed = _param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
+    self.embed = param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
     block = block_class(cfg)
     self.blocks = nnx.List([block(cfg, k, layer) for layer, k in enumerate(jax.random.split(blocks_key, cfg.n_layers))])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.family == "gemma3")
     if not cfg.tie_embeddings:
-      self.out = _param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
+      self.out = param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
     self.cfg = cfg
 
   def __call__(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from s3r import model as M
-from s3r.model import moe, transformer
+from s3r.model import layers, moe
 from tests.model import reference
 
 TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
@@ -154,7 +154,7 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
   def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe, impl=None):
     return recording_qmatmul(x, w[0], key=key, recipe=recipe)
 
-  monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
+  monkeypatch.setattr(layers, "qmatmul", recording_qmatmul)
   monkeypatch.setattr(moe, "qmatmul", recording_qmatmul)
   monkeypatch.setattr(moe, "grouped_qmatmul", recording_grouped_qmatmul)
   M.apply(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)), jnp.zeros((1, 8), jnp.int32), key=jax.random.key(3))

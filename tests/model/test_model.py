@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from s3r import model as M
+from s3r.model import layers
 from s3r.model import presets as model_presets
-from s3r.model import transformer
 
 _apply = jax.jit(M.apply, static_argnums=0)  # eager op-by-op execution is slow on CPU
 
@@ -71,7 +71,7 @@ def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
     assert recipe == "s3r" and tp in ("row", "column")
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
-  monkeypatch.setattr(transformer, "qmatmul", recording_qmatmul)
+  monkeypatch.setattr(layers, "qmatmul", recording_qmatmul)
   M.apply(graphdef, params, _tokens(cfg), key=jax.random.key(7))
   first = list(seen)
   M.apply(graphdef, params, _tokens(cfg), key=jax.random.key(8))
