@@ -21,8 +21,11 @@ and on request "pallas" (the Pallas kernels, impl="pallas": compiled on GPU, int
 elsewhere, which is far too slow to time at the paper shapes). A formulation that fails to
 compile is logged loudly, recorded under "errors" in the JSON and left out; the others run.
 
-Files: results/bench_moe_block_<platform>.* when the block is timed, bench_moe_<platform>.* for the
-grouped GEMMs alone (--skip-block).
+Targets: with the recipes they name, the Markdown judges the CPU targets (TARGETS) on the 95%
+interval of the paired ratio (`timing.paired_ratio_interval`): met, missed or not resolved.
+
+Files: results/bench_moe_block[_<tag>]_<platform>.* when the block is timed,
+bench_moe[_<tag>]_<platform>.* for the grouped GEMMs alone (--skip-block).
 """
 
 from __future__ import annotations
@@ -173,6 +176,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     help="where bench_moe_block_<platform>.* (block timed) or bench_moe_<platform>.* (--skip-block) go "
     "(default %(default)s)",
   )
+  p.add_argument(
+    "--tag", default=None, help="results go to bench_moe_block_<tag>_<platform>.* (or bench_moe_<tag>_<platform>.*)"
+  )
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
@@ -184,8 +190,9 @@ def run(args: argparse.Namespace) -> dict:
   forms = parse_list(args.gemm_forms, list(ALL_GEMM_FORMS), "gemm formulations")
   gemm_tokens = args.tokens if args.gemm_tokens is None else args.gemm_tokens
   settings = {k: getattr(args, k) for k in ("tokens", "gemm_tokens", "repeats", "number", "warmup", "prime", "seed")}
+  bench = "moe_block" if recipes else "moe"  # the GEMM-only comparison keeps its own file
   run_ = Run(
-    "moe_block" if recipes else "moe",  # the GEMM-only comparison keeps its own file
+    bench if not args.tag else f"{bench}_{args.tag}",
     args.out_dir,
     shapes=",".join(shapes),
     recipes=",".join(recipes),
@@ -230,29 +237,85 @@ def _compiled(configs: dict, shape_name: str, errors: list) -> dict:
   return ok
 
 
-def _ratio(timings, a, b):
-  """(t(a) / t(b) as a ratio of medians, paired per-round median), or (None, None)."""
+# The block's CPU targets (stated for the qwen3-30b-a3b shape): (recipe, ratio, bound, kind)
+TARGETS = (
+  ("s3r", "time_vs_int8_rtne", 1.05, "at most"),  # s3r within 5% of int8_rtne's time
+  ("s3r_ec_dx", "speedup_vs_int8_sr", 1.2, "at least"),  # s3r_ec_dx at least 1.2x faster than int8_sr
+)
+
+
+def _ratio(timings, a, b, name: str) -> dict:
+  """{name: t(a) / t(b) as a ratio of medians, name_paired: the median of same-round ratios,
+  name_paired_ci95: its 95% interval (`timing.paired_ratio_interval`)}, all None without a or b."""
   if a not in timings or b not in timings:
-    return None, None
-  return timings[a].median / timings[b].median, timing.paired_ratio(timings[a], timings[b])
+    return {name: None, f"{name}_paired": None, f"{name}_paired_ci95": None}
+  ta, tb = timings[a], timings[b]
+  return {
+    name: ta.median / tb.median,
+    f"{name}_paired": timing.paired_ratio(ta, tb),
+    f"{name}_paired_ci95": timing.paired_ratio_interval(ta, tb),
+  }
 
 
 def _summarize_block(name, shape, tokens, timings) -> dict:
   rows = {}
   for r, t in timings.items():
-    row = {"timing": t.as_dict()}
+    rows[r] = {"timing": t.as_dict()}
     for ref in ("bf16", "int8_sr"):
-      row[f"speedup_vs_{ref}"], row[f"speedup_vs_{ref}_paired"] = _ratio(timings, ref, r)
-    row["time_vs_int8_rtne"], row["time_vs_int8_rtne_paired"] = _ratio(timings, r, "int8_rtne")
-    rows[r] = row
+      rows[r] |= _ratio(timings, ref, r, f"speedup_vs_{ref}")
+    rows[r] |= _ratio(timings, r, "int8_rtne", "time_vs_int8_rtne")
   return {"shape": name, **shape, "tokens": tokens, "rows": tokens * shape["top_k"], "recipes": rows}
+
+
+def target_verdict(ci, bound: float, kind: str) -> str:
+  """ "met" or "missed" when the whole 95% interval lies on one side of the bound, else
+  "not resolved" (or "too few rounds" without an interval)."""
+  if ci is None:
+    return "too few rounds"
+  lo, hi = ci
+  inside = (hi <= bound) if kind == "at most" else (lo >= bound)
+  outside = (lo > bound) if kind == "at most" else (hi < bound)
+  return "met" if inside else "missed" if outside else "not resolved"
+
+
+def _targets_markdown(block: list[dict]) -> list[str]:
+  rows = []
+  for res in block:
+    for recipe, ratio, bound, kind in TARGETS:
+      row = res["recipes"].get(recipe)
+      if row is None or row[ratio] is None:
+        continue
+      ci = row[f"{ratio}_paired_ci95"]
+      interval = "–" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+      rows.append(
+        [
+          res["shape"],
+          f"{recipe} {ratio.replace('_', ' ')}",
+          f"{kind} {bound}",
+          fmt_ratio(row[ratio]),
+          f"{row[f'{ratio}_paired']:.3f}",
+          interval,
+          target_verdict(ci, bound, kind),
+        ]
+      )
+  if not rows:
+    return []
+  head = ["shape", "ratio", "target", "ratio of medians", "paired median", "95% interval", "verdict"]
+  return [
+    "## Targets",
+    "",
+    markdown_table(head, rows),
+    "The paired median is the median over rounds of the same-round ratio; its 95% interval is the "
+    "distribution-free order-statistic (sign-test) interval, treating rounds as independent. A target is met "
+    "or missed when the whole interval lies on one side of it.",
+    "",
+  ]
 
 
 def _summarize_gemm(name, shape, rows, timings) -> dict:
   out = {}
   for f, t in timings.items():
-    out[f] = {"timing": t.as_dict()}
-    out[f]["speedup_vs_ragged"], out[f]["speedup_vs_ragged_paired"] = _ratio(timings, "ragged", f)
+    out[f] = {"timing": t.as_dict()} | _ratio(timings, "ragged", f, "speedup_vs_ragged")
   flops = 3 * 2 * rows * shape["hidden"] * shape["expert_width"]
   return {
     "shape": name,
@@ -299,9 +362,10 @@ def markdown(results: dict, recipes: list[str], forms: list[str]) -> str:
         )
     out += [
       markdown_table(head, rows),
-      "Ratios are ratios of medians; the JSON also has paired (per-round) medians.",
+      "Ratios are ratios of medians; the JSON also has paired (per-round) medians and their 95% intervals.",
       "",
     ]
+    out += _targets_markdown(results["block"])
     ref = [res["shape"] for res in results["block"] if res["shape"] in paper.PAPER_TABLE_IV_MOE_MS]
     if ref:
       out += ["Reference, paper Table IV (full training steps on TPU v5p): speedup vs int8_sr", ""]

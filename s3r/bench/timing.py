@@ -12,6 +12,7 @@ ratios are only ever formed between configurations of the same run (`paired_rati
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -146,3 +147,32 @@ def paired_ratio(num: Timing, den: Timing) -> float:
   if n == 0:
     return float("nan")
   return float(np.median(np.asarray(num.samples[:n]) / np.asarray(den.samples[:n])))
+
+
+def median_interval_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
+  """1-based ranks (lo, hi) of the order statistics that bound the median of n independent
+  samples of a continuous distribution with at least `confidence` coverage, whatever the
+  distribution: the sign-test interval [x_(j), x_(n+1-j)], j the largest rank with
+  P(Binomial(n, 1/2) < j) ≤ (1 - confidence) / 2. None when n is too small for any interval."""
+  if not 0 < confidence < 1:
+    raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+  tail, cdf, j = (1 - confidence) / 2, 0.0, 0
+  for i in range(n + 1):  # cdf = P(B ≤ i - 1) = P(B < i) when rank i is tried
+    if cdf > tail:
+      break
+    j = i
+    cdf += math.comb(n, i) / 2**n
+  return None if j < 1 else (j, n + 1 - j)
+
+
+def paired_ratio_interval(num: Timing, den: Timing, confidence: float = 0.95) -> tuple[float, float] | None:
+  """Distribution-free `confidence` interval for the median of the same-round ratios num/den
+  (the quantity `paired_ratio` estimates), treating the rounds as independent: the
+  order-statistic interval of `median_interval_ranks`. None when there are too few rounds
+  (fewer than 6 at 95%)."""
+  n = min(len(num.samples), len(den.samples))
+  ranks = median_interval_ranks(n, confidence)
+  if ranks is None:
+    return None
+  r = np.sort(np.asarray(num.samples[:n]) / np.asarray(den.samples[:n]))
+  return float(r[ranks[0] - 1]), float(r[ranks[1] - 1])

@@ -7,6 +7,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from s3r import paper
 from s3r.bench import cli, moe, options
@@ -28,10 +29,12 @@ def test_moe_bench_writes_block_and_gemm_results(tmp_path):
       "0",
       "--out-dir",
       str(tmp_path),
+      "--tag",
+      "tiny",
     ]
   )
   assert args.func(args) == 0
-  stem = tmp_path / f"bench_moe_block_{jax.default_backend()}"
+  stem = tmp_path / f"bench_moe_block_tiny_{jax.default_backend()}"
   doc = json.loads(stem.with_suffix(".json").read_text())
   assert doc["complete"] is True
   (block,) = doc["results"]["block"]
@@ -44,6 +47,8 @@ def test_moe_bench_writes_block_and_gemm_results(tmp_path):
   assert gemm["forms"]["ragged"]["speedup_vs_ragged"] == 1.0
   md = stem.with_suffix(".md").read_text()
   assert "speedup vs int8_sr" in md and "speedup vs ragged_dot" in md
+  assert "## Targets" in md and "too few rounds" in md  # one round gives no interval
+  assert block["recipes"]["s3r"]["time_vs_int8_rtne_paired_ci95"] is None
   assert stem.with_suffix(".png").stat().st_size > 0
 
 
@@ -72,3 +77,19 @@ def test_a_formulation_that_fails_to_compile_is_recorded_and_left_out():
   ok = moe._compiled(configs, "tiny", errors)
   assert list(ok) == ["tiled"] and [e["formulation"] for e in errors] == ["ragged"]
   np.testing.assert_array_equal(np.asarray(ok["tiled"][0](*ok["tiled"][1])[0]), np.asarray(fn(*args)[0]))
+
+
+@pytest.mark.parametrize(
+  "ci, bound, kind, verdict",
+  [
+    ((0.98, 1.04), 1.05, "at most", "met"),
+    ((1.00, 1.08), 1.05, "at most", "not resolved"),
+    ((1.06, 1.10), 1.05, "at most", "missed"),
+    ((1.21, 1.30), 1.2, "at least", "met"),
+    ((1.10, 1.25), 1.2, "at least", "not resolved"),
+    ((0.90, 1.10), 1.2, "at least", "missed"),
+    (None, 1.2, "at least", "too few rounds"),
+  ],
+)
+def test_a_target_is_met_or_missed_only_when_the_whole_interval_is_on_one_side(ci, bound, kind, verdict):
+  assert moe.target_verdict(ci, bound, kind) == verdict

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 
 from s3r.bench import timing
@@ -63,3 +64,32 @@ def test_paired_ratio_is_the_median_of_same_round_ratios():
   num, den = timing.Timing("a", [2.0, 9.0, 3.0]), timing.Timing("b", [1.0, 3.0, 1.0, 5.0])
   assert timing.paired_ratio(num, den) == 3.0  # ratios 2, 3, 3 over the three common rounds
   assert timing.paired_ratio(timing.Timing("c", []), den) != timing.paired_ratio(timing.Timing("c", []), den)  # nan
+
+
+@pytest.mark.parametrize("n, ranks", [(5, None), (6, (1, 6)), (15, (4, 12)), (40, (14, 27))])
+def test_median_interval_ranks_are_the_sign_test_ranks(n, ranks):
+  # 6 rounds: P(Bin(6, 1/2) = 0) = 1/64 ≤ 0.025 < 7/64; 15: P(B ≤ 3) = 0.018 ≤ 0.025 < P(B ≤ 4) = 0.059
+  assert timing.median_interval_ranks(n) == ranks
+
+
+def test_paired_ratio_interval_covers_the_true_median_ratio_at_least_95_percent_of_the_time():
+  """Rounds whose ratio is 1.1 · lognormal noise (true median 1.1) times a shared per-round drift:
+  the interval must hold 1.1 in ≥ 95% of 2000 runs of 15 rounds. Its exact coverage at n = 15 is
+  1 - 2·P(B ≤ 3) = 0.9648; the test fails below 0.95 - 3σ of a binomial proportion at 0.95 over
+  2000 runs (σ = 0.0049), so a wrong rank (coverage 0.88 at ranks 5-11) cannot pass."""
+  rng = np.random.default_rng(0)
+  runs, n, hits = 2000, 15, 0
+  for _ in range(runs):
+    drift = rng.lognormal(0, 0.3, n)
+    den = timing.Timing("b", list(drift * rng.lognormal(0, 0.05, n)))
+    num = timing.Timing("a", list(np.asarray(den.samples) * 1.1 * rng.lognormal(0, 0.1, n)))
+    lo, hi = timing.paired_ratio_interval(num, den)
+    hits += lo <= 1.1 <= hi
+  assert hits / runs >= 0.95 - 3 * np.sqrt(0.95 * 0.05 / runs)
+
+
+def test_paired_ratio_interval_needs_six_rounds_at_95_percent():
+  den = timing.Timing("b", [1.0] * 5)
+  assert timing.paired_ratio_interval(timing.Timing("a", [2.0] * 5), den) is None
+  with pytest.raises(ValueError, match="confidence"):
+    timing.median_interval_ranks(10, confidence=1.0)
