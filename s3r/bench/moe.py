@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> dict:
       results["gemm"].append(_summarize_gemm(name, shape, rows, t))
       log("  " + ", ".join(f"{f} {v.median * 1e3:.1f} ms" for f, v in t.items()))
       run_.write(results, body(), complete=False)
-  chart_fn = None if args.no_chart or not results["block"] else functools.partial(chart, results, recipes)
+  charted = not args.no_chart and results["block"] and chart_reference(recipes)
+  chart_fn = functools.partial(chart, results, recipes) if charted else None
   paths = run_.write(results, body(), chart=chart_fn)
   log(f"[moe] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": results, "paths": paths}
@@ -413,14 +414,20 @@ def markdown(results: dict, recipes: list[str], forms: list[str]) -> str:
   return "\n".join(out)
 
 
+def chart_reference(recipes: list[str]) -> str | None:
+  """The recipe the chart's speedups are relative to: bf16, else int8_sr, else None (no chart)."""
+  return next((r for r in ("bf16", "int8_sr") if r in recipes), None)
+
+
 def chart(results: dict, recipes: list[str], path) -> None:
+  ref = chart_reference(recipes)
   groups = [f"{r['shape']}\nT={r['tokens']}" for r in results["block"]]
-  series = {rc: [r["recipes"][rc]["speedup_vs_bf16"] for r in results["block"]] for rc in recipes}
+  series = {rc: [r["recipes"][rc][f"speedup_vs_{ref}"] for r in results["block"]] for rc in recipes}
   bar_chart(
     path,
     groups,
     series,
-    ylabel="speedup vs bf16 (t_bf16 / t)",
+    ylabel=f"speedup vs {ref} (t_{ref} / t)",
     hline=1.0,
-    title="MoE feed-forward block fwd+bwd: speed vs BF16 (same run)",
+    title=f"MoE feed-forward block fwd+bwd: speed vs {ref} (same run)",
   )

@@ -93,3 +93,9 @@ def test_a_formulation_that_fails_to_compile_is_recorded_and_left_out():
 )
 def test_a_target_is_met_or_missed_only_when_the_whole_interval_is_on_one_side(ci, bound, kind, verdict):
   assert moe.target_verdict(ci, bound, kind) == verdict
+
+
+def test_the_chart_is_relative_to_bf16_else_int8_sr_else_left_out():
+  assert moe.chart_reference(["int8_sr", "bf16", "s3r"]) == "bf16"
+  assert moe.chart_reference(["int8_rtne", "int8_sr", "s3r"]) == "int8_sr"
+  assert moe.chart_reference(["int8_rtne", "s3r"]) is None
