@@ -204,11 +204,10 @@ def quantize_grouped_gradient(
   rows, n = gp_TxN.shape
   total, experts, axes = spread if spread is not None else (rows, n_seg, ())
   amax = jnp.max(jnp.abs(gp_TxN))
-  delta = (jax.lax.pmax(amax, axes) if axes else amax) * numerics.INV_QMAX
-  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  delta = numerics.gradient_step(jax.lax.pmax(amax, axes) if axes else amax)
   v_TxN = gp_TxN * numerics.reciprocal(delta)  # never a division, as in the dense quantizer
   if r.rounding == "rtne":
-    q = jnp.clip(jnp.round(v_TxN), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+    q = numerics.round_codes(v_TxN)
     return delta, v_TxN, q, q
   if where is None:
     at_row, seg0 = (lambda u: u), 0
@@ -223,7 +222,7 @@ def quantize_grouped_gradient(
       u = at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
     else:
       u = thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
-    return jnp.clip(jnp.floor(v_TxN + u), -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
+    return numerics.round_codes(v_TxN, u)
 
   if r.rounding == "sr" or r.split:
     key_dx, key_dw = jax.random.split(key)

@@ -210,8 +210,7 @@ def quantize_gradient(
   """
   r = _check_recipe(r)
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta = jnp.max(jnp.abs(gp_BxSxN)) * numerics.INV_QMAX
-  delta = jnp.where(delta == 0, jnp.ones_like(delta), delta)
+  delta = numerics.gradient_step(jnp.max(jnp.abs(gp_BxSxN)))
   v_BxSxN = gp_BxSxN * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
   q_dx, q_dw = _round(r, v_BxSxN, key)
   return delta, v_BxSxN, q_dx, q_dw
@@ -248,11 +247,7 @@ def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
 
 def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
   """int8 codes (Q for dX, Q for dW) of v = G'/Δ: one array, returned twice, unless split."""
-
-  def codes(noise):
-    rounded = jnp.round(v_BxSxN) if noise is None else jnp.floor(v_BxSxN + noise)
-    return jnp.clip(rounded, -numerics.QMAX, numerics.QMAX).astype(jnp.int8)
-
+  codes = functools.partial(numerics.round_codes, v_BxSxN)
   if r.rounding == "rtne":
     q = codes(None)
     return q, q

@@ -41,6 +41,20 @@ def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
   return jnp.clip(jnp.round(v), -QMAX, QMAX).astype(jnp.int8)
 
 
+def gradient_step(amax: jax.Array) -> jax.Array:
+  """The backward's per-tensor step Δ = max|G'| · f32(1/127) from `amax` = max|G'| (already
+  reduced over every shard); an all-zero gradient gets Δ = 1, never 0."""
+  delta = amax * INV_QMAX
+  return jnp.where(delta == 0, jnp.ones_like(delta), delta)
+
+
+def round_codes(v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
+  """int8 codes of v = G'/Δ, clipped to [-127, 127]: RTNE(v) without a threshold, else the
+  stochastic rounding floor(v + u) with `threshold` u (broadcast against v)."""
+  rounded = jnp.round(v) if threshold is None else jnp.floor(v + threshold)
+  return jnp.clip(rounded, -QMAX, QMAX).astype(jnp.int8)
+
+
 def reciprocal(a: jax.Array) -> jax.Array:
   """1/a in f32, computed once per scale (see quantize_rtne)."""
   return jnp.float32(1) / a.astype(jnp.float32)

@@ -344,7 +344,7 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, expert_dispatch: str, runs) 
   key seed) of `runs`, traced as `s3r train` traces it (tokens over (data, expert), expert weights
   over expert, activations constrained). Writes <prefix>_<recipe>_<name>.npz and, per sharded
   run, the compiled gradient program's collectives by kind, the all_to_alls of its jaxpr and the
-  router weight's sharding into result.json."""
+  gate expert weight's sharding into result.json."""
   from flax import nnx
 
   from s3r.analysis.collectives import collectives
