@@ -1,5 +1,6 @@
 # One virtual environment in .venv; every target installs what it needs first.
-PYTHON ?= python3.11
+# A Python 3.12: python3.12 on the PATH, else pyenv's (scripts/find-python says what to install if neither).
+PYTHON ?= $(shell scripts/find-python)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -7,7 +8,8 @@ STAMP  := $(VENV)/.installed
 .PHONY: install lint test test-slow train quickstart-snapshot bench sweep clean
 
 $(STAMP): pyproject.toml constraints.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; run 'make PYTHON=python3 ...'"; exit 1; }
+	@test -n "$(PYTHON)" || { scripts/find-python; exit 1; }
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; run 'make PYTHON=/path/to/python3.12 ...'"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'

@@ -23,13 +23,21 @@ BROADCAST = {"params": True, "quant": False}  # params split per layer, the "qua
 X = jax.random.normal(jax.random.key(0), (2, 4, 8))
 
 
+_CAPTURED: list[jax.Array] = []  # the key data the spy saw, within the current trace
+
+
 class _Block(nn.Module):
   quantized: bool = True  # LinenDotGeneral here; False: a plain nn.Dense, for s3r.nn.quantize
 
   @nn.compact
   def __call__(self, x, _):
     kwargs = {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx")} if self.quantized else {}
-    return nn.Dense(8, **kwargs)(x), None
+    y = nn.Dense(8, **kwargs)(x)
+    # The key the layer used leaves as the scan's per-layer output (an effect such as
+    # jax.debug.callback inside a Flax scan body is refused: "broadcasted variable has a data
+    # dependency on the scan body").
+    key = _CAPTURED.pop() if _CAPTURED else jnp.zeros((1, 2), jnp.uint32)
+    return y, key
 
 
 def _scanned(split_rngs, quantized=True):
@@ -37,19 +45,21 @@ def _scanned(split_rngs, quantized=True):
 
 
 def _keys_used(monkeypatch, apply) -> np.ndarray:
-  """The key data each quantized dot_general received while `apply()` ran, one row per call."""
-  seen = []
+  """The key data each quantized dot_general received while `apply()` ran, one row per call.
+
+  `apply` returns the scanned block's outputs `(y, keys)`; the spy hands each key to `_Block`."""
   real = dg_module._quantized_dot
 
   def spy(lhs, rhs, dimension_numbers, *, key, **kw):
-    jax.debug.callback(lambda k: seen.append(np.asarray(k).reshape(-1, 2)), jax.random.key_data(key))
+    _CAPTURED.append(jax.random.key_data(key).reshape(-1, 2))
     return real(lhs, rhs, dimension_numbers, key=key, **kw)
 
   with monkeypatch.context() as patch:
     patch.setattr(dg_module, "_quantized_dot", spy)
-    jax.block_until_ready(apply())
-    jax.effects_barrier()
-  return np.concatenate(seen)
+    _CAPTURED.clear()
+    keys = np.asarray(jax.block_until_ready(apply()[1]))
+  assert not _CAPTURED, "a key was drawn outside the scanned block"
+  return keys.reshape(-1, 2)
 
 
 def _distinct(keys: np.ndarray) -> int:
@@ -61,7 +71,7 @@ def test_scanned_layers_draw_different_keys_when_the_quant_stream_is_broadcast(m
   model = _scanned(BROADCAST, quantized)  # every layer gets the same "quant" stream key
   q = model if quantized else snn.quantize(model, "s3r_ec_dx")
   variables = q.init(jax.random.key(1), X, None)
-  run = lambda: q.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0]
+  run = lambda: q.apply(variables, X, None, rngs={"quant": jax.random.key(2)})
   keys = _keys_used(monkeypatch, run)
   assert keys.shape[0] == LAYERS and _distinct(keys) == LAYERS
   fingerprint = dg_module.kernel_fingerprint
@@ -72,7 +82,7 @@ def test_scanned_layers_draw_different_keys_when_the_quant_stream_is_broadcast(m
 def test_vmapped_layers_draw_different_keys_when_the_quant_stream_is_broadcast(monkeypatch):
   model = nn.vmap(_Block, variable_axes={"params": 0}, split_rngs=BROADCAST, in_axes=(None, None), axis_size=LAYERS)()
   variables = model.init(jax.random.key(1), X, None)
-  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
+  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)}))
   assert keys.shape[0] == LAYERS and _distinct(keys) == LAYERS
 
 
@@ -97,14 +107,14 @@ def test_same_stream_key_and_kernel_give_the_same_key_and_gradient(monkeypatch):
   g_a, g_b, g_c = (np.asarray(grad(variables["params"], s)["Dense_0"]["kernel"]) for s in (2, 2, 3))
   np.testing.assert_array_equal(g_a, g_b)
   assert not np.array_equal(g_a, g_c)
-  run = lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0]
+  run = lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})
   np.testing.assert_array_equal(_keys_used(monkeypatch, run), _keys_used(monkeypatch, run))
 
 
 def test_layers_with_bit_identical_kernels_share_a_key(monkeypatch):
   model = _scanned({"params": False, "quant": False})  # params not split either: one kernel for every layer
   variables = model.init(jax.random.key(1), X, None)
-  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)})[0])
+  keys = _keys_used(monkeypatch, lambda: model.apply(variables, X, None, rngs={"quant": jax.random.key(2)}))
   assert keys.shape[0] == LAYERS and _distinct(keys) == 1
 
 
