@@ -1,12 +1,13 @@
 #!/bin/bash
 # The FFN and quantizer benchmarks on one GPU (an H200), and where the FFN block's temporary
 # memory goes, in one device call:
-#   device run, command: bash scripts/device_bench.sh, timeout_s 480
+#   device run, command: bash scripts/device_bench.sh, timeout_s 600
 # It uses the device image's own python3 (JAX with CUDA, Flax, Optax, SciPy, Matplotlib are
-# there; s3r is pure Python and runs from the checkout) and writes bench_{ffn,quantizer}_gpu.*,
-# static_memory/bench_static_gpu.* and device_bench.log to $OUT (or ./results elsewhere): 7 files,
-# within the 8 a call brings back, so the benches draw no PNG (`s3r bench merge FILE.json --out
-# results/bench_ffn_gpu` draws it from the JSON here). The FFN and quantizer benches write their
+# there; s3r is pure Python and runs from the checkout). First the smoke stage (under a minute;
+# the script stops if it fails). It writes bench_{ffn,quantizer}_gpu.* and
+# static_memory/bench_static_gpu.* to $WORK and packs them into device_bench.tar.gz beside
+# device_bench.log (`bash scripts/device_unpack.sh FILES_AT` puts them in results/); the benches
+# draw no PNG (`s3r bench merge FILE.json --out results/bench_ffn_gpu` draws it from the JSON here). The FFN and quantizer benches write their
 # JSON and Markdown after every shape, so a run cut short by its timeout keeps the shapes it
 # finished (marked "complete": false). Commit what comes back under results/ and add the GPU
 # tables beside the CPU ones in the README.
@@ -22,29 +23,31 @@
 # reaches W5-W6; run SHAPES=W7,W8,W9 in a second call and join the files with `s3r bench merge`.
 # The quantizer takes about 60 s for all nine shapes.
 # Env: SHAPES (default all), FFN_TOKENS (16384), Q_TOKENS (65536), PY (python3), MEM_SHAPES (W1,W3),
-#      MEM_S / FFN_S / Q_S (seconds allowed per part: 80 / 240 / 130).
-set -o pipefail
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-DEST=${OUT:-results}
+#      MEM_S / FFN_S / Q_S (seconds allowed per part: 80 / 220 / 130), SMOKE_S (120), OUT, WORK.
+source "$(dirname "$0")/device_common.sh"
+DEST=${OUT:-runs/device}
+WORK=${WORK:-$DEST/bench}
 SHAPES=${SHAPES:-all}
-mkdir -p "$DEST"
+mkdir -p "$DEST" "$WORK"
 LOG="$DEST/device_bench.log"
 {
-  date -u
-  $PY -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>&1
+  header || exit 1
+  smoke_or_stop "$WORK/smoke" || exit 1
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" timeout "${MEM_S:-80}" $PY -m s3r.cli bench static \
     --recipes bf16,int8_rtne,s3r_ec_dx,int8_sr --memory-shapes "${MEM_SHAPES:-W1,W3}" --memory-tokens 16384 \
-    --memory-breakdown --out-dir "$DEST/static_memory" 2>&1
+    --memory-breakdown --out-dir "$WORK/static_memory" 2>&1
   echo "static memory exit $?"
   # FFN block: 6 recipes -> 12 repeats = the Williams design twice; 3 calls per sample
-  timeout "${FFN_S:-240}" $PY -m s3r.cli bench ffn --shapes "$SHAPES" --tokens "${FFN_TOKENS:-16384}" \
-    --repeats 12 --number 3 --no-chart --out-dir "$DEST" 2>&1
+  timeout "${FFN_S:-220}" $PY -m s3r.cli bench ffn --shapes "$SHAPES" --tokens "${FFN_TOKENS:-16384}" \
+    --repeats 12 --number 3 --no-chart --out-dir "$WORK" 2>&1
   echo "ffn exit $?"
   # quantizer alone: 7 configurations -> 28 repeats = the design twice
   timeout "${Q_S:-130}" $PY -m s3r.cli bench quantizer --shapes "$SHAPES" --tokens "${Q_TOKENS:-65536}" \
-    --repeats 28 --number 5 --no-chart --out-dir "$DEST" 2>&1
+    --repeats 28 --number 5 --no-chart --out-dir "$WORK" 2>&1
   echo "quantizer exit $?"
-  ls -laR "$DEST"
+  ls -laR "$WORK"
 } 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+cp "$LOG" "$WORK/" 2>/dev/null
+pack device_bench
+exit "$status"

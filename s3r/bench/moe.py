@@ -204,17 +204,36 @@ def run(args: argparse.Namespace) -> dict:
     timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number, prime=args.prime, log=log
   )
   body = lambda: markdown(results, recipes, forms)
+
+  def partial(part: str, shape_name: str):
+    """Writes the timings so far (`in_progress`) after every compile and round: a step stopped by
+    its time limit keeps each recipe it reached."""
+
+    def write(timings):
+      results["in_progress"] = {
+        "part": part,
+        "shape": shape_name,
+        "timings": {n: t.as_dict() for n, t in timings.items()},
+      }
+      run_.write(results, body(), complete=False)
+
+    return write
+
   for name, shape in shapes.items():
     if recipes:
       log(f"[moe] block {name} {shape}, T={args.tokens}, load {loadavg()}")
-      t = timed(block_configs(shape, recipes, args.tokens, args.seed))
+      t = timed(block_configs(shape, recipes, args.tokens, args.seed), progress=partial("block", name))
+      results.pop("in_progress", None)
       results["block"].append(_summarize_block(name, shape, args.tokens, t))
       log("  " + ", ".join(f"{r} {v.median * 1e3:.1f} ms" for r, v in t.items()))
       run_.write(results, body(), complete=False)  # a run cut short keeps what it finished
     if gemm_tokens and forms:
       rows = gemm_tokens * shape["top_k"]
       log(f"[moe] grouped GEMM {name}: R={rows}, E={shape['experts']}, load {loadavg()}")
-      t = timed(_compiled(gemm_configs(shape, forms, rows, args.seed), name, results["errors"]))
+      t = timed(
+        _compiled(gemm_configs(shape, forms, rows, args.seed), name, results["errors"]), progress=partial("gemm", name)
+      )
+      results.pop("in_progress", None)
       results["gemm"].append(_summarize_gemm(name, shape, rows, t))
       log("  " + ", ".join(f"{f} {v.median * 1e3:.1f} ms" for f, v in t.items()))
       run_.write(results, body(), complete=False)

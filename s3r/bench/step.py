@@ -35,7 +35,8 @@ MIB = 2**20
 
 
 def resolve_attention(choice: str) -> str:
-  """The `ModelConfig.attention_impl` of `--attention`: auto is cudnn on GPUs, xla elsewhere."""
+  """The attention kernel `--attention` asks for before any shape is known: auto is cudnn on GPUs,
+  xla elsewhere (`build` then checks that cuDNN compiles at each preset's shapes)."""
   import jax
 
   if choice != "auto":
@@ -43,7 +44,7 @@ def resolve_attention(choice: str) -> str:
   return "cudnn" if jax.default_backend() == "gpu" else "xla"
 
 
-def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int | None):
+def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int | None, attention: str | None = None):
   """The preset with the bench's overrides (recipe, depth, sequence, width, vocabulary, remat, attention)."""
   from s3r import model as s3r_model
 
@@ -52,7 +53,7 @@ def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int
     "recipe": recipe,
     "max_seq_len": max(base.max_seq_len, args.seq),
     "remat": args.remat == "full",
-    "attention_impl": resolve_attention(args.attention),
+    "attention_impl": attention or resolve_attention(args.attention),
   }
   for field, value in (("layers", layers), ("width", args.width), ("vocab_size", args.vocab)):
     if value:
@@ -99,11 +100,16 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
   from jax.sharding import PartitionSpec as P
 
   from s3r import model as s3r_model
+  from s3r.train import attention, sharding
   from s3r.train import optimizer as opt
-  from s3r.train import sharding
   from s3r.train import step as train_step_mod
 
-  cfgs = {r: model_config(preset, r, args, layers) for r in recipes}
+  impl, attention_note = attention.resolve(
+    args.attention, model_config(preset, recipes[0], args, layers, "xla"), batch=args.batch, seq=args.seq
+  )
+  if attention_note:
+    log(f"[step] {preset}: {attention_note}")
+  cfgs = {r: model_config(preset, r, args, layers, impl) for r in recipes}
   first = cfgs[recipes[0]]
   ocfg = opt.OptimizerConfig(lr=1e-4, total_steps=10_000, warmup_steps=10)
   tx = opt.make_optimizer(ocfg)
@@ -162,6 +168,7 @@ def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Na
     "vocab_size": first.vocab_size,
     "remat": first.remat,
     "attention_impl": first.attention_impl,
+    "attention_note": attention_note,
     "compile_threads": threads,
   }
   return {r: stepper(c) for r, c in compiled.items()}, info, model

@@ -266,7 +266,8 @@ def markdown(results: dict) -> str:
     out += [
       f"## `{m['preset']}` ({m['family']}), {m['n_layers']} of {m['full_n_layers']} layers, "
       f"{m['params']:,} parameters ({m['active_params']:,} active), d_model {m['d_model']}, vocab "
-      f"{m['vocab_size']}, attention {m['attention_impl']}",
+      f"{m['vocab_size']}, attention {m['attention_impl']}"
+      + (f" ({m['attention_note']})" if m.get("attention_note") else ""),
       "",
       _config_table(c),
     ]

@@ -98,8 +98,12 @@ def time_interleaved(
   prime: int = 1,
   seed: int = 0,
   log: Callable[[str], None] | None = None,
+  progress: Callable[[dict[str, Timing]], None] | None = None,
 ) -> dict[str, Timing]:
   """Times `fn(*args)` for every (fn, args) in `configs`, interleaving the repeats.
+
+  `progress(timings so far)` is called after each configuration's first calls and after each
+  round, so a caller can write what it has before a time limit cuts the run.
 
   Each fn should already be jitted. The first call (compile + run) is timed separately as
   `compile_s`; then `warmup` more untimed calls; then `repeats` rounds, each round calling
@@ -126,6 +130,8 @@ def time_interleaved(
       block(fn(*args))
     if log:
       log(f"  compiled+warm {n}: first call {out[n].compile_s:.2f}s")
+    if progress:
+      progress(out)
   slots = random.Random(seed).sample(names, len(names))  # which config takes which place in the design
   orders = balanced_orders(len(slots))
   for i in range(repeats):
@@ -138,6 +144,8 @@ def time_interleaved(
         res = fn(*args)
       block(res)
       out[n].samples.append((time.perf_counter() - t0) / number)
+    if progress:
+      progress(out)
   return out
 
 

@@ -55,9 +55,14 @@ def probe_gradients_fn(cfg: s3r_model.ModelConfig, recipe: str) -> Callable:
   return jax.jit(fn)
 
 
-def relative_errors(cfg, params, batch_BxS1, recipes, *, n_keys: int = 16, seed: int = 0, log=print) -> dict:
-  """{recipe: {metric: sqrt(mean_k ||g_k - g||²) / ||g||}} over `n_keys` independent keys."""
-  exact = probe_gradients_fn(cfg, REFERENCE)(params, batch_BxS1, jax.random.key(0))
+def relative_errors(
+  cfg, params, batch_BxS1, recipes, *, n_keys: int = 16, seed: int = 0, log=print, reference_fn=None
+) -> dict:
+  """{recipe: {metric: sqrt(mean_k ||g_k - g||²) / ||g||}} over `n_keys` independent keys.
+
+  `reference_fn`: a `probe_gradients_fn(cfg, REFERENCE)` to reuse (it compiles once per shape)."""
+  reference_fn = reference_fn or probe_gradients_fn(cfg, REFERENCE)
+  exact = reference_fn(params, batch_BxS1, jax.random.key(0))
   exact = {k: np.asarray(v, np.float64) for k, v in exact.items()}
   norms = {k: float(np.linalg.norm(v)) for k, v in exact.items()}
   keys = jax.random.split(jax.random.key(seed), n_keys)

@@ -57,20 +57,29 @@ def training_loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Arr
   return total, (ce, aux)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule):
+def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule | None):
   """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics): loss (the cross-entropy),
-  grad_norm, lr, and for MoE models load_balance_loss and dropped_fraction."""
+  grad_norm, lr, and for MoE models load_balance_loss and dropped_fraction.
 
-  def train_step(state: TrainState, batch_BxS1: jax.Array, train_key: jax.Array):
+  With `lr_schedule=None` the learning rate is an argument instead, train_step(state, batch_BxS1,
+  train_key, lr), and the updates of `tx` (built at a constant rate of 1) are multiplied by it: the
+  schedule can then be chosen after the step is compiled."""
+
+  def train_step(state: TrainState, batch_BxS1: jax.Array, train_key: jax.Array, lr: jax.Array | None = None):
     step_key = jax.random.fold_in(train_key, state.step)
     grad_fn = jax.value_and_grad(training_loss_fn, has_aux=True)
     (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    if lr_schedule is None:
+      updates = jax.tree.map(lambda u: u * lr.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state.step), **aux}
+    rate = lr if lr_schedule is None else lr_schedule(state.step)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": rate, **aux}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  return train_step
+  if lr_schedule is None:
+    return train_step
+  return lambda state, batch_BxS1, train_key: train_step(state, batch_BxS1, train_key)
 
 
 def make_eval_step(graphdef):

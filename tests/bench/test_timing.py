@@ -93,3 +93,13 @@ def test_paired_ratio_interval_needs_six_rounds_at_95_percent():
   assert timing.paired_ratio_interval(timing.Timing("a", [2.0] * 5), den) is None
   with pytest.raises(ValueError, match="confidence"):
     timing.median_interval_ranks(10, confidence=1.0)
+
+
+def test_progress_sees_each_configuration_after_its_first_calls_and_every_round():
+  seen = []
+  configs = {n: (lambda: 0, ()) for n in ("a", "b", "c")}
+  timing.time_interleaved(
+    configs, repeats=4, warmup=0, prime=0, progress=lambda t: seen.append({n: len(v.samples) for n, v in t.items()})
+  )
+  assert len(seen) == 3 + 4  # one per configuration compiled, then one per round
+  assert seen[2] == {"a": 0, "b": 0, "c": 0} and seen[3] == {"a": 1, "b": 1, "c": 1} and seen[-1] == dict.fromkeys("abc", 4)

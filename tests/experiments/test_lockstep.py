@@ -87,3 +87,25 @@ def test_build_tokens_writes_a_loadable_folder(tmp_path):
   loaded_meta, train, val = lockstep.load_tokens(str(tmp_path / "tok"))
   assert loaded_meta == meta and train.dtype == np.uint16 and len(train) == min(5000, meta["train_tokens_available"])
   assert "val" in val and len(val["val"]) == meta["n_tokens"]["val"]
+
+
+def test_fitted_schedule_is_the_longest_that_fits():
+  cfg = lockstep.LockstepConfig(data="d", out="o", preset="tiny", steps=2000, warmup=200, eval_every=250, margin=10.0)
+  steps, warmup = lockstep.fitted_schedule(cfg, seconds_left=300.0, iteration_s=0.2, eval_round_s=2.0)
+  cost = lambda n: n * 0.2 + (n // 250 + (n % 250 != 0)) * 2.0 + 10.0
+  assert cost(steps) <= 300.0 < cost(int(steps / 0.97) + 1)
+  assert warmup == round(200 * steps / 2000)
+  assert lockstep.fitted_schedule(cfg, seconds_left=1e6, iteration_s=0.2, eval_round_s=2.0) == (2000, 200)
+
+
+def test_lockstep_fits_its_schedule_and_measures_the_dose(token_folder, tmp_path):
+  cfg = _cfg(token_folder, tmp_path, steps=6, warmup=1, fit_budget=True, time_budget=900.0, dose_keys=2)
+  summary = lockstep.run(cfg, log=lambda _: None)
+  sched = summary["schedule"]
+  assert sched["fitted"] and 1 <= sched["steps"] <= 6 and summary["steps_done"] <= sched["steps"]
+  assert set(summary["dose"]) == set(cfg.recipes)
+  for errors in summary["dose"].values():
+    assert set(errors) == {"dx_first", "dx_last", "dw_first", "embed"}
+    assert all(0 < v < 10 for v in errors.values())
+  report = (tmp_path / "out" / "summary.md").read_text()
+  assert "## Dose" in report and "## Paired differences" in report and summary["attention"]["impl"] == "xla"

@@ -135,3 +135,25 @@ def test_optimizer_defaults_and_weight_decay_on_matrices_only():
 def test_invalid_optimizer_config_is_rejected_naming_the_field(field, value):
   with pytest.raises(ValueError, match=field):
     O.OptimizerConfig(total_steps=100, **{"warmup_steps": 10, field: value})
+
+
+def test_a_learning_rate_passed_at_run_time_gives_the_scheduled_step():
+  """make_train_step(..., lr_schedule=None) with tx at unit rate and lr = schedule(step) as an
+  argument trains like the scheduled step (AdamW's last transformation is the rate)."""
+  cfg = M.preset("tiny", recipe="s3r_ec_dx")
+  ocfg = O.OptimizerConfig(lr=3e-3, total_steps=6, warmup_steps=2)
+  unit = O.OptimizerConfig(lr=1.0, total_steps=6, warmup_steps=0, final_lr_ratio=1.0)
+  scheduled, init = _step_and_state(cfg, ocfg)
+  runtime = jax.jit(St.make_train_step(M.graphdef(cfg), O.make_optimizer(unit), lr_schedule=None))
+  scheduled = jax.jit(scheduled)
+  tokens = jax.random.randint(jax.random.key(3), (2, 17), 0, cfg.vocab_size)
+  a = init(jax.random.key(0))
+  b = St.init_state(M.init_params(cfg, jax.random.key(0)), O.make_optimizer(unit))
+  lr_at = O.schedule(ocfg)
+  for step in range(4):
+    a, ma = scheduled(a, tokens, jax.random.key(1))
+    b, mb = runtime(b, tokens, jax.random.key(1), jnp.float32(lr_at(step)))
+    assert float(ma["lr"]) == float(mb["lr"])
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-9)
+  assert not np.array_equal(np.asarray(jax.tree.leaves(a.params)[0]), np.asarray(init(jax.random.key(0)).params["embed"]))

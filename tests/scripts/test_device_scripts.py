@@ -1,0 +1,119 @@
+"""Dry runs of the device scripts on the CPU, at the tiniest sizes, with the environment they set:
+a change that would break a script on a borrowed GPU fails here first. Each script must exit 0
+and bring back exactly its archive and its log, with the files its README entry promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUICK_SMOKE = {"SMOKE_STAGES": "versions"}  # the full smoke stage has its own test below
+
+
+def _run(script: str, out: pathlib.Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+  full = {**os.environ, "PY": sys.executable, "OUT": str(out), "JAX_PLATFORMS": "cpu", **env}
+  return subprocess.run(
+    ["bash", f"scripts/{script}.sh"], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
+  )
+
+
+def _brought_back(out: pathlib.Path, name: str) -> set[str]:
+  """The archive's member files (and a check that only the archive and the log came back)."""
+  assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"{name}.log", f"{name}.tar.gz"]
+  with tarfile.open(out / f"{name}.tar.gz") as tar:
+    return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+
+
+@pytest.fixture()
+def tokens(tmp_path):
+  folder = tmp_path / "tokens"
+  folder.mkdir()
+  rng = np.random.default_rng(0)
+  np.save(folder / "train.npy", rng.integers(0, 512, 6_000).astype(np.uint16))
+  np.save(folder / "val.npy", rng.integers(0, 512, 600).astype(np.uint16))
+  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
+  return folder
+
+
+def test_the_smoke_stage_runs_every_stage_and_reports_each(tmp_path):
+  result = subprocess.run(
+    [sys.executable, "scripts/device_smoke.py", "--out", str(tmp_path)],
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  report = json.loads((tmp_path / "smoke.json").read_text())
+  assert report["passed"] and list(report["stages"]) == ["versions", "lockstep", "pallas", "step"]
+  assert "SMOKE PASSED" in result.stdout
+
+
+def test_a_failing_smoke_stage_stops_the_script(tmp_path, tokens):
+  result = _run("device_quality", tmp_path / "out", {**QUICK_SMOKE, "TOKENS": str(tokens), "SMOKE_STAGES": "nope"})
+  assert result.returncode == 1
+  assert "SMOKE STAGE FAILED" in result.stdout and "lockstep budget" not in result.stdout
+
+
+def test_device_quality_dry_run(tmp_path, tokens):
+  env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
+  env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
+  result = _run("device_quality", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  files = _brought_back(tmp_path / "out", "device_quality")
+  assert {"run/summary.json", "run/summary.md", "run/curves.jsonl", "smoke/smoke.json"} <= files
+  with tarfile.open(tmp_path / "out" / "device_quality.tar.gz") as tar:
+    summary = json.load(tar.extractfile("./run/summary.json"))
+  assert summary["complete"] and summary["schedule"]["fitted"] and summary["dose"]
+
+
+def test_device_step_dry_run_keeps_every_family_it_starts(tmp_path):
+  env = {"PRESETS": "llama3.1-8b:1 gemma3-12b:1", "RECIPES": "bf16,s3r_ec_dx", "WIDTH": "64", "VOCAB": "512"}
+  env |= {"BATCH": "2", "SEQ": "32", "REPEATS": "1", "WARMUP": "0", "TOTAL_S": "900", "FIRST_S": "1", **QUICK_SMOKE}
+  result = _run("device_step", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  files = _brought_back(tmp_path / "out", "device_step")
+  assert {"bench_step_llama3.1-8b_cpu.json", "bench_step_gemma3-12b_cpu.json", "skipped.json"} <= files
+
+
+def test_device_moe_dry_run(tmp_path):
+  env = {"TOKENS": "16", "GEMM_TOKENS": "16", "CHECK_TOKENS": "16", "SHAPE_Q": "32x8x2x16", "SHAPE_D": "32x4x2x24+1"}
+  env |= {"REPEATS": "1", "NUMBER": "1", "RECIPES": "int8_rtne,s3r_ec_dx", "CHECK_S": "600", "GEMM_S": "600"}
+  env |= {"BLOCK_S": "600", **QUICK_SMOKE}
+  result = _run("device_moe", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  files = _brought_back(tmp_path / "out", "device_moe")
+  assert {
+    "pallas_check/pallas_check.json",
+    "gemm_qwen/bench_moe_cpu.json",
+    "block_deepseek/bench_moe_block_cpu.json",
+  } <= files
+
+
+def test_device_unpack_puts_archives_under_results_gpu_and_never_overwrites(tmp_path):
+  src = tmp_path / "back"
+  (src / "w").mkdir(parents=True)
+  (src / "w" / "summary.json").write_text("{}")
+  subprocess.run(["tar", "czf", str(src / "device_quality.tar.gz"), "-C", str(src / "w"), "."], check=True)
+  (src / "device_quality.log").write_text("log")
+  repo = tmp_path / "repo"
+  (repo / "scripts").mkdir(parents=True)
+  (repo / "scripts" / "device_unpack.sh").write_text((ROOT / "scripts" / "device_unpack.sh").read_text())
+  run = lambda: subprocess.run(["bash", "scripts/device_unpack.sh", str(src)], cwd=repo, capture_output=True, text=True)
+  first = run()
+  assert first.returncode == 0, first.stderr
+  assert sorted(p.name for p in (repo / "results/gpu/device_quality").iterdir()) == [
+    "device_quality.log",
+    "summary.json",
+  ]
+  again = run()
+  assert again.returncode == 2 and "never overwritten" in again.stderr
