@@ -6,7 +6,7 @@
 # First the smoke stage (under a minute; the script stops if it fails). Then five steps, each its own
 # process under its own time limit, into its own folder of $WORK, packed at the end into
 # device_moe.tar.gz beside device_moe.log (what comes back; `bash scripts/device_unpack.sh FILES_AT`
-# puts it under results/moe_gpu/):
+# puts it under results/gpu/device_moe/):
 #   pallas_check: the compiled Pallas grouped GEMMs against ragged_dot, bit for bit, at SHAPE_Q
 #     (python -m s3r.bench.pallas_check -> pallas_check.json). If it fails (a kernel that does not
 #     compile, is not a Triton kernel, or differs), a "PALLAS CHECK FAILED" banner is printed, the
