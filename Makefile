@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check s3r tests
-	$(VENV)/bin/ruff format --check s3r tests
+	$(VENV)/bin/ruff check s3r tests scripts
+	$(VENV)/bin/ruff format --check s3r tests scripts
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
