@@ -55,8 +55,19 @@ def _group_size(line: str) -> int:
     return len(m.group(1).split("},{")[0].strip("{}").split(","))
   if m := _MESH_GROUPS.search(line):
     axes = dict((k.strip("' "), int(v)) for k, v in (a.split("=") for a in m.group(1).split(",")))
-    return math.prod(axes[a.strip("' ")] for a in m.group(2).split(",") if a.strip())
+    return math.prod(_axis_size(a, axes) for a in m.group(2).split(",") if a.strip())
   return 1
+
+
+_SUB_AXIS = re.compile(r"'?([\w.]+)'?:\((\d+)\)(\d+)")
+
+
+def _axis_size(item: str, axes: dict[str, int]) -> int:
+  """Devices along one entry of a mesh replica group: a whole axis ('tensor') or a sub-axis
+  ('tensor':(2)4, the 4 devices of 'tensor' that follow a stride of 2 of them)."""
+  if m := _SUB_AXIS.fullmatch(item.strip()):
+    return int(m.group(3))
+  return axes[item.strip("' ")]
 
 
 def _wire_factor(kind: str, n: int, line: str) -> float:

@@ -47,3 +47,15 @@ def test_volume_sums_bytes_by_kind_and_element_type():
   assert v["all-reduce"] == {"s32": 64 * 64 * 4, "f32": 33 * 4, "bf16": 64}
   assert v["all-gather"] == {"s8": 64 * 96, "f32": 8 * 8 * 4}
   assert set(v) == {"all-reduce", "all-gather", "reduce-scatter", "collective-permute"}
+
+
+def test_a_mesh_replica_group_over_a_sub_axis_counts_the_sub_axis_devices():
+  # XLA 0.11's text for a group of 4 devices of an 8-device axis: the sub-axis 'tensor':(2)4
+  hlo = """
+ENTRY %main {
+  ROOT %all-reduce.1 = f32[16]{0} all-reduce(%x), channel_id=16, replica_groups=mesh['data'=1,'expert'=1,'fsdp'=2,'tensor'=8] {'tensor':(2)4}, to_apply=%add
+  %all-reduce.2 = f32[16]{0} all-reduce(%y), channel_id=17, replica_groups=mesh['fsdp'=2,'tensor'=8] {'fsdp','tensor':(4)2}, to_apply=%add
+}
+"""
+  sizes = {c.name: c.group_size for c in collectives(hlo)}
+  assert sizes == {"all-reduce.1": 4, "all-reduce.2": 4}

@@ -167,7 +167,8 @@ def test_error_correction_has_smaller_dx_error_than_uncorrected_s3r():
 
 
 def test_gathered_factors_false_leaves_the_placement_of_the_dw_factors_to_xla():
-  mesh = jax.sharding.AbstractMesh((8,), ("data",))
+  # Auto axes, as the trainer's meshes have (an AbstractMesh defaults to Explicit axes since JAX 0.11)
+  mesh = jax.sharding.AbstractMesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   args = (jnp.zeros((16, 4)), jnp.zeros((16, 8)), jnp.zeros((16,)), jnp.zeros((6, 64), jnp.int8))
 
   def constraints():
