@@ -26,7 +26,7 @@
 #      MEM_S / FFN_S / Q_S (seconds allowed per part: 80 / 220 / 130), SMOKE_S (120), OUT, WORK.
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
-WORK=${WORK:-$DEST/bench}
+WORK=${WORK:-runs/device_work/bench}  # outside $OUT: only the archive and the log come back
 SHAPES=${SHAPES:-all}
 mkdir -p "$DEST" "$WORK"
 LOG="$DEST/device_bench.log"

@@ -28,7 +28,7 @@
 #   BLOCK_S [115] seconds per step; RECIPES [bench moe's]; SMOKE_S [120]; PY [python3]; OUT, WORK.
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
-WORK=${WORK:-$DEST/moe}
+WORK=${WORK:-runs/device_work/moe}  # outside $OUT: only the archive and the log come back
 mkdir -p "$DEST" "$WORK"
 LOG="$DEST/device_moe.log"
 COMMON=(--repeats "${REPEATS:-12}" --number "${NUMBER:-3}" --warmup 1)

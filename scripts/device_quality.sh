@@ -18,7 +18,7 @@
 # CPU dry run (tests/scripts/test_device_scripts.py): PRESET=tiny BATCH=2 SEQ=32 STEPS=4 ...
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
-WORK=${WORK:-$DEST/quality}
+WORK=${WORK:-runs/device_work/quality}  # outside $OUT: only the archive and the log come back
 TOKENS=${TOKENS:-.cache/device_tokens}
 mkdir -p "$DEST" "$WORK"
 {
@@ -34,7 +34,9 @@ mkdir -p "$DEST" "$WORK"
     --preset "${PRESET:-paper-12l}" --steps "${STEPS:-2000}" --fit-budget --batch "${BATCH:-8}" --seq "${SEQ:-2048}" \
     --lr "${LR:-6e-4}" --warmup "${WARMUP:-200}" --eval-every "${EVAL_EVERY:-250}" \
     --eval-batches "${EVAL_BATCHES:-16}" --dose-keys "${DOSE_KEYS:-4}" --time-budget "$budget" 2>&1
-  echo "lockstep exit $?"
+  code=$?
+  echo "lockstep exit $code"
+  exit "$code"
 } 2>&1 | tee "$DEST/device_quality.log"
 status=${PIPESTATUS[0]}
 cp "$DEST/device_quality.log" "$WORK/" 2>/dev/null

@@ -29,7 +29,7 @@ export BATCH=${BATCH:-4} SEQ=${SEQ:-4096} REPEATS=${REPEATS:-6} WARMUP=${WARMUP:
 export RECIPES=${RECIPES:-bf16,int8_rtne,int8_sr,s3r,s3r_ec,s3r_ec_dx} COMPILE_THREADS=${COMPILE_THREADS:-2}
 export FIRST_S=${FIRST_S:-150}
 DEST=${OUT:-runs/device}
-WORK=${WORK:-$DEST/step}
+WORK=${WORK:-runs/device_work/step}  # outside $OUT: only the archive and the log come back
 mkdir -p "$DEST" "$WORK"
 {
   header || exit 1
@@ -37,7 +37,9 @@ mkdir -p "$DEST" "$WORK"
   budget=$(seconds_left "${TOTAL_S:-560}")
   echo "families budget ${budget}s"
   timeout $(( budget + 20 )) $PY scripts/device_step_families.py --budget "$budget" --out-dir "$WORK" 2>&1
-  echo "bench exit $?"
+  code=$?
+  echo "bench exit $code"
+  exit "$code"
 } 2>&1 | tee "$DEST/device_step.log"
 status=${PIPESTATUS[0]}
 cp "$DEST/device_step.log" "$WORK/" 2>/dev/null

@@ -19,7 +19,8 @@ QUICK_SMOKE = {"SMOKE_STAGES": "versions"}  # the full smoke stage has its own t
 
 
 def _run(script: str, out: pathlib.Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-  full = {**os.environ, "PY": sys.executable, "OUT": str(out), "JAX_PLATFORMS": "cpu", **env}
+  work = out.parent / f"work_{out.name}"  # the script's work folder, outside OUT as on the device
+  full = {**os.environ, "PY": sys.executable, "OUT": str(out), "WORK": str(work), "JAX_PLATFORMS": "cpu", **env}
   return subprocess.run(
     ["bash", f"scripts/{script}.sh"], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
   )
@@ -27,7 +28,7 @@ def _run(script: str, out: pathlib.Path, env: dict, timeout: int = 900) -> subpr
 
 def _brought_back(out: pathlib.Path, name: str) -> set[str]:
   """The archive's member files (and a check that only the archive and the log came back)."""
-  assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"{name}.log", f"{name}.tar.gz"]
+  assert sorted(p.name for p in out.iterdir()) == [f"{name}.log", f"{name}.tar.gz"]
   with tarfile.open(out / f"{name}.tar.gz") as tar:
     return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
 
