@@ -48,6 +48,5 @@ LOG="$DEST/device_bench.log"
   ls -laR "$WORK"
 } 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
-cp "$LOG" "$WORK/" 2>/dev/null
-pack device_bench
+finish device_bench
 exit "$status"

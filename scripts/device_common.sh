@@ -35,3 +35,8 @@ smoke_or_stop() {  # smoke_or_stop DIR: every code path at the smallest size (<1
 pack() {  # pack NAME: $WORK -> $DEST/NAME.tar.gz (the log is written to $DEST/NAME.log by the caller)
   tar czf "$DEST/$1.tar.gz" -C "$WORK" . && echo "packed $DEST/$1.tar.gz ($(du -h "$DEST/$1.tar.gz" | cut -f1))"
 }
+
+finish() {  # finish NAME: a copy of $DEST/NAME.log into $WORK, then pack (the caller exits with its status)
+  cp "$DEST/$1.log" "$WORK/" 2>/dev/null
+  pack "$1"
+}

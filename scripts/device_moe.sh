@@ -64,7 +64,6 @@ step() {  # step NAME SECONDS ARGS...: one bench run into $WORK/NAME
   if [ "$check" != 0 ]; then banner "PALLAS CHECK FAILED (exit $check): the other steps ran; this run exits 1"; fi
 } 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
-cp "$LOG" "$WORK/" 2>/dev/null
-pack device_moe
+finish device_moe
 [ "$status" != 0 ] && exit "$status"
 [ "$(cat "$WORK/pallas_check/exit_code" 2>/dev/null)" = 0 ] || exit 1

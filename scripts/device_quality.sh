@@ -3,8 +3,8 @@
 #   device run, command: bash scripts/device_quality.sh, carry: [".cache/device_tokens"], timeout_s: 600
 # paper-12l, seq 2048 x batch 8, int8_sr / s3r / s3r_ec_dx in lockstep from the same parameters,
 # batches and quantizer keys, lr 6e-4. First the smoke stage (under a minute); then the lockstep
-# runner, which compiles the three train steps in parallel (the evaluation and gradient-error
-# programs in the background), measures an iteration, and fits a complete schedule (warm-up 10%,
+# runner, which compiles the three train steps in parallel (the evaluation programs in the
+# background), measures an iteration, and fits a complete schedule (warm-up 10%,
 # cosine to lr/10) to the steps that fit in what is left of TOTAL_S; cuDNN flash attention where it
 # compiles. At the end it measures each recipe's relative gradient errors on its final parameters.
 # Needs the token folder (.cache/device_tokens, about 50 MiB; build it once with
@@ -39,6 +39,5 @@ mkdir -p "$DEST" "$WORK"
   exit "$code"
 } 2>&1 | tee "$DEST/device_quality.log"
 status=${PIPESTATUS[0]}
-cp "$DEST/device_quality.log" "$WORK/" 2>/dev/null
-pack device_quality
+finish device_quality
 exit "$status"

@@ -42,6 +42,5 @@ mkdir -p "$DEST" "$WORK"
   exit "$code"
 } 2>&1 | tee "$DEST/device_step.log"
 status=${PIPESTATUS[0]}
-cp "$DEST/device_step.log" "$WORK/" 2>/dev/null
-pack device_step
+finish device_step
 exit "$status"

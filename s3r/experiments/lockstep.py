@@ -7,8 +7,8 @@ point leaves curves of equal length, and the run stops itself before `time_budge
 (compilation included) with a final evaluation of all models at the same step.
 
 Time on a borrowed device is the scarce thing, so:
-- the train steps of all recipes compile in parallel threads; the evaluation and the gradient-error
-  programs compile in the background while training runs;
+- the train steps of all recipes compile in parallel threads; the evaluation programs compile in
+  the background while training runs (the gradient-error programs compile at the end);
 - the learning rate is an argument of the compiled step, so with `fit_budget` the schedule is
   sized after compilation: the iteration time is measured on throw-away copies of the states and
   the run gets a complete warm-up + cosine schedule of the steps that fit (at most `steps`),
@@ -36,7 +36,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
-import math
 import pathlib
 import time
 
@@ -47,7 +46,7 @@ from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r import results as provenance
 from s3r.experiments import gradients
-from s3r.experiments.lockstep_report import write_summary
+from s3r.experiments.lockstep_report import finite, write_summary
 from s3r.train import attention
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import init_state, make_eval_step, make_train_step
@@ -170,7 +169,7 @@ def fitted_schedule(cfg: LockstepConfig, seconds_left: float, iteration_s: float
 class _Models:
   """The compiled steps and the states of every recipe (identical initial parameters)."""
 
-  def __init__(self, cfg: LockstepConfig, vocab_size: int, attention: str, log=print):
+  def __init__(self, cfg: LockstepConfig, vocab_size: int, attention: str):
     base = s3r_model.PRESETS[cfg.preset]
     self.cfgs = {
       r: s3r_model.preset(
@@ -186,12 +185,11 @@ class _Models:
     tx = make_optimizer(unit_rate(self.opt))
     init_key, self.train_key, self.eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
     batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32)
-    self.lr_arg = jax.ShapeDtypeStruct((), np.float32)
     self.states, lowered = {}, {}
     for r, mcfg in self.cfgs.items():  # tracing on this thread, XLA compiles in parallel below
       self.states[r] = jax.jit(lambda k, mcfg=mcfg: init_state(s3r_model.init_params(mcfg, k), tx))(init_key)
       step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
-      lowered[r] = step.lower(self.states[r], batch, self.train_key, self.lr_arg)
+      lowered[r] = step.lower(self.states[r], batch, self.train_key, jax.ShapeDtypeStruct((), np.float32))
     self.pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.compile_threads or len(cfg.recipes)))
     self.train = dict(zip(lowered, self.pool.map(lambda lo: lo.compile(), lowered.values())))
     sums = {
@@ -201,13 +199,15 @@ class _Models:
     if len(set(sums.values())) != 1:
       raise RuntimeError(f"initial parameters differ between recipes: {sums}")
     self.param_count = s3r_model.param_count(next(iter(self.cfgs.values())))
-    # Evaluation programs compile in the background while training starts.
+    # Evaluation programs compile in the background while training starts. They are lowered
+    # against the parameters' shapes, not the arrays, which the train steps donate meanwhile.
+    param_shapes = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.states[cfg.recipes[0]].params
+    )
     self._eval = {
       r: self.pool.submit(
         lambda r=r: (
-          jax.jit(make_eval_step(s3r_model.graphdef(self.cfgs[r])))
-          .lower(self.states[r].params, batch, self.eval_key)
-          .compile()
+          jax.jit(make_eval_step(s3r_model.graphdef(self.cfgs[r]))).lower(param_shapes, batch, self.eval_key).compile()
         )
       )
       for r in cfg.recipes
@@ -251,20 +251,16 @@ class _Models:
     }
 
 
-def _finite(x: float) -> float | None:
-  return x if math.isfinite(x) else None
-
-
 def _record(step: int, cfg: LockstepConfig, evals: dict, train_losses: dict) -> dict:
   rec = {
     "step": step,
     "tokens": step * cfg.batch * cfg.seq,
     "elapsed_s": 0.0,
-    "train_loss": {r: _finite(v) for r, v in train_losses.items()},
+    "train_loss": {r: finite(v) for r, v in train_losses.items()},
   }
   for name, per in evals.items():
     key = "val" if name == "val" else f"val_{name}"
-    rec[key] = {r: _finite(float(np.mean(v))) for r, v in per.items()}
+    rec[key] = {r: finite(float(np.mean(v))) for r, v in per.items()}
   rec["val_batches"] = evals["val"]
   return rec
 
@@ -293,10 +289,10 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   }
   vocab = int(meta_tokens["vocab_size"])
   attention, attention_note = resolve_attention(cfg, vocab, log)
-  models = _Models(cfg, vocab, attention, log)
+  models = _Models(cfg, vocab, attention)
   compile_s = elapsed()
   log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s")
-  dose_batch = next(iter(val_sets["val"]))[: cfg.dose_batch]
+  dose_batch = val_sets["val"][0][: cfg.dose_batch]
   iteration_s = models.iteration_seconds(val_sets["val"][0])
   eval_round_s = iteration_s / 3 * sum(len(v) for v in val_sets.values())  # a forward is about a third of a step
   dose_s = (cfg.dose_keys + 1) * iteration_s * cfg.dose_batch / cfg.batch if cfg.dose_keys else 0.0

@@ -28,7 +28,8 @@ ONE_SEED = (
 )
 
 
-def _finite(x: float) -> float | None:
+def finite(x: float) -> float | None:
+  """x, or None where JSON has no number (NaN, infinity)."""
   return x if math.isfinite(x) else None
 
 
@@ -48,7 +49,7 @@ def paired(records: list[dict], recipes: tuple[str, ...], steps_done: int) -> di
     out[f"{a} - {b}"] = {
       "final": diffs[-1],
       "final_step": records[-1]["step"],
-      "eval_se": _finite(se) if se is not None else None,
+      "eval_se": finite(se) if se is not None else None,
       "last_quarter_mean": float(np.mean(late)) if late else None,
       "curve": diffs,
       "paper": round(PAPER_LOSS[a] - PAPER_LOSS[b], 3),
