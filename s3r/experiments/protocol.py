@@ -46,6 +46,9 @@ class SweepConfig:
   data: str | None = None  # corpus (None: enwiki shards 0-8, validation shard 9 and C4)
   eval_every: int = 100  # validation every N steps
   eval_batches: int = 16  # batches per validation set
+  # > 0: at the end of each finished run, every recipe's relative gradient errors on the run's
+  # final parameters over this many keys (the dose of rounding noise the run ends with)
+  dose_keys: int = 0
   runs_dir: str = "runs/sweeps"  # run directories (checkpoints)
   results_dir: str = "results"  # summaries and tables
 
@@ -71,6 +74,8 @@ class SweepConfig:
       raise ValueError(f"SweepConfig.fixed_lrs: rates must have at most 3 significant digits, got {inexact}")
     if self.fixed_lrs is not None:  # a private copy with float rates
       object.__setattr__(self, "fixed_lrs", {r: float(v) for r, v in fixed.items()})
+    if self.dose_keys < 0:
+      raise ValueError(f"SweepConfig.dose_keys must be >= 0, got {self.dose_keys}")
     if self.seeds < 1:
       raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
 

@@ -31,7 +31,7 @@ import time
 from s3r.experiments import table1
 from s3r.experiments.protocol import SweepConfig, best_lr, next_runs, parse_fixed_lrs
 from s3r.experiments.runs import load_summaries, summarize_run
-from s3r.results import git_info, log
+from s3r.results import loadavg, log, run_metadata
 
 
 def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pathlib.Path) -> list[str]:
@@ -79,7 +79,7 @@ def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> d
   out = pathlib.Path(cfg.runs_dir) / cfg.name / name
   out.mkdir(parents=True, exist_ok=True)
   cmd = _train_command(cfg, recipe, lr, seed, out)
-  t0 = time.time()
+  t0, load_before = time.time(), loadavg()
   with open(out / "sweep.log", "a") as logfile:
     logfile.write(f"$ {' '.join(cmd)}\n")
     logfile.flush()
@@ -89,10 +89,29 @@ def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> d
   summary = summarize_run(
     out, recipe=recipe, lr=lr, seed=seed, status="done" if rc == 0 else "diverged", wall_s=time.time() - t0
   )
-  summary["git"] = git_info()  # the code the run trained with (the sweep runs its own checkout)
+  if cfg.dose_keys and rc == 0:
+    summary["dose"] = measure_dose(cfg, out, log=log)
+  # the code and machine the run trained with (the sweep runs its own checkout)
+  summary["meta"] = {**run_metadata(), "loadavg_before": load_before, "loadavg_after": loadavg()}
+  summary["git"] = summary["meta"]["git"]
   cfg.summary_dir.mkdir(parents=True, exist_ok=True)
   (cfg.summary_dir / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
+
+
+def measure_dose(cfg: SweepConfig, out: pathlib.Path, log=print) -> dict:
+  """Every recipe's relative gradient errors (`gradients.relative_errors`) on the run's final
+  parameters and first validation batch: the same parameters for all recipes, so the
+  difference of two recipes' squared errors is the excess variance one adds over the other."""
+  from s3r.experiments import gradients
+  from s3r.experiments.runs import load_run
+
+  run = load_run(str(out), log=lambda _msg: None)
+  log(f"  dose at step {run['step']} ({cfg.dose_keys} keys):")
+  errors = gradients.relative_errors(
+    run["model_cfg"], run["params"], run["val_batch"], cfg.recipes, n_keys=cfg.dose_keys, log=log
+  )
+  return {"step": run["step"], "n_keys": cfg.dose_keys, "reference": gradients.REFERENCE, "errors": errors}
 
 
 def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=log) -> dict:
@@ -157,7 +176,7 @@ def register(subparsers) -> None:
     default=None,
     help="recipe=rate pairs, comma-separated (e.g. bf16=0.004,s3r=0.004): no grid for those recipes",
   )
-  for field in ("seeds", "steps", "warmup", "batch", "seq", "eval_every", "eval_batches"):
+  for field in ("seeds", "steps", "warmup", "batch", "seq", "eval_every", "eval_batches", "dose_keys"):
     p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help=f"default {getattr(d, field)}")
   for field in ("preset", "data", "runs_dir", "results_dir"):
     p.add_argument(f"--{field.replace('_', '-')}", default=None, help=f"default {getattr(d, field)}")

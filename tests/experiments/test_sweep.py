@@ -217,11 +217,17 @@ def test_unknown_recipe_in_the_sweep_config_is_rejected(tmp_path):
     _cfg(tmp_path, recipes=("int4",))
 
 
-def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corpus):
+def test_negative_dose_keys_are_rejected(tmp_path):
+  with pytest.raises(ValueError, match="SweepConfig.dose_keys"):
+    _cfg(tmp_path, dose_keys=-1)
+
+
+def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tmp_path, tiny_corpus):
   cfg = _cfg(
     tmp_path,
-    recipes=("s3r_ec_dx",),
-    lrs=(2e-3,),
+    recipes=("s3r_ec_dx", "int8_sr"),
+    fixed_lrs={"s3r_ec_dx": 2e-3, "int8_sr": 2e-3},
+    dose_keys=2,
     seeds=1,
     preset="tiny",
     steps=4,
@@ -236,7 +242,11 @@ def test_one_real_run_writes_its_summary_and_is_then_skipped(tmp_path, tiny_corp
   summaries = runs.load_summaries(cfg)
   (only,) = summaries.values()
   assert only["status"] == "done" and only["steps"] == 4 and math.isfinite(only["val_losses"]["val"])
-  assert protocol.next_runs(cfg, summaries) == []
+  assert [r for r, _, _ in protocol.next_runs(cfg, summaries)] == ["int8_sr"]
+  # every recipe's gradient errors on the same final parameters, and where the run ran
+  assert only["dose"]["step"] == 4 and set(only["dose"]["errors"]) == {"s3r_ec_dx", "int8_sr"}
+  assert all(0 < e < 1 for errs in only["dose"]["errors"].values() for e in errs.values())
+  assert only["meta"]["jax_version"] and only["meta"]["cpu_model"] and "loadavg_after" in only["meta"]
   # the Quickstart recorder reads the same run directory
   from s3r.experiments import snapshot
 
