@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check s3r tests scripts
-	$(VENV)/bin/ruff format --check s3r tests scripts
+	$(VENV)/bin/ruff check s3r benchmarks experiments tests scripts
+	$(VENV)/bin/ruff format --check s3r benchmarks experiments tests scripts
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
@@ -35,14 +35,14 @@ quickstart-snapshot: $(STAMP)
 	rm -rf runs/quickstart-snapshot
 	@start=$$(date +%s); \
 	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart-snapshot && \
-	$(PY) -m s3r.experiments.snapshot runs/quickstart-snapshot results/quickstart.json $$(( $$(date +%s) - start ))
+	$(PY) -m experiments.snapshot runs/quickstart-snapshot results/quickstart.json $$(( $$(date +%s) - start ))
 
 bench: $(STAMP)
-	$(VENV)/bin/s3r bench matmul
-	$(VENV)/bin/s3r bench ffn
+	$(VENV)/bin/python -m benchmarks matmul
+	$(VENV)/bin/python -m benchmarks ffn
 
 sweep: $(STAMP)
-	$(VENV)/bin/s3r sweep --config configs/table1.json
+	$(VENV)/bin/python -m experiments sweep --config configs/table1.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

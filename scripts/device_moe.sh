@@ -1,5 +1,5 @@
 #!/bin/bash
-# One prepared GPU run (H200) of the MoE checks and `s3r bench moe` at the paper's MoE shapes, within
+# One prepared GPU run (H200) of the MoE checks and `python -m benchmarks moe` at the paper's MoE shapes, within
 # one 8-minute call:
 #   device run, command: bash scripts/device_moe.sh, timeout_s 600
 # Uses the device image's python3 (JAX with CUDA, Flax, Optax, Matplotlib); s3r runs from the checkout.
@@ -8,7 +8,7 @@
 # device_moe.tar.gz beside device_moe.log (what comes back; `bash scripts/device_unpack.sh FILES_AT`
 # puts it under results/gpu/device_moe/):
 #   pallas_check: the compiled Pallas grouped GEMMs against ragged_dot, bit for bit, at SHAPE_Q
-#     (python -m s3r.bench.pallas_check -> pallas_check.json). If it fails (a kernel that does not
+#     (python -m benchmarks.pallas_check -> pallas_check.json). If it fails (a kernel that does not
 #     compile, is not a Triton kernel, or differs), a "PALLAS CHECK FAILED" banner is printed, the
 #     GEMM steps run without the pallas formulation, and the script exits 1 after the other steps.
 #   gemm_qwen, gemm_deepseek: the grouped GEMM formulations (tiled, ragged_dot, dense capacity,
@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS ARGS...: one bench run into $WORK/NAME
   local name=$1 secs=$2
   shift 2
   mkdir -p "$WORK/$name"
-  timeout "$secs" $PY -m s3r.cli bench moe "$@" "${COMMON[@]}" ${RECIPES:+--recipes "$RECIPES"} --out-dir "$WORK/$name" \
+  timeout "$secs" $PY -m benchmarks moe "$@" "${COMMON[@]}" ${RECIPES:+--recipes "$RECIPES"} --out-dir "$WORK/$name" \
     --no-chart 2>&1
   echo "$name exit $?"
 }
@@ -44,7 +44,7 @@ step() {  # step NAME SECONDS ARGS...: one bench run into $WORK/NAME
   header || exit 1
   smoke_or_stop "$WORK/smoke" || exit 1
   mkdir -p "$WORK/pallas_check"
-  timeout "${CHECK_S:-60}" $PY -m s3r.bench.pallas_check --shape "${SHAPE_Q:-qwen3-30b-a3b}" \
+  timeout "${CHECK_S:-60}" $PY -m benchmarks.pallas_check --shape "${SHAPE_Q:-qwen3-30b-a3b}" \
     --tokens "${CHECK_TOKENS:-512}" --out-dir "$WORK/pallas_check" 2>&1
   check=$?
   echo "$check" > "$WORK/pallas_check/exit_code"

@@ -8,7 +8,7 @@
 # cosine to lr/10) to the steps that fit in what is left of TOTAL_S; cuDNN flash attention where it
 # compiles. At the end it measures each recipe's relative gradient errors on its final parameters.
 # Needs the token folder (.cache/device_tokens, about 50 MiB; build it once with
-#   .venv/bin/python -m s3r.experiments.lockstep build-tokens --out .cache/device_tokens).
+#   .venv/bin/python -m experiments.lockstep build-tokens --out .cache/device_tokens).
 # Brings back device_quality.tar.gz (smoke/, run/ with summary.json, summary.md, curves.jsonl,
 # lockstep.log) and device_quality.log; `bash scripts/device_unpack.sh FILES_AT` puts them under
 # results/quality_gpu/.
@@ -24,13 +24,13 @@ mkdir -p "$DEST" "$WORK"
 {
   header || exit 1
   if [ ! -f "$TOKENS/meta.json" ]; then
-    banner "no token folder at $TOKENS: build it with python -m s3r.experiments.lockstep build-tokens and carry it"
+    banner "no token folder at $TOKENS: build it with python -m experiments.lockstep build-tokens and carry it"
     exit 2
   fi
   smoke_or_stop "$WORK/smoke" || exit 1
   budget=$(seconds_left "${TOTAL_S:-560}")
   echo "lockstep budget ${budget}s"
-  timeout $(( budget + 30 )) $PY -m s3r.experiments.lockstep run --data "$TOKENS" --out "$WORK/run" \
+  timeout $(( budget + 30 )) $PY -m experiments.lockstep run --data "$TOKENS" --out "$WORK/run" \
     --preset "${PRESET:-paper-12l}" --steps "${STEPS:-2000}" --fit-budget --batch "${BATCH:-8}" --seq "${SEQ:-2048}" \
     --lr "${LR:-6e-4}" --warmup "${WARMUP:-200}" --eval-every "${EVAL_EVERY:-250}" \
     --eval-batches "${EVAL_BATCHES:-16}" --dose-keys "${DOSE_KEYS:-4}" --time-budget "$budget" 2>&1

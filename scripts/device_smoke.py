@@ -7,7 +7,7 @@ the smallest size, in one process, and stops if any fails:
    attention resolution (cuDNN where it compiles), the evaluation and the final gradient errors;
 3. pallas: the Pallas grouped-GEMM check at a tiny MoE shape (compiled Triton kernels on a GPU,
    interpret mode elsewhere);
-4. step: one timed training step per recipe of `s3r bench step` on the `tiny` preset.
+4. step: one timed training step per recipe of `python -m benchmarks step` on the `tiny` preset.
 Each stage's status, seconds and first error line go to DIR/smoke.json (rewritten after every
 stage). The exit status is 0 when every stage passed, else 1 after a line starting "SMOKE FAILED".
 """
@@ -43,7 +43,7 @@ def _versions(out: pathlib.Path) -> dict:
 
 
 def _lockstep(out: pathlib.Path) -> dict:
-  from s3r.experiments import lockstep
+  from experiments import lockstep
 
   tokens = out / "tokens"
   tokens.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def _lockstep(out: pathlib.Path) -> dict:
 
 
 def _pallas(out: pathlib.Path) -> dict:
-  from s3r.bench import pallas_check
+  from benchmarks import pallas_check
 
   code = pallas_check.main(["--shape", "64x8x2x48", "--tokens", "24", "--out-dir", str(out / "pallas")])
   if code:
@@ -82,7 +82,7 @@ def _pallas(out: pathlib.Path) -> dict:
 
 
 def _step(out: pathlib.Path) -> dict:
-  from s3r.bench import cli
+  from benchmarks import cli
 
   argv = ["step", "--preset", "tiny", "--recipes", "bf16,s3r_ec_dx", "--batch", "2", "--seq", "32"]
   argv += ["--repeats", "1", "--warmup", "0", "--prime", "0", "--no-chart", "--out-dir", str(out / "step")]

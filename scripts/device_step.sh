@@ -5,7 +5,7 @@
 # First the smoke stage (under a minute). Then, in one Python process (XLA:GPU's GEMM autotuning
 # results are reused across recipes, depths and families with equal GEMM shapes), each family of
 # PRESETS (preset:L1,L2) at two depths with every recipe, batch 4 x 4096 tokens (the paper's
-# per-chip batch), full remat; `s3r bench step` fits T(L) = T0 + L * t_layer through the two depths
+# per-chip batch), full remat; `python -m benchmarks step` fits T(L) = T0 + L * t_layer through the two depths
 # and extrapolates to the full depth. Work is ordered so that every family that starts also
 # finishes: Llama 3.1 and Qwen3 first (same GEMM shapes but the vocabulary), Gemma 3 last; a family
 # starts only if the time left exceeds its estimate (the previous family's time scaled by the

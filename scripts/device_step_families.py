@@ -27,7 +27,7 @@ def _size(preset: str, depths: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-  from s3r.bench import cli
+  from benchmarks import cli
 
   p = argparse.ArgumentParser(prog="python scripts/device_step_families.py", description=__doc__.split("\n")[0])
   p.add_argument("--budget", type=float, required=True, help="seconds for all families")
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     argv += ["--tag", preset, "--no-chart", "--out-dir", args.out_dir]
     argv += ["--width", env["WIDTH"]] if env.get("WIDTH") else []
     argv += ["--vocab", env["VOCAB"]] if env.get("VOCAB") else []
-    sys.argv = ["s3r", "bench", *argv]  # what the results files record as their command
+    sys.argv = ["python -m benchmarks", *argv]  # what the results files record as their command
     print(" ".join(sys.argv), flush=True)
     t0 = time.monotonic()
     cli.main(argv)

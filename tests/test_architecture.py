@@ -1,7 +1,9 @@
-"""The package layering of docs/architecture.md, checked on every import of every module under s3r/.
+"""The package layering of docs/architecture.md, checked on every import of every module of the
+library (`s3r/`) and of the research tooling beside it (`benchmarks/`, `experiments/`).
 
-Imports are read with `ast` (module level and inside functions alike). A module's package is its
-first component under `s3r` (`s3r/results.py` is the package `results`, `s3r/__init__.py` is `s3r`).
+Imports are read with `ast` (module level and inside functions alike). A library module's package
+is its first component under `s3r` (`s3r/train/loop.py` is the package `train`, `s3r/__init__.py`
+is `s3r`); every module of `benchmarks/` or `experiments/` belongs to that one package.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "s3r"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TOOLING = ("benchmarks", "experiments")  # repository-only: they import the library, never the reverse
 SCIENCE = {"jax", "jaxlib", "numpy"}  # the only third-party imports of the numerics core
+LIBRARY = {"s3r", "quant", "nn", "model", "data", "analysis", "train", "cli"}
 
-# package -> the s3r packages it may import (itself always allowed)
+# package -> the packages it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
   "s3r": {"quant"},  # the top-level package re-exports the core
   "quant": set(),
@@ -24,19 +28,19 @@ ALLOWED: dict[str, set[str]] = {
   "model": {"quant", "nn"},
   "data": set(),
   "analysis": set(),
-  "results": set(),
-  "paper": set(),
-  "train": {"s3r", "quant", "nn", "model", "data", "analysis", "results"},
-  "bench": {"s3r", "quant", "nn", "model", "data", "train", "analysis", "results", "paper"},
-  "experiments": {"s3r", "quant", "nn", "model", "data", "train", "analysis", "results", "paper"},
-  "cli": {"s3r", "quant", "nn", "model", "data", "train", "bench", "experiments", "analysis", "results", "paper"},
+  "train": {"s3r", "quant", "nn", "model", "data", "analysis"},
+  "cli": {"s3r", "quant", "nn", "model", "data", "train", "analysis"},
+  "experiments": LIBRARY,
+  "benchmarks": LIBRARY | {"experiments"},  # the shared provenance and the paper's numbers
 }
 THIRD_PARTY_ONLY = {"quant": SCIENCE, "analysis": SCIENCE}  # packages limited to these (and the stdlib)
 
 
 def _package(path: pathlib.Path) -> str:
-  rel = path.relative_to(ROOT)
-  return "s3r" if rel.parts == ("__init__.py",) else rel.parts[0].removesuffix(".py")
+  rel = path.relative_to(REPO)
+  if rel.parts[0] in TOOLING:
+    return rel.parts[0]
+  return "s3r" if rel.parts == ("s3r", "__init__.py") else rel.parts[1].removesuffix(".py")
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -46,7 +50,7 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
   sub-commands by such names).
   """
   tree = ast.parse(path.read_text(), filename=str(path))
-  parts = ["s3r", *path.relative_to(ROOT).with_suffix("").parts]
+  parts = list(path.relative_to(REPO).with_suffix("").parts)
   if parts[-1] == "__init__":
     parts = parts[:-1]
   out = []
@@ -60,15 +64,19 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
         base = ".".join([*pkg, base] if base else pkg)
       out += [(node.lineno, f"{base}.{a.name}" if base == "s3r" else base) for a in node.names]
     elif (
-      isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"s3r(\.\w+)+:\w+", node.value)
+      isinstance(node, ast.Constant)
+      and isinstance(node.value, str)
+      and re.fullmatch(r"(s3r|benchmarks|experiments)(\.\w+)+:\w+", node.value)
     ):
       out.append((node.lineno, node.value.split(":")[0]))  # "module:function", imported on demand (cli.COMMANDS)
   return out
 
 
 def _target(name: str) -> str | None:
-  """The s3r package an import refers to; None for a non-s3r import."""
+  """The package an import refers to; None for a third-party or standard-library import."""
   parts = name.split(".")
+  if parts[0] in TOOLING:
+    return parts[0]
   if parts[0] != "s3r":
     return None
   if len(parts) == 1:
@@ -81,13 +89,13 @@ def _graph() -> tuple[dict[str, set[str]], list[str]]:
   """Package -> packages imported, and every import that breaks the rule."""
   graph: dict[str, set[str]] = {}
   broken = []
-  modules = sorted(ROOT.rglob("*.py"))
-  assert modules, f"no modules under {ROOT}"
+  modules = sorted(p for top in ("s3r", *TOOLING) if (REPO / top).is_dir() for p in (REPO / top).rglob("*.py"))
+  assert modules, f"no modules under {REPO}"
   for path in modules:
     pkg = _package(path)
-    assert pkg in ALLOWED, f"{path.relative_to(ROOT.parent)}: package {pkg!r} has no rule in docs/architecture.md"
+    assert pkg in ALLOWED, f"{path.relative_to(REPO)}: package {pkg!r} has no rule in docs/architecture.md"
     for line, name in _imports(path):
-      where = f"{path.relative_to(ROOT.parent)}:{line}"
+      where = f"{path.relative_to(REPO)}:{line}"
       target = _target(name)
       if target is None:
         top = name.split(".")[0]
@@ -143,10 +151,13 @@ def test_cycle_finder_reports_a_cycle_and_only_a_cycle(graph, cycle):
 def test_rule_checker_catches_an_upward_import(tmp_path, monkeypatch):
   pkg = tmp_path / "s3r"
   (pkg / "quant").mkdir(parents=True)
-  (pkg / "quant" / "bad.py").write_text("def f():\n  from s3r.bench import timing\n  import scipy\n")
-  monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+  (pkg / "quant" / "bad.py").write_text("def f():\n  from benchmarks import timing\n  import scipy\n")
+  (pkg / "train").mkdir()
+  (pkg / "train" / "bad.py").write_text("from experiments.results import log\n")
+  monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
   _, broken = _graph()
   assert [b.split(": ", 1)[1] for b in broken] == [
-    "quant imports s3r.bench",
+    "quant imports benchmarks",
     "quant imports scipy (only jax, jaxlib, numpy and the stdlib)",
+    "train imports experiments.results",
   ]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 
-from s3r.results import REPO_ROOT, Run, bar_chart, command_line, markdown_table
+from experiments.results import REPO_ROOT, Run, bar_chart, command_line, markdown_table
 
 
 def test_results_files_record_required_metadata(tmp_path, monkeypatch):
-  monkeypatch.setattr("sys.argv", ["s3r", "bench", "ffn", "--shapes", "W1"])
+  monkeypatch.setattr("sys.argv", ["s3r", "models", "--json"])
   run = Run("unit", tmp_path, title="s3r unit results", alpha=1, beta="x")
   paths = run.write(
     {"rows": [1, 2]},
@@ -20,7 +20,7 @@ def test_results_files_record_required_metadata(tmp_path, monkeypatch):
   assert paths["json"].name == f"bench_unit_{run.meta['platform']}.json"
   doc = json.loads(paths["json"].read_text())
   meta = doc["meta"]
-  assert meta["command"] == "s3r bench ffn --shapes W1"
+  assert meta["command"] == "s3r models --json"
   assert re.fullmatch(r"[0-9a-f]{40}", meta["git"]["revision"])
   assert isinstance(meta["git"]["dirty"], bool)
   assert isinstance(meta["git"]["dirty_paths"], list) and meta["git"]["dirty"] == bool(meta["git"]["dirty_paths"])
@@ -32,7 +32,7 @@ def test_results_files_record_required_metadata(tmp_path, monkeypatch):
   assert doc["results"] == {"rows": [1, 2]}
   md = paths["md"].read_text()
   for needle in (
-    "s3r bench ffn --shapes W1",
+    "s3r models --json",
     meta["git"]["revision"],
     "load average",
     meta["jax_version"],
@@ -52,5 +52,5 @@ def test_command_names_a_script_and_its_path_arguments_relative_to_the_repositor
   script = REPO_ROOT / "docs" / "example.py"
   monkeypatch.setattr("sys.argv", [str(script), "--out", str(REPO_ROOT / "results" / "x"), "--data", "/elsewhere/c"])
   assert command_line() == "docs/example.py --out results/x --data /elsewhere/c"
-  monkeypatch.setattr("sys.argv", ["/usr/local/bin/s3r", "bench", "ffn"])
-  assert command_line() == "s3r bench ffn"
+  monkeypatch.setattr("sys.argv", ["/usr/local/bin/s3r", "models"])
+  assert command_line() == "s3r models"

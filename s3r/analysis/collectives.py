@@ -6,7 +6,7 @@ the JAX operation it came from (`op_name` metadata) and its byte counts:
 - `bytes`: the size of the collective's full buffer on one device: the all-reduced
   array (operand = result), the gathered result of an all-gather, the operand of a
   reduce-scatter (before scattering), the operand of an all-to-all or collective-permute.
-  This is the "volume" reported by `s3r comm`.
+  This is the "volume" reported by `python -m benchmarks comm`.
 - `wire_bytes`: what one device sends with bandwidth-optimal (ring) algorithms over a group of
   n devices: 2(n-1)/n of the buffer for an all-reduce, (n-1)/n for an all-gather,
   reduce-scatter or all-to-all, the whole buffer for a permute (0 for a device that sends to itself).

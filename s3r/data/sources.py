@@ -194,13 +194,12 @@ def _record_text(record, path: pathlib.Path, lineno: int) -> str:
   return text
 
 
-def repository_data_root() -> pathlib.Path:
-  """``shared/data`` beside the repository: ``<repository root>/../shared/data``.
-
-  The repository root is computed from this package's location (``s3r/data``
-  is two levels below it), so it does not depend on the current directory.
-  """
-  return pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
+def repository_data_root() -> pathlib.Path | None:
+  """``shared/data`` beside the repository (``<repository root>/../shared/data``) when this
+  package runs from a source checkout (``pyproject.toml`` two levels above ``s3r/data``);
+  None for an installed package, which uses ``$S3R_DATA`` or an explicit ``--data``."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  return root.parent / "shared" / "data" if (root / "pyproject.toml").is_file() else None
 
 
 def locate_data_root() -> tuple[pathlib.Path | None, str]:
@@ -221,7 +220,7 @@ def locate_data_root() -> tuple[pathlib.Path | None, str]:
       raise DataError(f"${DATA_DIR_ENV}={env} is not a directory")
     return root.resolve(), f"${DATA_DIR_ENV}"
   sibling = repository_data_root()
-  if sibling.is_dir():
+  if sibling is not None and sibling.is_dir():
     return sibling, "../shared/data beside the repository"
   return None, f"${DATA_DIR_ENV} is unset and there is no ../shared/data beside the repository"
 

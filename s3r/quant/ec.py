@@ -30,7 +30,7 @@ _GATHER_FACTORS = contextvars.ContextVar("s3r_ec_gather_factors", default=True)
 def gathered_factors(enabled: bool) -> Iterator[None]:
   """Whether programs traced inside pin the S3R-EC factors and Ŵ to be gathered (default True).
 
-  `gathered_factors(False)` is an ablation for measuring collectives (`s3r comm`): XLA then
+  `gathered_factors(False)` is an ablation for measuring collectives (`python -m benchmarks comm`): XLA then
   places the factors itself. It acts at trace time: a function already traced and cached by
   `jax.jit` keeps the placement it was traced with.
   """

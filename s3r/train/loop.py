@@ -346,7 +346,10 @@ def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r
   )
 
 
-def _plot(cfg: TrainConfig, out: pathlib.Path) -> pathlib.Path:
+def _plot(cfg: TrainConfig, out: pathlib.Path) -> pathlib.Path | None:
+  """The loss-curve PNG, or None without matplotlib (the optional extra `s3r[plots]`)."""
+  if not report.can_plot():
+    return None
   records = report.read_metrics(out / report.METRICS_FILE, tolerant=True)
   return report.plot_losses(records, out / report.PLOT_FILE, title=f"{cfg.preset} / {cfg.recipe}")
 
@@ -365,10 +368,10 @@ def _finish(
     }
   final = ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
   log(f"final validation loss: {final or 'n/a'}")
-  log(f"loss curve: {plot}")
+  log(f"loss curve: {plot}" if plot else "loss curve: not drawn (needs matplotlib: pip install 's3r[plots]')")
   return {
     "val_losses": val_losses,
-    "plot": str(plot),
+    "plot": str(plot) if plot else None,
     "metrics": str(out / report.METRICS_FILE),
     "checkpoint": str(last_ckpt) if last_ckpt else None,
     "seconds": seconds,

@@ -49,6 +49,13 @@ class MetricsWriter:
       f.write(json.dumps(record) + "\n")
 
 
+def can_plot() -> bool:
+  """Whether matplotlib (the optional extra `s3r[plots]`) is installed."""
+  import importlib.util
+
+  return importlib.util.find_spec("matplotlib") is not None
+
+
 def plot_losses(records: list[dict], path: str | pathlib.Path, *, title: str = "") -> pathlib.Path:
   """Train loss (raw and smoothed) and every validation loss against the step, saved as PNG."""
   import matplotlib

@@ -57,7 +57,7 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
 def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_overrides) -> Setup:
   """Model, shardings and the jitted init/train/eval functions of `cfg` on `mesh`.
 
-  `model_overrides` replace fields of the model config (e.g. n_layers=2 for `s3r comm`)."""
+  `model_overrides` replace fields of the model config (e.g. n_layers=2 for `python -m benchmarks comm`)."""
   model_cfg = dataclasses.replace(cfg.model_config(vocab_size), **model_overrides)
   batch_sh = sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
   tx = make_optimizer(cfg.optimizer_config())

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import ffn
 from s3r.analysis import memory
-from s3r.bench import ffn
 
 T, H, D = 64, 32, 96  # pairwise distinct, so a [T, D] buffer is unambiguous
 

@@ -1,4 +1,4 @@
-"""`s3r bench ffn` end to end at a tiny shape (1 repeat); numbers are not checked, only structure."""
+"""`python -m benchmarks ffn` end to end at a tiny shape (1 repeat); numbers are not checked, only structure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import jax
 import numpy as np
 
-from s3r.bench import cli, ffn, options
+from benchmarks import cli, ffn, options
 
 
 def test_ffn_bench_writes_json_md_png(tmp_path):

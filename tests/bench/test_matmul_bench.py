@@ -1,10 +1,10 @@
-"""The fast-layout bf16 reference of `s3r bench matmul` computes the bf16 layer's gradients."""
+"""The fast-layout bf16 reference of `python -m benchmarks matmul` computes the bf16 layer's gradients."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.bench import matmul
+from benchmarks import matmul
 
 
 def test_fast_layout_bf16_matches_autodiff_of_the_bf16_layer():

@@ -1,4 +1,4 @@
-"""`s3r bench moe` end to end at a tiny shape (1 repeat); numbers are not checked, only structure,
+"""`python -m benchmarks moe` end to end at a tiny shape (1 repeat); numbers are not checked, only structure,
 and the dense capacity formulation of the GEMM comparison equals the grouped GEMMs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from s3r import paper
-from s3r.bench import cli, moe, options
+from benchmarks import cli, moe, options
+from experiments import paper
 
 
 def test_moe_bench_writes_block_and_gemm_results(tmp_path):

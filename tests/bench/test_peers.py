@@ -7,7 +7,7 @@ import sys
 
 import jax
 
-from s3r.bench import cli, peers
+from benchmarks import cli, peers
 
 
 def test_peers_missing_are_skipped(tmp_path, monkeypatch):
@@ -49,7 +49,7 @@ def test_peers_missing_are_skipped(tmp_path, monkeypatch):
 
 
 def test_gradient_error_is_zero_for_the_exact_gradient():
-  from s3r.bench import ffn
+  from benchmarks import ffn
 
   inputs = ffn.make_inputs(8, 16, 32)
   exact = peers.exact_grads(*inputs[:5])

@@ -1,8 +1,8 @@
-"""`s3r bench profile` helpers: fusion descriptions and categories from a compiled FFN block."""
+"""`python -m benchmarks profile` helpers: fusion descriptions and categories from a compiled FFN block."""
 
 from __future__ import annotations
 
-from s3r.bench import ffn, profile
+from benchmarks import ffn, profile
 
 
 def test_describe_fusions_finds_the_int8_gemms():

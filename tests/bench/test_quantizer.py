@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import cli, quantizer
 from s3r import qmatmul
-from s3r.bench import cli, quantizer
 from s3r.quant import numerics
 
 

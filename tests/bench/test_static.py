@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from s3r.bench import static
+from benchmarks import static
 
 T, K, N = 64, 96, 128
 

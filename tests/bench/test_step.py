@@ -1,4 +1,4 @@
-"""`s3r bench step` runs real (tiny) training steps per recipe and configuration and writes its results."""
+"""`python -m benchmarks step` runs real (tiny) training steps per recipe and configuration and writes its results."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import jax
 import pytest
 
+from benchmarks import cli, step
 from s3r import model as s3r_model
-from s3r.bench import cli, step
 
 
 def _run(tmp_path, *extra):

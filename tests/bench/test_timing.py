@@ -7,8 +7,8 @@ import collections
 import numpy as np
 import pytest
 
-from s3r.bench import timing
-from s3r.bench.options import DEFAULT_TOKENS, parse_shapes, tokens_for
+from benchmarks import timing
+from benchmarks.options import DEFAULT_TOKENS, parse_shapes, tokens_for
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])

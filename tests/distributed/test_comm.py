@@ -1,4 +1,4 @@
-"""`s3r comm` end to end, and what S3R-EC's dW correction moves under data/FSDP sharding.
+"""`python -m benchmarks comm` end to end, and what S3R-EC's dW correction moves under data/FSDP sharding.
 
 The two-way correction subtracts a rank-(B+1) update built from per-example factors
 (x̄_b [K], c_b [N], p_b [K], m_b); under data parallelism it must gather those small factors,
@@ -33,7 +33,7 @@ def comm_run(tmp_path_factory):
 
 def test_comm_writes_metadata_and_a_table_per_mesh(comm_run):
   doc, md = comm_run
-  assert doc["meta"]["command"].startswith("python -m s3r.train.comm")
+  assert doc["meta"]["command"].startswith("python -m benchmarks comm")
   assert doc["meta"]["jax_version"] and doc["meta"]["git"]["revision"] and doc["meta"]["date_utc"]
   assert [(r["mesh_spec"], r["recipe"]) for r in doc["results"]] == [
     ("data=2,fsdp=4", "s3r"),

@@ -306,7 +306,7 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
 
 
 def comm_worker(out: pathlib.Path) -> None:
-  """`python -m s3r.train.comm` on `tiny` (2 layers, batch 128 > the unrolled-update limit of 64)
+  """`python -m benchmarks comm` on `tiny` (2 layers, batch 128 > the unrolled-update limit of 64)
   on a data x fsdp mesh, for s3r and s3r_ec, every collective listed."""
   from s3r.train import comm
 

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import gradients
 from s3r import model as s3r_model
-from s3r.experiments import gradients
 
 
 @functools.cache

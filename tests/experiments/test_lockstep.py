@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from s3r.experiments import lockstep
+from experiments import lockstep
 
 
 @pytest.fixture()

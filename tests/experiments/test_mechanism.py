@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from s3r.experiments import evalsize, mechanism
+from experiments import evalsize, mechanism
 from s3r.quant import gradient_codes, numerics
 
 
@@ -74,7 +74,7 @@ def test_paired_checkpoints_difference_has_smaller_se_when_batches_correlate():
 
 
 def test_provenance_command_has_no_absolute_paths():
-  from s3r import results
+  from experiments import results
 
   assert results.repo_relative("/somewhere/else/runs/sweeps/x") == "runs/sweeps/x"
   assert results.repo_relative("relative/path") == "relative/path"

@@ -2,8 +2,8 @@
 
 import json
 
-from s3r.experiments import runs
-from s3r.results import REPO_ROOT
+from experiments import runs
+from experiments.results import REPO_ROOT
 
 
 def test_run_summary_records_no_machine_paths(tmp_path):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from s3r.experiments import same_rate
+from experiments import same_rate
 
 
 def _table(path, rows):

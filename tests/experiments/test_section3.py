@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from s3r.experiments import section3
+from experiments import section3
 
 
 def test_shared_threshold_variance_is_delta2_over_6_and_covariance_delta2_over_12():

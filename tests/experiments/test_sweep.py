@@ -6,8 +6,8 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from s3r.experiments import protocol, runs, stats, sweep, table1
-from s3r.paper import PAPER_GAP
+from experiments import protocol, runs, stats, sweep, table1
+from experiments.paper import PAPER_GAP
 
 
 def _cfg(tmp_path, **kw):
@@ -248,7 +248,7 @@ def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tm
   assert all(0 < e < 1 for errs in only["dose"]["errors"].values() for e in errs.values())
   assert only["meta"]["jax_version"] and only["meta"]["cpu_model"] and "loadavg_after" in only["meta"]
   # the Quickstart recorder reads the same run directory
-  from s3r.experiments import snapshot
+  from experiments import snapshot
 
   doc = snapshot.snapshot(str(tmp_path / "runs" / "t" / only["run"]), str(tmp_path / "quick.json"), wall_s=1.0)
   assert doc["steps"] == 4 and doc["final_val_losses"]["val_loss"] == only["val_losses"]["val"]

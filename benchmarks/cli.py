@@ -1,0 +1,64 @@
+"""`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
+
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm. Each module
+defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
+when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+COMMANDS = {
+  "matmul": ("benchmarks.matmul", "time one quantized linear layer fwd+bwd per recipe (x[T,K] @ w[K,N])"),
+  "ffn": ("benchmarks.ffn", "time one SwiGLU FFN block fwd+bwd per recipe at the paper's shapes (Table III)"),
+  "moe": ("benchmarks.moe", "time the MoE feed-forward block fwd+bwd per recipe and the grouped GEMM formulations"),
+  "quantizer": ("benchmarks.quantizer", "time the backward gradient quantizer alone against a memory-bound floor"),
+  "static": (
+    "benchmarks.static",
+    "static costs from the compiled HLO and jaxpr: ops/element, random words, bytes, temp memory",
+  ),
+  "peers": ("benchmarks.peers", "compare with AQT and Qwix (optional extra s3r[peers]): time and gradient error"),
+  "step": ("benchmarks.step", "time full training steps of a model preset (default cpu-small) per recipe"),
+  "profile": ("benchmarks.profile", "per-fusion CPU time of the FFN block fwd+bwd (jax.profiler + compiled HLO)"),
+  "merge": ("benchmarks.merge", "join ffn or quantizer results files that cover different shapes into one"),
+  "comm": ("benchmarks.comm", "bytes moved by collectives in one compiled train step, per recipe"),
+}
+PROG = "python -m benchmarks"
+
+
+def _run(args: argparse.Namespace) -> int:
+  importlib.import_module(COMMANDS[args.bench_command][0]).run(args)
+  return 0
+
+
+def add_commands(sub) -> None:
+  """Adds the benchmark sub-commands to an argparse subparsers object."""
+  for name, (modname, help_) in COMMANDS.items():
+    mod = importlib.import_module(modname)
+    p = sub.add_parser(
+      name, help=help_, description=(mod.__doc__ or help_).strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    mod.add_arguments(p)
+    p.set_defaults(func=_run, bench_command=name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The stand-alone parser of `python -m benchmarks`."""
+  parser = argparse.ArgumentParser(
+    prog=PROG,
+    description="s3r benchmarks. Results: bench_<name>_<platform>.{json,md,png} in each command's --out-dir.",
+  )
+  sub = parser.add_subparsers(dest="bench_command", metavar="{" + ",".join(COMMANDS) + "}")
+  sub.required = True
+  add_commands(sub)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  import sys
+
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = build_parser().parse_args(argv)
+  return args.func(args) or 0

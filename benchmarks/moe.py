@@ -1,0 +1,452 @@
+"""`python -m benchmarks moe`: the MoE feed-forward block fwd+bwd per recipe, and the grouped GEMM alone.
+
+Dimension letters: T tokens, H model width, E routed experts, k experts per token, F expert
+width, R = T·k rows of the grouped GEMMs (token copies sorted by expert), C capacity rows per
+expert of the dense formulation.
+
+Block: `s3r.model.moe.MoEFeedForward` at a shape of `paper.MOE_SHAPES` (router in f32, top-k,
+three grouped expert GEMMs through `grouped_qmatmul` with the recipe, shared experts through
+`qmatmul`), x [1, T, H] bf16, f32 master weights shared by every recipe. The timed function is
+the VJP of the block output with a random bf16 upstream gradient (gradients of x and every
+parameter). The recipes are interleaved (`timing.time_interleaved`); ratios are of the same run:
+  speedup vs bf16 = t(bf16) / t(recipe), speedup vs int8_sr = t(int8_sr) / t(recipe),
+  time / int8_rtne = t(recipe) / t(int8_rtne).
+
+Grouped GEMM alone: the three int8 x int8 -> int32 GEMMs of one grouped_qmatmul (forward X̂ Ŵ_e,
+dX = Q Ŵ_eᵀ, dW[e] = X̂_eᵀ Q_e) on int8 codes of R rows in E equal groups, K = H, N = F, per
+formulation: "tiled" (the default fast path), "ragged" (`jax.lax.ragged_dot`, impl="ragged"),
+"dense" (capacity padding: rows scattered to [E, C, K] with C = the largest group, three batched
+dot_generals; it drops rows past C, so it is a lower bound for a dropless dense formulation),
+and on request "pallas" (the Pallas kernels, impl="pallas": compiled on GPU, interpret mode
+elsewhere, which is far too slow to time at the paper shapes). A formulation that fails to
+compile is logged loudly, recorded under "errors" in the JSON and left out; the others run.
+
+Targets: with the recipes they name, the Markdown judges the CPU targets (TARGETS) on the 95%
+interval of the paired ratio (`timing.paired_ratio_interval`): met, missed or not resolved.
+
+Files: results/bench_moe_block[_<tag>]_<platform>.* when the block is timed,
+bench_moe[_<tag>]_<platform>.* for the grouped GEMMs alone (--skip-block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+
+import numpy as np
+
+from benchmarks import options, timing
+from experiments import paper
+from experiments.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
+
+DEFAULT_SHAPES = ",".join(paper.MOE_SHAPES)
+GEMM_FORMS = ("tiled", "ragged", "dense")  # the default set
+ALL_GEMM_FORMS = (*GEMM_FORMS, "pallas")
+
+
+def parse_shapes(value: str) -> dict[str, dict[str, int]]:
+  """Shape name -> shape from paper names or custom 'HxExkxF' / 'HxExkxF+S' (S shared experts of width F)."""
+  out = {}
+  for item in (v.strip() for v in value.split(",") if v.strip()):
+    if item in paper.MOE_SHAPES:
+      out[item] = paper.MOE_SHAPES[item]
+      continue
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)(?:\+(\d+))?", item)
+    if not m:
+      raise SystemExit(f"unknown MoE shape {item!r}: use {', '.join(paper.MOE_SHAPES)} or HxExkxF[+S]")
+    h, e, k, f, sh = (int(g or 0) for g in m.groups())
+    out[item] = {"hidden": h, "experts": e, "top_k": k, "expert_width": f, "shared": sh}
+  return out
+
+
+def block_configs(shape: dict, recipes: list[str], tokens: int, seed: int = 0) -> dict:
+  """recipe -> (jitted fwd_bwd, args) of the MoE block; the weights are one set shared by all."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from s3r.model.moe import MoEFeedForward
+
+  def build(recipe, seed_):
+    return MoEFeedForward(
+      d_model=shape["hidden"],
+      d_expert=shape["expert_width"],
+      n_experts=shape["experts"],
+      top_k=shape["top_k"],
+      n_shared=shape["shared"],
+      recipe=recipe,
+      rngs=nnx.Rngs(seed_),
+    )
+
+  _, state = nnx.split(build(recipes[0], seed))
+  k_x, k_dy, k_q = jax.random.split(jax.random.key(seed + 1), 3)
+  x = jax.random.normal(k_x, (1, tokens, shape["hidden"]), jnp.float32).astype(jnp.bfloat16)
+  dy = (jax.random.normal(k_dy, x.shape, jnp.float32) / tokens).astype(jnp.bfloat16)
+  configs = {}
+  for r in recipes:
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda r=r: build(r, seed)))
+
+    @jax.jit
+    def fwd_bwd(state, x, dy, key, graphdef=graphdef):
+      _, vjp = jax.vjp(lambda s, a: nnx.merge(graphdef, s)(a, key)[0], state, x)
+      return vjp(dy)
+
+    configs[r] = (fwd_bwd, (state, x, dy, k_q))
+  return configs
+
+
+def gemm_configs(shape: dict, forms: list[str], rows: int, seed: int = 0) -> dict:
+  """formulation -> (jitted (a, q, w, sizes) -> (fwd, dX, dW) int32, args), R rows in E equal groups."""
+  import jax
+  import jax.numpy as jnp
+
+  from s3r.quant import grouped_gemm
+
+  e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
+  rng = np.random.default_rng(seed)
+  a = jnp.asarray(rng.integers(-127, 128, (rows, k)), jnp.int8)
+  q = jnp.asarray(rng.integers(-127, 128, (rows, n)), jnp.int8)
+  w = jnp.asarray(rng.integers(-127, 128, (e, k, n)), jnp.int8)
+  sizes_E = np.full((e,), rows // e, np.int64)
+  sizes_E[: rows % e] += 1
+  sizes = jnp.asarray(sizes_E, jnp.int32)
+  cap = int(sizes_E.max())
+
+  def grouped(impl):
+    def gemms(a, q, w, sizes):
+      lay = grouped_gemm.layout(sizes, rows)
+      return (
+        grouped_gemm.gmm(a, w, lay, impl),
+        grouped_gemm.gmm_nt(q, w, lay, impl),
+        grouped_gemm.tgmm(a, q, lay, impl),
+      )
+
+    return gemms
+
+  def dense(a, q, w, sizes):
+    ends = jnp.cumsum(sizes)
+    c = jnp.arange(cap, dtype=jnp.int32)
+    src_ExC = jnp.where(c[None] < sizes[:, None], (ends - sizes)[:, None] + c[None], rows)  # rows past C dropped
+    a_ExCxK = jnp.take(a, src_ExC, axis=0, mode="fill", fill_value=0)
+    q_ExCxN = jnp.take(q, src_ExC, axis=0, mode="fill", fill_value=0)
+    batched = lambda l, r, dims: jax.lax.dot_general(l, r, (dims, ((0,), (0,))), preferred_element_type=jnp.int32)
+    y_ExCxN = batched(a_ExCxK, w, ((2,), (1,)))
+    dx_ExCxK = batched(q_ExCxN, w, ((2,), (2,)))
+    dw_ExKxN = batched(grouped_gemm.materialized_swap(a_ExCxK, sizes[0]), q_ExCxN, ((2,), (1,)))
+    dest = src_ExC.reshape(-1)
+    back = lambda v: jnp.zeros((rows + 1, v.shape[-1]), v.dtype).at[dest].set(v.reshape(-1, v.shape[-1]))[:rows]
+    return back(y_ExCxN), back(dx_ExCxK), dw_ExKxN
+
+  fns = {"tiled": grouped("tiled"), "ragged": grouped("ragged"), "dense": dense, "pallas": grouped("pallas")}
+  return {f: (jax.jit(fns[f]), (a, q, w, sizes)) for f in forms}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument(
+    "--shapes",
+    default=DEFAULT_SHAPES,
+    help="comma-separated MoE shapes, paper names or HxExkxF[+S] (default %(default)s): "
+    + "; ".join(f"{k}: {v}" for k, v in paper.MOE_SHAPES.items()),
+  )
+  p.add_argument("--tokens", type=int, default=512, help="tokens T of the block per call (default %(default)s)")
+  p.add_argument("--recipes", default=",".join(options.BENCH_RECIPES), help="recipes (default %(default)s)")
+  p.add_argument(
+    "--gemm-tokens",
+    type=int,
+    default=None,
+    help="tokens of the grouped-GEMM comparison, R = T·top_k rows (default: --tokens); 0 skips it",
+  )
+  p.add_argument(
+    "--gemm-forms",
+    default=",".join(GEMM_FORMS),
+    help=f"grouped-GEMM formulations of {','.join(ALL_GEMM_FORMS)} (default %(default)s)",
+  )
+  p.add_argument("--skip-block", action="store_true", help="time only the grouped GEMMs")
+  p.add_argument(
+    "--repeats", type=int, default=5, help="timed calls per configuration, interleaved (default %(default)s)"
+  )
+  p.add_argument("--number", type=int, default=1, help="back-to-back calls per sample (default %(default)s)")
+  p.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling call (default %(default)s)")
+  p.add_argument("--prime", type=int, default=1, help="untimed calls before each sample (default %(default)s)")
+  p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
+  p.add_argument(
+    "--out-dir",
+    default=str(RESULTS_DIR),
+    help="where bench_moe_block_<platform>.* (block timed) or bench_moe_<platform>.* (--skip-block) go "
+    "(default %(default)s)",
+  )
+  p.add_argument(
+    "--tag", default=None, help="results go to bench_moe_block_<tag>_<platform>.* (or bench_moe_<tag>_<platform>.*)"
+  )
+  p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
+
+
+def run(args: argparse.Namespace) -> dict:
+  from s3r import RECIPES
+
+  shapes = parse_shapes(args.shapes)
+  recipes = [] if args.skip_block else parse_list(args.recipes, list(RECIPES), "recipes")
+  forms = parse_list(args.gemm_forms, list(ALL_GEMM_FORMS), "gemm formulations")
+  gemm_tokens = args.tokens if args.gemm_tokens is None else args.gemm_tokens
+  settings = {k: getattr(args, k) for k in ("tokens", "gemm_tokens", "repeats", "number", "warmup", "prime", "seed")}
+  bench = "moe_block" if recipes else "moe"  # the GEMM-only comparison keeps its own file
+  run_ = Run(
+    bench if not args.tag else f"{bench}_{args.tag}",
+    args.out_dir,
+    shapes=",".join(shapes),
+    recipes=",".join(recipes),
+    gemm_forms=",".join(forms),
+    **settings,
+  )
+  results = {"block": [], "gemm": [], "errors": []}
+  timed = functools.partial(
+    timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number, prime=args.prime, log=log
+  )
+  body = lambda: markdown(results, recipes, forms)
+
+  def partial(part: str, shape_name: str):
+    """Writes the timings so far (`in_progress`) after every compile and round: a step stopped by
+    its time limit keeps each recipe it reached."""
+
+    def write(timings):
+      results["in_progress"] = {
+        "part": part,
+        "shape": shape_name,
+        "timings": {n: t.as_dict() for n, t in timings.items()},
+      }
+      run_.write(results, body(), complete=False)
+
+    return write
+
+  for name, shape in shapes.items():
+    if recipes:
+      log(f"[moe] block {name} {shape}, T={args.tokens}, load {loadavg()}")
+      t = timed(block_configs(shape, recipes, args.tokens, args.seed), progress=partial("block", name))
+      results.pop("in_progress", None)
+      results["block"].append(_summarize_block(name, shape, args.tokens, t))
+      log("  " + ", ".join(f"{r} {v.median * 1e3:.1f} ms" for r, v in t.items()))
+      run_.write(results, body(), complete=False)  # a run cut short keeps what it finished
+    if gemm_tokens and forms:
+      rows = gemm_tokens * shape["top_k"]
+      log(f"[moe] grouped GEMM {name}: R={rows}, E={shape['experts']}, load {loadavg()}")
+      t = timed(
+        _compiled(gemm_configs(shape, forms, rows, args.seed), name, results["errors"]), progress=partial("gemm", name)
+      )
+      results.pop("in_progress", None)
+      results["gemm"].append(_summarize_gemm(name, shape, rows, t))
+      log("  " + ", ".join(f"{f} {v.median * 1e3:.1f} ms" for f, v in t.items()))
+      run_.write(results, body(), complete=False)
+  charted = not args.no_chart and results["block"] and chart_reference(recipes)
+  chart_fn = functools.partial(chart, results, recipes) if charted else None
+  paths = run_.write(results, body(), chart=chart_fn)
+  log(f"[moe] wrote {', '.join(str(p) for p in paths.values())}")
+  return {"results": results, "paths": paths}
+
+
+def _compiled(configs: dict, shape_name: str, errors: list) -> dict:
+  """The configurations that compile, as compiled executables; each failure is logged loudly and
+  recorded in `errors` (the first timed call then measures a call, not the compilation)."""
+  ok = {}
+  for form, (fn, args) in configs.items():
+    try:
+      ok[form] = (fn.lower(*args).compile(), args)  # compiled once, here
+    except Exception as exc:  # e.g. a Pallas kernel the GPU compiler rejects: report it, time the rest
+      errors.append({"shape": shape_name, "formulation": form, "error": f"{type(exc).__name__}: {exc}"[:4000]})
+      log(f"!!! [moe] {shape_name}: formulation {form!r} FAILED TO COMPILE, left out: {type(exc).__name__}: {exc}")
+  return ok
+
+
+# The block's CPU targets (stated for the qwen3-30b-a3b shape): (recipe, ratio, bound, kind)
+TARGETS = (
+  ("s3r", "time_vs_int8_rtne", 1.05, "at most"),  # s3r within 5% of int8_rtne's time
+  ("s3r_ec_dx", "speedup_vs_int8_sr", 1.2, "at least"),  # s3r_ec_dx at least 1.2x faster than int8_sr
+)
+
+
+def _ratio(timings, a, b, name: str) -> dict:
+  """{name: t(a) / t(b) as a ratio of medians, name_paired: the median of same-round ratios,
+  name_paired_ci95: its 95% interval (`timing.paired_ratio_interval`)}, all None without a or b."""
+  if a not in timings or b not in timings:
+    return {name: None, f"{name}_paired": None, f"{name}_paired_ci95": None}
+  ta, tb = timings[a], timings[b]
+  return {
+    name: ta.median / tb.median,
+    f"{name}_paired": timing.paired_ratio(ta, tb),
+    f"{name}_paired_ci95": timing.paired_ratio_interval(ta, tb),
+  }
+
+
+def _summarize_block(name, shape, tokens, timings) -> dict:
+  rows = {}
+  for r, t in timings.items():
+    rows[r] = {"timing": t.as_dict()}
+    for ref in ("bf16", "int8_sr"):
+      rows[r] |= _ratio(timings, ref, r, f"speedup_vs_{ref}")
+    rows[r] |= _ratio(timings, r, "int8_rtne", "time_vs_int8_rtne")
+  return {"shape": name, **shape, "tokens": tokens, "rows": tokens * shape["top_k"], "recipes": rows}
+
+
+def target_verdict(ci, bound: float, kind: str) -> str:
+  """ "met" or "missed" when the whole 95% interval lies on one side of the bound, else
+  "not resolved" (or "too few rounds" without an interval)."""
+  if ci is None:
+    return "too few rounds"
+  lo, hi = ci
+  inside = (hi <= bound) if kind == "at most" else (lo >= bound)
+  outside = (lo > bound) if kind == "at most" else (hi < bound)
+  return "met" if inside else "missed" if outside else "not resolved"
+
+
+def _targets_markdown(block: list[dict]) -> list[str]:
+  rows = []
+  for res in block:
+    for recipe, ratio, bound, kind in TARGETS:
+      row = res["recipes"].get(recipe)
+      if row is None or row[ratio] is None:
+        continue
+      ci = row[f"{ratio}_paired_ci95"]
+      interval = "–" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+      rows.append(
+        [
+          res["shape"],
+          f"{recipe} {ratio.replace('_', ' ')}",
+          f"{kind} {bound}",
+          fmt_ratio(row[ratio]),
+          f"{row[f'{ratio}_paired']:.3f}",
+          interval,
+          target_verdict(ci, bound, kind),
+        ]
+      )
+  if not rows:
+    return []
+  head = ["shape", "ratio", "target", "ratio of medians", "paired median", "95% interval", "verdict"]
+  return [
+    "## Targets",
+    "",
+    markdown_table(head, rows),
+    "The paired median is the median over rounds of the same-round ratio; its 95% interval is the "
+    "distribution-free order-statistic (sign-test) interval, treating rounds as independent. A target is met "
+    "or missed when the whole interval lies on one side of it.",
+    "",
+  ]
+
+
+def _summarize_gemm(name, shape, rows, timings) -> dict:
+  out = {}
+  for f, t in timings.items():
+    out[f] = {"timing": t.as_dict()} | _ratio(timings, "ragged", f, "speedup_vs_ragged")
+  flops = 3 * 2 * rows * shape["hidden"] * shape["expert_width"]
+  return {
+    "shape": name,
+    "experts": shape["experts"],
+    "rows": rows,
+    "K": shape["hidden"],
+    "N": shape["expert_width"],
+    "routed_int8_ops": flops,
+    "forms": out,
+  }
+
+
+def markdown(results: dict, recipes: list[str], forms: list[str]) -> str:
+  out = []
+  if results["block"]:
+    out += ["## MoE feed-forward block, forward + backward (median ms; ratios from the same run)", ""]
+    head = [
+      "shape",
+      "T",
+      "rows R",
+      "recipe",
+      "median ms",
+      "IQR ms",
+      "speedup vs bf16",
+      "speedup vs int8_sr",
+      "time / int8_rtne",
+    ]
+    rows = []
+    for res in results["block"]:
+      for r in recipes:
+        row, t = res["recipes"][r], res["recipes"][r]["timing"]
+        rows.append(
+          [
+            res["shape"],
+            res["tokens"],
+            res["rows"],
+            r,
+            fmt_ms(t["median_s"]),
+            fmt_ms(t["iqr_s"]),
+            fmt_ratio(row["speedup_vs_bf16"]),
+            fmt_ratio(row["speedup_vs_int8_sr"]),
+            fmt_ratio(row["time_vs_int8_rtne"]),
+          ]
+        )
+    out += [
+      markdown_table(head, rows),
+      "Ratios are ratios of medians; the JSON also has paired (per-round) medians and their 95% intervals.",
+      "",
+    ]
+    out += _targets_markdown(results["block"])
+    ref = [res["shape"] for res in results["block"] if res["shape"] in paper.PAPER_TABLE_IV_MOE_MS]
+    if ref:
+      out += ["Reference, paper Table IV (full training steps on TPU v5p): speedup vs int8_sr", ""]
+      rows = [
+        [s]
+        + [
+          fmt_ratio(paper.PAPER_TABLE_IV_MOE_MS[s]["int8_sr"] / paper.PAPER_TABLE_IV_MOE_MS[s][r])
+          for r in options.BENCH_RECIPES
+        ]
+        for s in ref
+      ]
+      out += [markdown_table(["shape", *options.BENCH_RECIPES], rows), ""]
+  if results["gemm"]:
+    out += [
+      "## Grouped GEMM alone: forward + dX + dW int8 GEMMs of one grouped_qmatmul (median ms)",
+      "",
+      "R rows in E equal groups, K = hidden, N = expert width. `dense` pads every expert to C = the largest "
+      "group (and would drop rows past it). `pallas`: the Pallas kernels (compiled on GPU, interpret mode elsewhere).",
+      "",
+    ]
+    rows = []
+    for res in results["gemm"]:
+      for f in (f for f in forms if f in res["forms"]):
+        row, t = res["forms"][f], res["forms"][f]["timing"]
+        gops = res["routed_int8_ops"] / t["median_s"] / 1e9
+        rows.append(
+          [
+            res["shape"],
+            res["experts"],
+            res["rows"],
+            f"{res['K']}x{res['N']}",
+            f,
+            fmt_ms(t["median_s"]),
+            fmt_ms(t["iqr_s"]),
+            f"{gops:.1f}",
+            fmt_ratio(row["speedup_vs_ragged"]),
+          ]
+        )
+    out.append(
+      markdown_table(
+        ["shape", "E", "R", "K x N", "formulation", "median ms", "IQR ms", "routed GOP/s", "speedup vs ragged_dot"],
+        rows,
+      )
+    )
+  return "\n".join(out)
+
+
+def chart_reference(recipes: list[str]) -> str | None:
+  """The recipe the chart's speedups are relative to: bf16, else int8_sr, else None (no chart)."""
+  return next((r for r in ("bf16", "int8_sr") if r in recipes), None)
+
+
+def chart(results: dict, recipes: list[str], path) -> None:
+  ref = chart_reference(recipes)
+  groups = [f"{r['shape']}\nT={r['tokens']}" for r in results["block"]]
+  series = {rc: [r["recipes"][rc][f"speedup_vs_{ref}"] for r in results["block"]] for rc in recipes}
+  bar_chart(
+    path,
+    groups,
+    series,
+    ylabel=f"speedup vs {ref} (t_{ref} / t)",
+    hline=1.0,
+    title=f"MoE feed-forward block fwd+bwd: speed vs {ref} (same run)",
+  )
