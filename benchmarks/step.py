@@ -13,7 +13,7 @@ Reports per recipe the median step time, tokens/s, speedups vs bf16 and vs int8_
 same run, and memory; with two or more depths of one preset, the per-layer time and the step
 time extrapolated to the preset's full depth (`benchmarks.step_report`). Results are written
 after every configuration, so a run that is cut short keeps what finished. Only the block
-projections are quantized (ALGORITHM.md §2); embedding, logits, attention and norms run in
+projections are quantized (docs/algorithm.md §2); embedding, logits, attention and norms run in
 bf16 for every recipe. `--attention auto` uses cuDNN flash attention on GPUs, XLA's elsewhere.
 """
 

@@ -102,7 +102,7 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
   """Per layer and projection: share of G' entries that RTNE rounds to zero (|G'| < Δ/2).
 
   G' = s_x G s_w is the upstream gradient of the projection with both scales folded in and
-  Δ = max|G'|/127 its per-tensor step (ALGORITHM.md §1). Measured on the `int8_rtne`
+  Δ = max|G'|/127 its per-tensor step (docs/algorithm.md §1). Measured on the `int8_rtne`
   backward, i.e. on the gradients an RTNE run would actually see.
   """
   rtne = _with_recipe(cfg, "int8_rtne")

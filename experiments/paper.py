@@ -1,4 +1,4 @@
-"""The S3R paper's reference numbers and shapes, in one place (ALGORITHM.md §3, paper Tables I-IV).
+"""The S3R paper's reference numbers and shapes, in one place (docs/algorithm.md §3, paper Tables I-IV).
 
 Shapes: H is the model width, D_ffn the FFN hidden width of a SwiGLU block (W1..W9, Table III).
 Nothing here is measured: results files and tables print these values next to our measurements.

@@ -4,7 +4,7 @@ Dimension letters in tensor names:
   B batch, S sequence, D model width, N query heads, K key/value heads, H head dim,
   F gated FFN hidden width, V vocabulary.
 
-Numerics (ALGORITHM.md §2): every block projection (Llama: q, k, v, o, gate, up, down) goes
+Numerics (docs/algorithm.md §2): every block projection (Llama: q, k, v, o, gate, up, down) goes
 through `s3r.quant.qmatmul` with the config's recipe; attention scores and probability-value
 products, RMSNorm, RoPE and softmax stay in bf16 (norm, RoPE and softmax math in f32).
 Parameters are f32 master weights; activations are bf16.

@@ -6,7 +6,7 @@ Dimension letters in tensor names:
   B batch, S sequence, D model width, N query heads, K key/value heads, H head dim,
   F gated FFN hidden width, V vocabulary.
 
-Numerics (ALGORITHM.md §2): every projection of every block (Llama: q, k, v, o, gate, up,
+Numerics (docs/algorithm.md §2): every projection of every block (Llama: q, k, v, o, gate, up,
 down) goes through `s3r.quant.qmatmul` with the config's recipe; the token embedding, the
 logits projection, the attention score and probability-value products, RMSNorm, RoPE and
 softmax stay in bf16 (norm, RoPE and softmax math in f32). Parameters are f32 master

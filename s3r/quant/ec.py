@@ -1,4 +1,4 @@
-"""S3R-EC: subtract the structured part of the known rounding error (ALGORITHM.md §1).
+"""S3R-EC: subtract the structured part of the known rounding error (docs/algorithm.md §1).
 
 The quantizer knows its rounding error exactly, in units of the step Δ:
 e = Q - G'/Δ, shape [B, S, N]. Per example b its projection onto row-constant plus

@@ -1,7 +1,7 @@
 """Rounding recipes: the only thing that differs between the INT8 training modes.
 
 A `Recipe` says how the backward pass turns the scaled upstream gradient G' into int8
-codes Q (ALGORITHM.md §1): round to nearest, independent stochastic rounding, or shared
+codes Q (docs/algorithm.md §1): round to nearest, independent stochastic rounding, or shared
 stochastic rounding with one threshold per token ("token", Φ2D) or per example
 ("example", Φbcast), and which of the two backward products gets the S3R-EC correction.
 """

@@ -1,4 +1,4 @@
-"""Compact 7-bit stochastic-rounding thresholds (ALGORITHM.md §1, "Compact thresholds").
+"""Compact 7-bit stochastic-rounding thresholds (docs/algorithm.md §1, "Compact thresholds").
 
 One 32-bit Threefry word gives four thresholds: each byte keeps its low 7 bits k in
 {0..127} and maps to u = (k + 1/2) / 128. The half-step shift makes the rounding bias

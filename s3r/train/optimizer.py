@@ -1,6 +1,6 @@
 """AdamW on the f32 master weights: linear warm-up, cosine decay, global-norm clipping.
 
-The optimizer is the same for every recipe (ALGORITHM.md §2): the recipe only changes
+The optimizer is the same for every recipe (docs/algorithm.md §2): the recipe only changes
 how the gradients are computed.
 """
 

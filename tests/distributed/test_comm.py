@@ -2,7 +2,7 @@
 
 The two-way correction subtracts a rank-(B+1) update built from per-example factors
 (x̄_b [K], c_b [N], p_b [K], m_b); under data parallelism it must gather those small factors,
-never reduce a weight-sized f32 partial (ALGORITHM.md §1). Measured on the compiled train step
+never reduce a weight-sized f32 partial (docs/algorithm.md §1). Measured on the compiled train step
 of `tiny` at a global batch of 128 (the einsum form of the update, B > 64).
 """
 

@@ -1,4 +1,4 @@
-"""Shared helpers for the quantized-matmul tests: float64 NumPy references of ALGORITHM.md §1."""
+"""Shared helpers for the quantized-matmul tests: float64 NumPy references of docs/algorithm.md §1."""
 
 import jax
 import jax.numpy as jnp

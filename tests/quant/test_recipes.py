@@ -1,4 +1,4 @@
-"""The recipe registry: names of ALGORITHM.md, lookups and validation."""
+"""The recipe registry: names of docs/algorithm.md, lookups and validation."""
 
 import pytest
 

@@ -37,7 +37,7 @@ def _has_token_dim(dot):
 
 @pytest.mark.parametrize("recipe", INT8)
 def test_fwd_and_bwd_have_three_int8_gemms_plus_one_ec_factor_product_when_correcting_dx(recipe):
-  # The three GEMMs of ALGORITHM.md §1 (forward, dX, dW) each have a token dimension. A recipe
+  # The three GEMMs of docs/algorithm.md §1 (forward, dX, dW) each have a token dimension. A recipe
   # that corrects dX adds one small int8 dot of the error's channel-mean digits (3 rows per
   # example) and a row of ones with Ŵ: [3B + 1, N] x [K, N] -> [3B + 1, K] (ec.dx_correction).
   dots = jaxpr_analysis.int8_dots(_jaxpr(recipe))

@@ -6,7 +6,7 @@ while stochastic rounding keeps it in expectation. For each element we require
   |mean over n keys - exact| <= t * sd / sqrt(n) + bias bound + f32 slack
 with t the Bonferroni-corrected Student-t quantile over all checked elements (family-wise
 false-alarm rate 1e-3), the bias bound the known 7-bit threshold bias (≤ Δ/256 per code,
-ALGORITHM.md §1; 4x that after S3R-EC's projection) and f32 slack for the float arithmetic.
+docs/algorithm.md §1; 4x that after S3R-EC's projection) and f32 slack for the float arithmetic.
 """
 
 import functools
