@@ -67,9 +67,9 @@ def _fail(message: str, code: int = 2) -> int:
 def _guarded(run, args) -> int:
   """Runs a command, turning expected failures into one line and an exit code (EXIT_CODES)."""
   from s3r.data import DataError
+  from s3r.train.build import ResourceError
   from s3r.train.config import ConfigError
   from s3r.train.guard import TrainingDiverged, TrainingInterrupted
-  from s3r.train.setup import ResourceError
 
   try:
     return run(args) or 0

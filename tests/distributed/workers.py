@@ -308,28 +308,31 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
 def comm_worker(out: pathlib.Path) -> None:
   """`python -m benchmarks comm` on `tiny` (2 layers, batch 128 > the unrolled-update limit of 64)
   on a data x fsdp mesh, for s3r and s3r_ec, every collective listed."""
-  from s3r.train import comm
+  import sys
 
-  comm.main(
-    [
-      "--preset",
-      "tiny",
-      "--layers",
-      "2",
-      "--batch",
-      "128",
-      "--seq",
-      "16",
-      "--meshes",
-      "data=2,fsdp=4",
-      "--recipes",
-      "s3r,s3r_ec",
-      "--out",
-      str(out / "comm"),
-      "--list-min-kib",
-      "0",
-    ]
-  )
+  from benchmarks import cli
+
+  argv = [
+    "comm",
+    "--preset",
+    "tiny",
+    "--layers",
+    "2",
+    "--batch",
+    "128",
+    "--seq",
+    "16",
+    "--meshes",
+    "data=2,fsdp=4",
+    "--recipes",
+    "s3r,s3r_ec",
+    "--out",
+    str(out / "comm"),
+    "--list-min-kib",
+    "0",
+  ]
+  sys.argv = ["python -m benchmarks", *argv]  # the command the results file records
+  cli.main(argv)
   (out / "result.json").write_text((out / "comm.json").read_text())
 
 
