@@ -59,9 +59,12 @@ class Format:
     code, acc = self.code_dtype, self.acc_dtype
     if code.kind in "iu" and self.qmax > np.iinfo(code).max:
       raise ValueError(f"Format.qmax {self.qmax} does not fit code_dtype {code.name}")
-    if (code.kind in "iu") != (acc.kind in "iu") or acc.itemsize <= code.itemsize:
+    integer = code.kind in "iu"  # integer codes need a wider (exact) accumulator; float codes a float one
+    wide_enough = acc.itemsize > code.itemsize if integer else acc.itemsize >= code.itemsize
+    if integer != (acc.kind in "iu") or not wide_enough:
       raise ValueError(
-        f"Format.acc_dtype must be wider than code_dtype {code.name} and of its kind (integer or float), got {acc.name}"
+        f"Format.acc_dtype must be of code_dtype {code.name}'s kind (integer or float) and "
+        f"{'wider' if integer else 'at least as wide'}, got {acc.name}"
       )
 
   @property

@@ -42,6 +42,8 @@ def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
   f = Format(**INT8 | dict(code_dtype="int8", acc_dtype="int32"))
   assert f.code_dtype == np.dtype(np.int8) and f.acc_dtype == np.dtype(np.int32)
   assert hash(f) == hash(Format(**INT8))
+  # codes held as floats (an emulated grid) accumulate in a float at least as wide
+  assert Format(**INT8 | dict(code_dtype=np.float32, acc_dtype=np.float32)).acc_dtype == np.float32
 
 
 @pytest.mark.parametrize(
@@ -58,6 +60,7 @@ def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
     (dict(acc_dtype=np.bool_), "acc_dtype"),
     (dict(acc_dtype=np.int8), "acc_dtype"),
     (dict(acc_dtype=np.float32), "acc_dtype"),
+    (dict(code_dtype=np.float32, acc_dtype=np.float16), "acc_dtype"),
   ],
 )
 def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
