@@ -128,7 +128,8 @@ def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
   # accumulator and recomputes an N-long sum for every one of its elements (a GEMM's worth
   # of extra work). Rows: digit j of example b at 3b + j (example-major, as c is sharded),
   # then one row of ones.
-  lhs_RxN = jnp.concatenate([int8_digits(c_BxN).reshape(_DIGITS * batch, n), jnp.ones((1, n), jnp.int8)])
+  digits_RxN = int8_digits(c_BxN).reshape(_DIGITS * batch, n)
+  lhs_RxN = jnp.concatenate([digits_RxN, jnp.ones((1, n), digits_RxN.dtype)])
   acc_RxK = numerics.int8_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24

@@ -7,12 +7,13 @@ by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 It mirrors the dense layer (matmul.py) row for row. Forward: per-row activation scales,
 per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped
 GEMM, rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor
-step Δ, Q quantized once for both products (twice for split recipes) exactly as the dense
-quantizer `quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x)
-Q Ŵ_eᵀ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped int8 GEMMs. Shared thresholds are
-one per row for `s3r` (a row is one token's copy for one expert), one per expert segment for
-the `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the
-error per segment (grouped_ec.py).
+step Δ, Q quantized once for both products (twice for split recipes) into codes of the recipe's
+gradient format by the dense quantizer's own functions (`matmul.scale_gradient`,
+`matmul.round_gradient`), as `quantize_gradient` quantizes the [T, N] rows as one example of T
+tokens; dX = (Δ/s_x) Q Ŵ_eᵀ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on
+codes. Shared thresholds are one per row for `s3r` (a row is one token's copy for one expert),
+one per expert segment for the `_bcast` recipes (the segment plays the dense example's role),
+and S3R-EC projects the error per segment (grouped_ec.py).
 
 Sharded rows (expert parallelism, s3r.model.moe_ep): when the rows are one shard's part of a
 larger grouped product, `rows=GlobalRows(...)` says where each sits in the global row order;
@@ -32,11 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import grouped_ec, grouped_gemm, numerics, thresholds
+from s3r.quant import arguments, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
 from s3r.quant.recipes import Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
 
-_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 _NAME = "grouped_qmatmul"
 # impl=None: the tiled path on every platform until the compiled Pallas kernels ("auto") are verified on a GPU
 DEFAULT_IMPL = "tiled"
@@ -83,9 +82,7 @@ def grouped_qmatmul(
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
-  r = _check_recipe(recipe)
-  _check_operands(x, w, group_sizes)
-  key = _check_key(key, r)
+  r, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
   impl = _check_impl(impl)
   if not r.quantized:
     return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
@@ -160,7 +157,8 @@ def _bwd(r, impl, x_dtype, w_dtype, spread, res, g_TxN):
   corr_dx_TxK = corr_dw_ExKxN = None
   if r.correct_dx or r.correct_dw:
     # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
-    factors = grouped_ec.segment_factors(q_dx.astype(jnp.float32) - v_TxN, lay.seg_T, lay.group_sizes)
+    e_TxN = formats.get_format(r.grad_format).dequantize(q_dx) - v_TxN
+    factors = grouped_ec.segment_factors(e_TxN, lay.seg_T, lay.group_sizes)
     if r.correct_dx:
       corr_dx_TxK = grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
     if r.correct_dw:
@@ -190,8 +188,9 @@ def quantize_grouped_gradient(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW) of the scaled gradient G' [T, N] of expert-sorted rows.
 
-  The dense quantizer's step, rounding and draws (`quantize_gradient` on the rows as one
-  example of T tokens, bit for bit): per element (`int8_sr`, [1, T, N] uniforms per product)
+  The dense quantizer's step, rounding and key chain (`matmul.scale_gradient` and
+  `matmul.round_gradient`), with draws that match `quantize_gradient` on the rows as one
+  example of T tokens, bit for bit: per element (`int8_sr`, [1, T, N] uniforms per product)
   or one threshold per row from ⌈T/4⌉ words. A per-example ("_bcast") topology becomes one
   threshold per expert segment, u[e(t)], from ⌈E/4⌉ words; rows past the segments have
   v = 0, whose code is 0 for any u.
@@ -203,106 +202,38 @@ def quantize_grouped_gradient(
   """
   rows, n = gp_TxN.shape
   total, experts, axes = spread if spread is not None else (rows, n_seg, ())
-  amax = jnp.max(jnp.abs(gp_TxN))
-  delta = numerics.gradient_step(jax.lax.pmax(amax, axes) if axes else amax)
-  v_TxN = gp_TxN * numerics.reciprocal(delta)  # never a division, as in the dense quantizer
-  if r.rounding == "rtne":
-    q = numerics.round_codes(v_TxN)
-    return delta, v_TxN, q, q
+  delta, v_TxN = matmul.scale_gradient(r, gp_TxN, axes)
   if where is None:
     at_row, seg0 = (lambda u: u), 0
   else:
     index_T, seg0 = where
     at_row = lambda u: u[jnp.clip(index_T, 0, total - 1)]  # noqa: E731
 
-  def codes(k, kind):
+  def draw(k, kind):
     if kind == "sr":
-      u = at_row(jax.random.uniform(k, (1, total, n))[0])
-    elif kind == "token":
-      u = at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
-    else:
-      u = thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
-    return numerics.round_codes(v_TxN, u)
+      return at_row(jax.random.uniform(k, (1, total, n))[0])
+    if kind == "token":
+      return at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
+    if kind == "example":
+      return thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
+    raise ValueError(f"{_NAME}: threshold topology must be 'token' or 'example', got {kind!r}")
 
-  if r.rounding == "sr" or r.split:
-    key_dx, key_dw = jax.random.split(key)
-    kinds = ("sr", "sr") if r.rounding == "sr" else (r.dx_topology, r.dw_topology)
-    return delta, v_TxN, codes(key_dx, kinds[0]), codes(key_dw, kinds[1])
-  q = codes(key, r.dx_topology)
-  return delta, v_TxN, q, q
+  q_dx, q_dw = matmul.round_gradient(r, v_TxN, key, draw)
+  return delta, v_TxN, q_dx, q_dw
 
 
 def _exact_bwd(impl, x_dtype, w_dtype, res, lay, g_TxN):
   """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed INT8 forward graph."""
   xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _, _ = res
   hi = jax.lax.Precision.HIGHEST
-  w_deq = wq_ExKxN.astype(jnp.float32) * sw_ExN[:, None, :]
-  x_deq = xq_TxK.astype(jnp.float32) * sx_T[:, None]
+  w_deq = formats.FORWARD_FORMAT.dequantize(wq_ExKxN, sw_ExN[:, None, :])
+  x_deq = formats.FORWARD_FORMAT.dequantize(xq_TxK, sx_T[:, None])
   dx_TxK = grouped_gemm.gmm_nt(g_TxN, w_deq, lay, impl, out=jnp.float32, precision=hi)
   dw_ExKxN = grouped_gemm.tgmm(x_deq, g_TxN, lay, impl, out=jnp.float32, precision=hi)
   return dx_TxK.astype(x_dtype), dw_ExKxN.astype(w_dtype), None, None, None
 
 
-# --- argument checks (trace time; concrete group sizes eagerly) -------------------------------
-
-
-def _check_recipe(recipe) -> Recipe:
-  if isinstance(recipe, (Recipe, str)):
-    return lookup_recipe(recipe)
-  raise TypeError(f"{_NAME}: recipe must be a s3r.Recipe or a recipe name (str), got {type(recipe).__name__}")
-
-
-def _describe(a) -> str:
-  return f"shape {tuple(a.shape)} dtype {a.dtype}"
-
-
-def _check_operands(x, w, group_sizes) -> None:
-  for name, a in (("x", x), ("w", w), ("group_sizes", group_sizes)):
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-      raise TypeError(f"{_NAME}: {name} must be an array, got {type(a).__name__}")
-  for name, a in (("x", x), ("w", w)):
-    if not any(a.dtype == f for f in _FLOATS):
-      raise TypeError(
-        f"{_NAME}: {name} must have a real floating dtype (bfloat16, float16, float32), got {_describe(a)}"
-      )
-  if x.ndim != 2:
-    raise ValueError(f"{_NAME}: x must be [T, K] (rows sorted by expert), got {_describe(x)}")
-  if w.ndim != 3:
-    raise ValueError(f"{_NAME}: w must be [E, K, N] (one [K, N] weight per expert), got {_describe(w)}")
-  if x.shape[1] != w.shape[1]:
-    raise ValueError(
-      f"{_NAME}: the last dim of x ({x.shape[1]}) must equal dim 1 of w ({w.shape[1]}); "
-      f"x has {_describe(x)}, w has {_describe(w)}"
-    )
-  if group_sizes.dtype != jnp.int32:
-    raise TypeError(f"{_NAME}: group_sizes must be int32, got {_describe(group_sizes)}")
-  if group_sizes.shape != (w.shape[0],):
-    raise ValueError(
-      f"{_NAME}: group_sizes must be [E] = [{w.shape[0]}] (one size per expert of w), got {_describe(group_sizes)}"
-    )
-  if isinstance(group_sizes, jax.core.Tracer):
-    return  # traced: see grouped_qmatmul's docstring
-  sizes = np.asarray(group_sizes, np.int64)
-  if (sizes < 0).any():
-    raise ValueError(f"{_NAME}: group_sizes must be >= 0, got {sizes.tolist()}")
-  if sizes.sum() > x.shape[0]:
-    raise ValueError(f"{_NAME}: group_sizes sum to {int(sizes.sum())}, more than the {x.shape[0]} rows of x")
-
-
-def _check_key(key, r: Recipe):
-  if not r.stochastic:
-    return None
-  if key is None:
-    raise ValueError(f"{_NAME}: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
-  if not hasattr(key, "dtype"):
-    raise TypeError(f"{_NAME}: key must be a jax.random.key array, got {type(key).__name__}")
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if key.shape != ():
-      raise ValueError(f"{_NAME}: key must be a single key (shape ()), got shape {tuple(key.shape)}")
-    return key
-  if key.dtype == jnp.uint32 and key.shape == (2,):
-    return jax.random.wrap_key_data(key)
-  raise TypeError(f"{_NAME}: key must be a jax.random.key (or a raw uint32[2] key), got {_describe(key)}")
+# --- the impl argument (the other checks: arguments.py) ---------------------------------------
 
 
 def _check_impl(impl):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from s3r.quant import ec
+from s3r.quant import ec, formats
 
 
 def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array):
@@ -42,8 +42,9 @@ def dx_correction(r_T, c_ExN, m_E, wq_ExKxN: jax.Array, seg_T: jax.Array) -> jax
   """
   experts, n = c_ExN.shape
   digits_Ex3xN = ec.int8_digits(c_ExN)
-  lhs_Ex4xN = jnp.concatenate([digits_Ex3xN, jnp.ones((experts, 1, n), jnp.int8)], axis=1)
-  acc_Ex4xK = lax.dot_general(lhs_Ex4xN, wq_ExKxN, (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.int32)
+  lhs_Ex4xN = jnp.concatenate([digits_Ex3xN, jnp.ones((experts, 1, n), digits_Ex3xN.dtype)], axis=1)
+  dims = (((2,), (2,)), ((0,), (0,)))
+  acc_Ex4xK = lax.dot_general(lhs_Ex4xN, wq_ExKxN, dims, preferred_element_type=formats.accumulator(wq_ExKxN.dtype))
   wc_ExK = ec.from_int8_digits(acc_Ex4xK[:, :3])
   rowsum_ExK = acc_Ex4xK[:, 3].astype(jnp.float32)
   valid_T = seg_T < experts

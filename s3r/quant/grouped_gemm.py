@@ -40,8 +40,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from s3r.quant import grouped_pallas
+from s3r.quant import formats, grouped_pallas
 
+_CODES = formats.FORWARD_FORMAT.code_dtype  # the kernels' operand dtype (int8-stored codes)
+_ACC = formats.accumulator(_CODES)  # and their accumulator (int32): the default `out` of the GEMMs
 IMPLS = ("auto", "pallas", "ragged", "tiled")
 _KERNEL_IMPLS = ("auto", "pallas")
 _MAX_TILE = 128
@@ -133,7 +135,7 @@ def _ragged_dims(contract, lhs_ragged, rhs_group):
   )
 
 
-def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)], [T, N] in `out` (zero rows past the sum)."""
   impl = _float_fallback(impl, a_TxC, b_ExCxN, out, precision)
   if impl in _KERNEL_IMPLS:
@@ -143,7 +145,7 @@ def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=jnp.in
   return _untile(_tile_loop(_tiles(a_TxC, lay), b_ExCxN, 1, lay, out, precision), lay)
 
 
-def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)]ᵀ, [T, K] in `out` (zero rows past the sum)."""
   impl = _float_fallback(impl, a_TxN, b_ExKxN, out, precision)
   if impl in _KERNEL_IMPLS:
@@ -176,7 +178,7 @@ def _tile_loop(a_IxLxC, b_ExKxN, contract: int, lay: Layout, out, precision) -> 
   return lax.fori_loop(0, used, product, jnp.zeros((n_tiles, tile, m), out))
 
 
-def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=jnp.int32, precision=None) -> jax.Array:
+def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
   impl = _float_fallback(impl, a_TxK, b_TxN, out, precision)
   if impl in _KERNEL_IMPLS:
@@ -226,8 +228,8 @@ def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
 
 def _float_fallback(impl: str, a: jax.Array, b: jax.Array, out, precision) -> str:
   """The Pallas kernels are int8 x int8 -> int32 only: any other GEMM takes the tiled path."""
-  int8 = a.dtype == jnp.int8 and b.dtype == jnp.int8 and jnp.dtype(out) == jnp.int32 and precision is None
-  return "tiled" if impl in _KERNEL_IMPLS and not int8 else impl
+  codes = a.dtype == _CODES and b.dtype == _CODES and jnp.dtype(out) == _ACC and precision is None
+  return "tiled" if impl in _KERNEL_IMPLS and not codes else impl
 
 
 def _dispatch(impl: str, kernel, xla, *args):
@@ -266,17 +268,17 @@ def _row_gemm_epilogue(a, b, lay, impl, contract_last, sub, row, col, out):
   return _dispatch(impl, kernel, xla, a, b, sub, row, col)
 
 
-def gmm_epilogue(a_TxC, b_ExCxN, lay: Layout, impl: str, *, row_T=None, col_ExN=None, out=jnp.int32) -> jax.Array:
+def gmm_epilogue(a_TxC, b_ExCxN, lay: Layout, impl: str, *, row_T=None, col_ExN=None, out=_ACC) -> jax.Array:
   """epilogue(a[t] b[e(t)]) with row scales row_T [T] and column scales col_ExN [E, N]: [T, N] in `out`."""
   return _row_gemm_epilogue(a_TxC, b_ExCxN, lay, impl, False, None, row_T, col_ExN, out)
 
 
-def gmm_nt_epilogue(a_TxN, b_ExKxN, lay: Layout, impl: str, *, sub_TxK=None, row_T=None, out=jnp.int32) -> jax.Array:
+def gmm_nt_epilogue(a_TxN, b_ExKxN, lay: Layout, impl: str, *, sub_TxK=None, row_T=None, out=_ACC) -> jax.Array:
   """epilogue(a[t] b[e(t)]ᵀ) with sub_TxK [T, K] subtracted and row scales row_T [T]: [T, K] in `out`."""
   return _row_gemm_epilogue(a_TxN, b_ExKxN, lay, impl, True, sub_TxK, row_T, None, out)
 
 
-def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_ExN=None, out=jnp.int32) -> jax.Array:
+def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_ExN=None, out=_ACC) -> jax.Array:
   """epilogue(Σ_{t in e} a[t]ᵀ b[t]) with sub_ExKxN subtracted and col_ExN [E, N] scales: [E, K, N] in `out`."""
   xla_impl = "tiled" if impl in _KERNEL_IMPLS else impl
 

@@ -40,6 +40,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from s3r.quant import formats
+
+_ACC = formats.accumulator(formats.FORWARD_FORMAT.code_dtype)  # int32: the accumulator of the int8 code GEMMs
 ROW_TILE = (32, 64)  # bounds of the row tile (power of two ≤ T/E, clipped)
 COL_BLOCK = 128  # largest output-column block of the row GEMMs and of dW's N
 CONTRACT_BLOCK = 64  # largest contracted-dim chunk of the row GEMMs and dW's K block
@@ -143,9 +146,9 @@ def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, h
       else:  # b[e] is [C, D]
         b_blk = b_ref[e, pl.ds(c0, cblock), pl.ds(d0, dblock)]
         dims = (((1,), (0,)), ((), ()))
-      return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=jnp.int32)
+      return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=_ACC)
 
-    acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), jnp.int32))
+    acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), _ACC))
     col = col_ref[e, pl.ds(d0, dblock)][None, :] if has_col else None
     in_seg_L = (rows_L >= starts_ref[e]) & (rows_L < ends_ref[e])
     return jnp.where(in_seg_L[:, None], epilogue(acc_LxD, sub, row, col, out=out), y_LxD)
@@ -173,7 +176,7 @@ def gmm_rows(
   sub_TxD: jax.Array | None = None,
   row_T: jax.Array | None = None,
   col_ExD: jax.Array | None = None,
-  out=jnp.int32,
+  out=_ACC,
   interpret: bool = False,
 ) -> jax.Array:
   """out[t] = epilogue(a[t] b[e(t)]) (or a[t] b[e(t)]ᵀ with `contract_last`), [T, D] in `out`.
@@ -241,11 +244,11 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
     b_LxN = b_ref[pl.ds(r0, tile), pl.ds(n0, nblock)]
     in_seg_L = (rows_L >= start) & (rows_L < end)
     a_LxK = jnp.where(in_seg_L[:, None], a_LxK, jnp.zeros_like(a_LxK))
-    prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+    prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=_ACC)
     return acc_KxN + prod
 
   first, stop = lax.div(start, tile), lax.div(end + tile - 1, tile)  # both ≥ 0: truncation is floor
-  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), jnp.int32))
+  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), _ACC))
   sub = sub_ref[...] if has_sub else None
   col = col_ref[e, pl.ds(n0, nblock)][None, :] if has_col else None
   o_ref[...] = epilogue(acc_KxN, sub, None, col, out=out)
@@ -258,7 +261,7 @@ def tgmm(
   *,
   sub_ExKxN: jax.Array | None = None,
   col_ExN: jax.Array | None = None,
-  out=jnp.int32,
+  out=_ACC,
   interpret: bool = False,
 ) -> jax.Array:
   """out[e] = epilogue(Σ_{t in segment e} a[t]ᵀ b[t]), [E, K, N] in `out` (0 for an empty segment).

@@ -2,9 +2,11 @@
 
 Forward (every INT8 recipe): per-token and per-output-channel absmax scales, RTNE codes,
 one int8 x int8 -> int32 GEMM, rescale. Backward: both scales are folded into the upstream
-gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into int8 codes Q;
-dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more int8 GEMMs. The recipe decides how
-Q is rounded (see recipes.py) and whether S3R-EC corrects the products (see ec.py).
+gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into codes Q of the
+recipe's gradient format (formats.py; int8 today); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q
+are two more GEMMs on codes. The recipe decides how Q is rounded (see recipes.py) and whether
+S3R-EC corrects the products (see ec.py). `scale_gradient` and `round_gradient` are the
+quantizer of the grouped layer too (grouped.py).
 
 Under tensor parallelism (`tp=`), the GEMM that contracts the split dimension rounds each
 shard's partial product to the output dtype before the cross-shard sum (see tensor_parallel.py).
@@ -32,11 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import ec, numerics, tensor_parallel, thresholds
+from s3r.quant import arguments, ec, formats, numerics, tensor_parallel, thresholds
 from s3r.quant.recipes import Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
-
-_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 
 
 def qmatmul(
@@ -69,9 +68,7 @@ def qmatmul(
   A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
   """
-  r = _check_recipe(recipe)
-  _check_operands(x, w)
-  key = _check_key(key, r, required=False)
+  r, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
@@ -150,14 +147,15 @@ def _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   n = wq_KxN.shape[1]
   if r.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
+  fmt = formats.get_format(r.grad_format)
   delta, v_BxSxN, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
 
   factors = None
   if r.correct_dx or r.correct_dw:
     # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw)
-    factors = ec.error_factors(q_dx.astype(jnp.float32) - v_BxSxN)
+    factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
   dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), factors)
-  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n)).astype(jnp.float32)
+  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
   if r.correct_dw:
     acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
   dw_KxN = acc_dw_KxN * (delta / sw_N)
@@ -183,7 +181,7 @@ def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
   """
   correction_TxK = ec.dx_correction(*factors, wq_KxN).reshape(q_TxN.shape[0], -1) if r.correct_dx else None
   if tp is None or tp.kind != "column":
-    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN).astype(jnp.float32)
+    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, formats.get_format(r.grad_format)).astype(jnp.float32)
     if correction_TxK is not None:
       acc_TxK = acc_TxK - correction_TxK
     return (acc_TxK * scale_Tx1).astype(x_dtype)
@@ -202,30 +200,70 @@ def quantize_gradient(
 
   The code path of `qmatmul`'s backward (benchmarks and diagnostics call it directly):
   G' = s_x G s_w with the forward's activation scales `sx_BxS` and weight scales `sw_N`,
-  one step Δ, then the recipe's rounding of G'/Δ into int8 codes (one array returned twice
-  unless the recipe splits). `key` is a typed key; stochastic recipes need it.
-
-  Δ = max|G'|/127 is one per-tensor step: under sharding, the max over all shards (XLA
-  inserts one scalar all-reduce), so it does not depend on the device mesh.
+  one step Δ, then the recipe's rounding of G'/Δ into codes of its gradient format (one array
+  returned twice unless the recipe splits). `key` is a typed key; stochastic recipes need it.
   """
-  r = _check_recipe(r)
+  r = arguments.check_recipe("quantize_gradient", r)
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta = numerics.gradient_step(jnp.max(jnp.abs(gp_BxSxN)))
-  v_BxSxN = gp_BxSxN * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
-  q_dx, q_dw = _round(r, v_BxSxN, key)
+  delta, v_BxSxN = scale_gradient(r, gp_BxSxN)
+  q_dx, q_dw = round_gradient(r, v_BxSxN, key, _dense_draw(v_BxSxN.shape))
   return delta, v_BxSxN, q_dx, q_dw
+
+
+def scale_gradient(r: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array]:
+  """(Δ, G'/Δ): the per-tensor step of the scaled gradient `gp` = G' in the recipe's gradient
+  format (Δ = max|G'|/127 for int8) and G' in units of it.
+
+  Under sharding Δ is the max over all shards (XLA inserts one scalar all-reduce), so it does
+  not depend on the device mesh; `axes` names mesh axes to take that max over explicitly
+  (inside `shard_map`).
+  """
+  amax = jnp.max(jnp.abs(gp))
+  delta = formats.get_format(r.grad_format).scale(jax.lax.pmax(amax, axes) if axes else amax)
+  return delta, gp * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
+
+
+def round_gradient(r: Recipe, v: jax.Array, key, draw) -> tuple[jax.Array, jax.Array]:
+  """Codes (Q for dX, Q for dW) of v = G'/Δ in the recipe's gradient format: one array, returned
+  twice, unless the recipe splits (then two, from the two halves of `key`).
+
+  `draw(key, kind)` gives thresholds broadcastable against v: one per element for kind "sr",
+  else those of the threshold topology `kind` ("token" or "example"). The key chain is the
+  recipe's: none for RTNE, `key` itself for one shared Q, `jax.random.split(key)` for two.
+  """
+  fmt = formats.get_format(r.grad_format)
+  if r.rounding == "rtne":
+    q = fmt.round(v)
+    return q, q
+  if r.rounding == "sr" or r.split:
+    key_dx, key_dw = jax.random.split(key)
+    kind_dx, kind_dw = ("sr", "sr") if r.rounding == "sr" else (r.dx_topology, r.dw_topology)
+    return fmt.round(v, draw(key_dx, kind_dx)), fmt.round(v, draw(key_dw, kind_dw))
+  q = fmt.round(v, draw(key, r.dx_topology))
+  return q, q
+
+
+def _dense_draw(shape_BxSxN):
+  """`round_gradient`'s draws for G' [B, S, N]: full-size uniforms, or shared thresholds."""
+  batch, seq, _ = shape_BxSxN
+
+  def draw(key, kind):
+    if kind == "sr":
+      return jax.random.uniform(key, shape_BxSxN)
+    return thresholds.shared_thresholds(key, batch, seq, kind)  # raises on an unknown topology
+
+  return draw
 
 
 def gradient_codes(
   x: jax.Array, w: jax.Array, g: jax.Array, *, key: jax.Array | None = None, recipe: str | Recipe = "s3r"
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(Q for dX, Q for dW, Δ): the int8 codes and step that the backward of `qmatmul(x, w)`
-  makes of the upstream gradient `g` ([..., N], the shape of the output). Same code path as
-  the backward pass (for tests and diagnostics); one Q returned twice unless the recipe splits.
+  """(Q for dX, Q for dW, Δ): the codes (of the recipe's gradient format) and step that the
+  backward of `qmatmul(x, w)` makes of the upstream gradient `g` ([..., N], the shape of the
+  output). Same code path as the backward pass (for tests and diagnostics); one Q returned
+  twice unless the recipe splits.
   """
-  r = _check_recipe(recipe)
-  _check_operands(x, w)
-  key = _check_key(key, r, required=True)
+  r, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
   if not r.int8_backward:
     raise ValueError(f"gradient_codes: recipe {r.name!r} does not quantize the gradient")
   sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
@@ -240,77 +278,7 @@ def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
   xqT_KxT, wq_KxN, sx_BxS, sw_N, _ = res
   g_TxN = g_BxSxN.astype(jnp.float32).reshape(-1, wq_KxN.shape[1])
   hi = jax.lax.Precision.HIGHEST
-  dx_TxK = jnp.matmul(g_TxN, (wq_KxN.astype(jnp.float32) * sw_N).T, precision=hi)
-  dw_KxN = jnp.matmul(xqT_KxT.astype(jnp.float32) * sx_BxS.reshape(1, -1), g_TxN, precision=hi)
+  deq = formats.FORWARD_FORMAT.dequantize
+  dx_TxK = jnp.matmul(g_TxN, deq(wq_KxN, sw_N).T, precision=hi)
+  dw_KxN = jnp.matmul(deq(xqT_KxT, sx_BxS.reshape(1, -1)), g_TxN, precision=hi)
   return dx_TxK.reshape(g_BxSxN.shape[:2] + (-1,)).astype(x_dtype), dw_KxN.astype(w_dtype), None
-
-
-def _round(r: Recipe, v_BxSxN: jax.Array, key) -> tuple[jax.Array, jax.Array]:
-  """int8 codes (Q for dX, Q for dW) of v = G'/Δ: one array, returned twice, unless split."""
-  codes = functools.partial(numerics.round_codes, v_BxSxN)
-  if r.rounding == "rtne":
-    q = codes(None)
-    return q, q
-  batch, seq, _ = v_BxSxN.shape
-  if r.rounding == "sr":
-    key_dx, key_dw = jax.random.split(key)
-    return (codes(jax.random.uniform(key_dx, v_BxSxN.shape)), codes(jax.random.uniform(key_dw, v_BxSxN.shape)))
-  if not r.split:
-    q = codes(thresholds.shared_thresholds(key, batch, seq, r.dx_topology))
-    return q, q
-  key_dx, key_dw = jax.random.split(key)
-  return (
-    codes(thresholds.shared_thresholds(key_dx, batch, seq, r.dx_topology)),
-    codes(thresholds.shared_thresholds(key_dw, batch, seq, r.dw_topology)),
-  )
-
-
-# --- argument checks (trace time) ------------------------------------------------------------
-
-
-def _check_recipe(recipe) -> Recipe:
-  if isinstance(recipe, Recipe):
-    return recipe
-  if isinstance(recipe, str):
-    return lookup_recipe(recipe)
-  raise TypeError(f"qmatmul: recipe must be a s3r.Recipe or a recipe name (str), got {type(recipe).__name__}")
-
-
-def _describe(a) -> str:
-  return f"shape {tuple(a.shape)} dtype {a.dtype}"
-
-
-def _check_operands(x, w) -> None:
-  for name, a in (("x", x), ("w", w)):
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-      raise TypeError(f"qmatmul: {name} must be an array, got {type(a).__name__}")
-    if not any(a.dtype == f for f in _FLOATS):
-      raise TypeError(
-        f"qmatmul: {name} must have a real floating dtype (bfloat16, float16, float32), got {_describe(a)}"
-      )
-  if x.ndim < 1:
-    raise ValueError(f"qmatmul: x must be [..., K] (at least one dim), got {_describe(x)}")
-  if w.ndim != 2:
-    raise ValueError(f"qmatmul: w must be [K, N], got {_describe(w)}")
-  if x.shape[-1] != w.shape[0]:
-    raise ValueError(
-      f"qmatmul: the last dim of x ({x.shape[-1]}) must equal the first dim of w "
-      f"({w.shape[0]}); x has {_describe(x)}, w has {_describe(w)}"
-    )
-
-
-def _check_key(key, r: Recipe, *, required: bool):
-  """The key as a typed key; None when the recipe needs none (or, unless `required`, none was given)."""
-  if not r.stochastic or (key is None and not required):
-    return None
-  if key is None:
-    raise ValueError(f"qmatmul: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
-  if not hasattr(key, "dtype"):
-    raise TypeError(f"qmatmul: key must be a jax.random.key array, got {type(key).__name__}")
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if key.shape != ():
-      raise ValueError(f"qmatmul: key must be a single key (shape ()), got shape {tuple(key.shape)}")
-    return key
-  if key.dtype == jnp.uint32 and key.shape == (2,):
-    return jax.random.wrap_key_data(key)
-  raise TypeError(f"qmatmul: key must be a jax.random.key (or a raw uint32[2] key), got {_describe(key)}")

@@ -1,4 +1,7 @@
-"""INT8 numerics: absmax scales, round-to-nearest-even codes and the int8 GEMMs.
+"""Forward numerics and GEMMs on codes: absmax scales, round-to-nearest-even codes, the int8 GEMMs.
+
+The forward's codes are `formats.FORWARD_FORMAT` (int8 in [-127, 127]); the grid, dtypes, step and
+clipping of every format live in formats.py.
 
 Dimension letters: T tokens (B*S flattened), K input features, N output features.
 """
@@ -7,25 +10,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-QMAX = 127  # codes live in [-127, 127]: the int8 range made symmetric
-INV_QMAX = np.float32(1.0 / QMAX)  # f32 reciprocal of 127
+from s3r.quant.formats import FORWARD_FORMAT, Format
+
+QMAX = FORWARD_FORMAT.qmax  # the forward's largest code (127: the int8 range made symmetric)
+INV_QMAX = FORWARD_FORMAT.inv_qmax  # f32 reciprocal of QMAX
 
 
 def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
-  """s = max |x| / 127 along `axis` (f32); an all-zero slice gets scale 1, never 0.
+  """s = max |x| / 127 along `axis` (f32): the forward format's scale; an all-zero slice gets 1.
 
-  Computed as max|x| * f32(1/127): XLA rewrites a division by the constant 127 into that
-  multiplication anyway (within 1 ulp of the true quotient), so we write it explicitly and
-  references can match the result bit for bit. A slice whose max is below 127 times the
+  Computed as max|x| * f32(1/127) (`Format.scale`). A slice whose max is below 127 times the
   smallest normal f32 (~1.5e-36) gets a subnormal scale, which XLA:CPU flushes to zero, so it
   takes the zero-slice path and quantizes to all-zero codes.
   """
-  amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis)
-  scale = amax * INV_QMAX
-  return jnp.where(scale == 0, jnp.ones_like(scale), scale)
+  return FORWARD_FORMAT.scale(jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis))
 
 
 def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -37,22 +37,7 @@ def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
   reciprocal but 63.499996 with the division), so a division let the forward GEMM and the
   saved X̂ᵀ of the same program, or two device meshes, round a tie differently.
   """
-  v = x.astype(jnp.float32) * reciprocal(scale)
-  return jnp.clip(jnp.round(v), -QMAX, QMAX).astype(jnp.int8)
-
-
-def gradient_step(amax: jax.Array) -> jax.Array:
-  """The backward's per-tensor step Δ = max|G'| · f32(1/127) from `amax` = max|G'| (already
-  reduced over every shard); an all-zero gradient gets Δ = 1, never 0."""
-  delta = amax * INV_QMAX
-  return jnp.where(delta == 0, jnp.ones_like(delta), delta)
-
-
-def round_codes(v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
-  """int8 codes of v = G'/Δ, clipped to [-127, 127]: RTNE(v) without a threshold, else the
-  stochastic rounding floor(v + u) with `threshold` u (broadcast against v)."""
-  rounded = jnp.round(v) if threshold is None else jnp.floor(v + threshold)
-  return jnp.clip(rounded, -QMAX, QMAX).astype(jnp.int8)
+  return FORWARD_FORMAT.round(x.astype(jnp.float32) * reciprocal(scale))
 
 
 def reciprocal(a: jax.Array) -> jax.Array:
@@ -60,18 +45,20 @@ def reciprocal(a: jax.Array) -> jax.Array:
   return jnp.float32(1) / a.astype(jnp.float32)
 
 
-def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array) -> jax.Array:
-  """int8 x int8 -> int32 product in the canonical layout (contract a's last, b's first dim).
+def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """Product of int8-stored codes in `fmt`'s accumulator (int8 x int8 -> int32) in the canonical
+  layout (contract a's last, b's first dim).
 
   XLA:CPU runs this layout several times faster than one that contracts a leading
   dimension, so every caller passes operands already laid out this way.
   """
-  return lax.dot_general(a_MxC, b_CxN, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+  return fmt.dot_general(a_MxC, b_CxN, (((1,), (0,)), ((), ())))
 
 
-def int8_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array) -> jax.Array:
-  """int8 x int8 -> int32 product a @ b.T (contracts the last dim of both; also a fast layout)."""
-  return lax.dot_general(a_MxC, b_NxC, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+def int8_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """Product a @ b.T of int8-stored codes in `fmt`'s accumulator (contracts the last dim of both;
+  also a fast layout)."""
+  return fmt.dot_general(a_MxC, b_NxC, (((1,), (1,)), ((), ())))
 
 
 def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Array:

@@ -1,15 +1,18 @@
 """Rounding recipes: the only thing that differs between the INT8 training modes.
 
-A `Recipe` says how the backward pass turns the scaled upstream gradient G' into int8
-codes Q (docs/algorithm.md §1): round to nearest, independent stochastic rounding, or shared
+A `Recipe` says how the backward pass turns the scaled upstream gradient G' into codes Q
+(docs/algorithm.md §1): round to nearest, independent stochastic rounding, or shared
 stochastic rounding with one threshold per token ("token", Φ2D) or per example
-("example", Φbcast), and which of the two backward products gets the S3R-EC correction.
+("example", Φbcast), which of the two backward products gets the S3R-EC correction, and the
+number format of Q (`grad_format`, a name in formats.FORMATS; the forward is always INT8).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
+
+from s3r.quant import formats
 
 Rounding = Literal["none", "rtne", "sr", "shared", "exact"]
 Topology = Literal["token", "example"]
@@ -30,11 +33,14 @@ class Recipe:
   )
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
   correct_dw: bool = False  # S3R-EC: subtract the structured rounding error from dW
+  grad_format: str = "int8"  # number format of the backward's gradient codes Q (formats.FORMATS)
   description: str = ""  # one line for `s3r recipes`
 
   def __post_init__(self):
     if self.rounding not in _ROUNDINGS:
       raise ValueError(f"Recipe.rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
+    if not isinstance(self.grad_format, str) or self.grad_format not in formats.FORMATS:
+      raise ValueError(f"Recipe.grad_format must be one of {tuple(formats.FORMATS)}, got {self.grad_format!r}")
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)
@@ -56,7 +62,8 @@ class Recipe:
 
   @property
   def int8_backward(self) -> bool:
-    """True when the backward pass runs two int8 GEMMs (every INT8 recipe but the exact reference)."""
+    """True when the backward pass quantizes the gradient and runs two GEMMs on codes (every INT8
+    recipe but the exact reference)."""
     return self.quantized and self.rounding != "exact"
 
   @property

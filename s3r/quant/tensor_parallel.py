@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from s3r.quant import formats
+
 _FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
 KINDS = ("row", "column")  # which dimension of W [K, N] the tensor axis splits: K (row) or N (column)
 
@@ -71,7 +73,7 @@ def split_contraction(
 
   `b` is [C, N], or [N, C] when `b_transposed` (the layout of `numerics.int8_matmul_nt`);
   `rescale` maps an f32 [M, N] partial product to its real values (broadcasting scales).
-  int8 operands accumulate in int32, float operands in f32.
+  Code operands accumulate in their format's accumulator (int8 in int32), float operands in f32.
   """
   t = tp.shards
   m, c = a_MxC.shape
@@ -82,7 +84,7 @@ def split_contraction(
   else:
     b_ = b.reshape(t, c // t, b.shape[1])  # [t, C/t, N]
     dims = (((2,), (1,)), ((1,), (0,)))
-  acc_type = jnp.int32 if a_MxC.dtype == jnp.int8 else jnp.float32
+  acc_type = formats.accumulator(a_MxC.dtype)
   acc_txMxN = lax.dot_general(a_MxtxC, b_, dims, preferred_element_type=acc_type)
   mesh = jax.sharding.get_abstract_mesh()
   spec = jax.sharding.PartitionSpec(tp.axis, _FREE, _FREE)

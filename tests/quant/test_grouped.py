@@ -2,13 +2,16 @@
 recovered with one segment per example, edge cases (empty experts, padding rows, T = 1, E = 1)
 and clear errors for bad input."""
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import s3r
-from s3r.quant import grouped_gemm
+from s3r.quant import grouped_gemm, quantize_gradient
+from s3r.quant.grouped import quantize_grouped_gradient
 from tests.quant.reference import np_rtne_codes, np_scale
 
 ALL = list(s3r.RECIPES)
@@ -268,3 +271,16 @@ def test_bad_input_types_raise_a_type_error_naming_the_argument(kwargs, match):
   )
   with pytest.raises(TypeError, match=match):
     s3r.grouped_qmatmul(args.pop("x"), args.pop("w"), args.pop("group_sizes"), **args)
+
+
+@pytest.mark.parametrize("path", ["dense", "grouped"])
+def test_an_unknown_threshold_topology_raises_naming_it(path):
+  # Recipe validation rejects it; a recipe forced past validation still never falls back silently.
+  bad = copy.copy(s3r.recipe("s3r"))
+  object.__setattr__(bad, "dx_topology", "row")
+  with pytest.raises(ValueError, match="'row'"):
+    if path == "dense":
+      quantize_gradient(bad, jnp.ones((1, T)), jnp.ones((N,)), jnp.ones((1, T, N)), jax.random.key(0))
+    else:
+      seg_T = grouped_gemm.layout(jnp.asarray(SIZES, jnp.int32), T).seg_T
+      quantize_grouped_gradient(bad, jnp.ones((T, N)), seg_T, E, jax.random.key(0))

@@ -1,0 +1,144 @@
+"""Number formats: the registry, validation, the int8 grid and the recipes' gradient format."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import s3r
+from s3r.quant import formats, numerics
+from s3r.quant.formats import FORMATS, FORWARD_FORMAT, Format, get_format
+from s3r.quant.recipes import Recipe
+
+INT8 = dict(name="int8x", grid="uniform", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
+
+
+def test_registry_names_every_format_and_the_lookup_returns_it():
+  assert "int8" in FORMATS
+  for name, f in FORMATS.items():
+    assert f.name == name and get_format(name) is f
+    assert get_format(f) is f  # a Format passes through
+    assert f.grid in formats.GRIDS
+
+
+def test_unknown_format_raises_one_line_listing_the_valid_names():
+  with pytest.raises(ValueError, match="unknown number format 'int3'; valid names: .*int8") as err:
+    get_format("int3")
+  assert "\n" not in str(err.value)
+  with pytest.raises(ValueError, match="unknown number format 3"):
+    get_format(3)
+
+
+def test_forward_format_is_int8_on_the_symmetric_int8_range():
+  assert FORWARD_FORMAT is FORMATS["int8"]
+  assert FORWARD_FORMAT.qmax == np.iinfo(np.int8).max
+  assert FORWARD_FORMAT.code_dtype == np.int8 and FORWARD_FORMAT.acc_dtype == np.int32
+  assert numerics.QMAX == FORWARD_FORMAT.qmax and numerics.INV_QMAX == np.float32(1 / FORWARD_FORMAT.qmax)
+
+
+def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
+  f = Format(**INT8 | dict(code_dtype="int8", acc_dtype="int32"))
+  assert f.code_dtype == np.dtype(np.int8) and f.acc_dtype == np.dtype(np.int32)
+  assert hash(f) == hash(Format(**INT8))
+  # codes held as floats (an emulated grid) accumulate in a float at least as wide
+  assert Format(**INT8 | dict(code_dtype=np.float32, acc_dtype=np.float32)).acc_dtype == np.float32
+
+
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(name=""), "name"),
+    (dict(grid="e2m1"), "grid"),
+    (dict(qmax=0), "qmax"),
+    (dict(qmax=True), "qmax"),
+    (dict(qmax=7.0), "qmax"),
+    (dict(qmax=np.iinfo(np.int8).max + 1), "qmax"),
+    (dict(code_dtype="not-a-dtype"), "code_dtype"),
+    (dict(code_dtype=np.complex64), "code_dtype"),
+    (dict(acc_dtype=np.bool_), "acc_dtype"),
+    (dict(acc_dtype=np.int8), "acc_dtype"),
+    (dict(acc_dtype=np.float32), "acc_dtype"),
+    (dict(code_dtype=np.float32, acc_dtype=np.float16), "acc_dtype"),
+  ],
+)
+def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
+  with pytest.raises(ValueError, match=field):
+    Format(**INT8 | kwargs)
+
+
+def test_format_is_frozen_and_keyword_only():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    FORWARD_FORMAT.qmax = 1
+  with pytest.raises(TypeError):
+    Format("int8x", "uniform", 127, np.int8, np.int32)
+
+
+def test_duplicate_names_and_conflicting_accumulators_are_rejected():
+  f = Format(**INT8)
+  with pytest.raises(ValueError, match="int8x"):
+    formats._registry((f, f))
+  wide = Format(**INT8 | dict(name="int8w", acc_dtype=np.int64))
+  with pytest.raises(ValueError, match="acc_dtype"):
+    formats._registry((f, wide))
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_code_of_the_grid_survives_dequantize_and_round(name):
+  f = FORMATS[name]
+  codes = jnp.arange(-f.qmax, f.qmax + 1).astype(f.code_dtype)
+  step = f.scale(jnp.float32(3.7))
+  v = f.dequantize(codes, step) * numerics.reciprocal(step)
+  np.testing.assert_array_equal(np.asarray(f.round(v)), np.asarray(codes))
+  np.testing.assert_array_equal(np.asarray(f.dequantize(codes)), np.asarray(codes, np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_rounding_clips_to_the_grid_and_rounds_half_to_even(name, rng):
+  f = FORMATS[name]
+  v = jnp.asarray(rng.uniform(-3 * f.qmax, 3 * f.qmax, 512), jnp.float32)
+  for threshold in (None, jnp.asarray(rng.uniform(0, 1, 512), jnp.float32)):
+    q = np.asarray(f.round(v, threshold))
+    assert q.dtype == f.code_dtype and q.min() == -f.qmax and q.max() == f.qmax
+    inside = np.abs(np.asarray(v)) < f.qmax - 1
+    expected = np.round(np.asarray(v)) if threshold is None else np.floor(np.asarray(v + threshold))
+    np.testing.assert_array_equal(q[inside], expected[inside])
+  np.testing.assert_array_equal(np.asarray(f.round(jnp.asarray([0.5, 1.5, -2.5]))), [0, 2, -2])
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_step_maps_the_max_onto_the_largest_code_and_zero_onto_one(name):
+  f = FORMATS[name]
+  amax = jnp.asarray([0.0, 1.0, 254.0, 1e-3], jnp.float32)
+  step = np.asarray(f.scale(amax))
+  assert step[0] == 1
+  np.testing.assert_array_equal(step[1:], np.asarray(amax[1:]) * np.float32(1 / f.qmax))
+  q = f.round(amax[1:] * numerics.reciprocal(jnp.asarray(step[1:])))
+  np.testing.assert_array_equal(np.asarray(q), [f.qmax] * 3)
+
+
+def test_code_gemms_accumulate_in_the_format_accumulator():
+  f = FORWARD_FORMAT
+  a = jnp.full((2, 300), f.qmax, f.code_dtype)
+  acc = f.dot_general(a, a, (((1,), (1,)), ((), ())))
+  assert acc.dtype == f.acc_dtype and int(acc[0, 0]) == 300 * f.qmax**2  # beyond int16: exact
+  assert formats.accumulator(f.code_dtype) == f.acc_dtype
+  assert formats.accumulator(jnp.bfloat16) == np.float32
+
+
+def test_recipes_default_to_int8_gradients_and_reject_unknown_formats():
+  assert Recipe(name="x", rounding="rtne").grad_format == "int8"
+  assert all(r.grad_format in FORMATS for r in s3r.RECIPES.values())
+  with pytest.raises(ValueError, match="grad_format.*int8.*'int3'"):
+    Recipe(name="x", rounding="rtne", grad_format="int3")
+
+
+@pytest.mark.parametrize("recipe", ["int8_rtne", "int8_sr", "s3r", "s3r_split_dx2d_dwbcast"])
+def test_gradient_codes_are_in_the_recipes_format(recipe, rng):
+  f = get_format(s3r.recipe(recipe).grad_format)
+  x = jnp.asarray(rng.standard_normal((2, 6, 8)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((8, 5)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((2, 6, 5)), jnp.float32)
+  for q in s3r.gradient_codes(x, w, g, key=jax.random.key(0), recipe=recipe)[:2]:
+    assert q.dtype == f.code_dtype and int(jnp.max(jnp.abs(q.astype(jnp.int32)))) <= f.qmax
