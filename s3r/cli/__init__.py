@@ -276,10 +276,11 @@ def start_distributed(args) -> bool:
 def train_config(args):
   """The TrainConfig of the flags; with --resume, the run's saved config with the given flags on top
   (the loop refuses changes other than RESUMABLE_CHANGES and a larger --steps)."""
+  from s3r.quant import DEFAULT_RECIPE
   from s3r.train.config import TrainConfig
 
   given = {k: getattr(args, k) for k in TRAIN_FIELDS if getattr(args, k) is not None}
-  out = args.out or f"runs/{given.get('preset', 'cpu-small')}-{given.get('recipe', 's3r_ec_dx')}"
+  out = args.out or f"runs/{given.get('preset', 'cpu-small')}-{given.get('recipe', DEFAULT_RECIPE)}"
   saved = saved_train_config(out) if args.resume else None
   fields = {**(saved or {}), **given, "out": out, "resume": args.resume, "progress": not args.no_progress}
   return TrainConfig.from_dict(fields)

@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from s3r.quant import RECIPES
+from s3r.quant import DEFAULT_RECIPE, RECIPES
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
 EXPERT_DISPATCHES = ("gspmd", "all_to_all")  # MoE token exchange under expert parallelism (see MoeFields)
 ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
+
+AUX_LOSS_WEIGHT = 0.001  # default weight of the MoE load-balancing loss (configs and MoEFeedForward)
 
 
 def _check_positive(obj, fields, kind=int):
@@ -79,7 +81,7 @@ class ModelConfig:
   norm_eps: float = 1e-6  # RMSNorm epsilon
   tie_embeddings: bool = False  # logits use the embedding matrix (no separate output projection)
   init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
-  recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
+  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.RECIPES)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
   tp_partial_sums: str = (
     "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
@@ -201,7 +203,7 @@ class MoeFields:
   dense_layers: int = 0  # the first dense_layers layers use a dense gated FFN of width d_ff instead
   renormalize: bool = True  # renormalize the top-k router weights to sum to 1
   capacity_factor: float | None = None  # expert capacity (tokens per expert) / (tokens * top_k / E); None: no drops
-  aux_loss_weight: float = 0.001  # weight of the load-balancing loss
+  aux_loss_weight: float = AUX_LOSS_WEIGHT  # weight of the load-balancing loss
   expert_dispatch: str = "gspmd"  # expert-parallel token exchange: "gspmd" (XLA's partitioner) or "all_to_all"
 
   def _check_moe(self):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model import moe_ep
-from s3r.model.config import check_dispatch
+from s3r.model.config import AUX_LOSS_WEIGHT, check_dispatch
 from s3r.model.layers import param
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
@@ -55,7 +55,7 @@ class MoEFeedForward(nnx.Module):
     d_shared: int | None = None,
     renormalize: bool = True,
     capacity_factor: float | None = None,
-    aux_loss_weight: float = 0.01,
+    aux_loss_weight: float = AUX_LOSS_WEIGHT,
     recipe,
     act: str = "silu",
     rngs: nnx.Rngs,

@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from s3r.quant.matmul import qmatmul
-from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.recipes import recipe as lookup_recipe
 
 
@@ -147,7 +147,7 @@ class LinenDotGeneral(linen.Module):
   The key is `fold_in(make_rng(rng_collection), kernel_fingerprint(rhs))` (see the module doc).
   """
 
-  recipe: str | Recipe = "s3r_ec_dx"  # recipe name or Recipe
+  recipe: str | Recipe = DEFAULT_RECIPE  # recipe name or Recipe
   rng_collection: str = "quant"  # RNG stream to draw the backward-pass key from (absent: forward-only)
   tp: str | None = None  # tensor-parallel split of the kernel: "row", "column" or None (see s3r.qmatmul)
   tp_axis: str = "tensor"  # mesh axis of that split
@@ -187,7 +187,7 @@ class NnxDotGeneral(nnx.Module):
 
   def __init__(
     self,
-    recipe: str | Recipe = "s3r_ec_dx",
+    recipe: str | Recipe = DEFAULT_RECIPE,
     *,
     rngs: nnx.Rngs | None = None,
     stream: str = "quant",

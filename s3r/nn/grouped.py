@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.quant.grouped import grouped_qmatmul
-from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.recipes import recipe as lookup_recipe
 
 
@@ -28,7 +28,7 @@ class GroupedLinear(nnx.Module):
     out_features: int,
     n_experts: int,
     *,
-    recipe: str | Recipe = "s3r_ec_dx",
+    recipe: str | Recipe = DEFAULT_RECIPE,
     rngs: nnx.Rngs,
     stream: str = "quant",
     init_std: float = 0.02,

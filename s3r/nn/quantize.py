@@ -29,7 +29,7 @@ import jax
 from flax import nnx
 
 from s3r.nn.dot_general import NnxDotGeneral, _quantized_dot, check_keys, dot_general
-from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.recipes import recipe as lookup_recipe
 
 _LINEN_TYPES = (linen.Dense, linen.DenseGeneral)
@@ -43,7 +43,7 @@ def _skipped(path: Iterable, skip: tuple[str, ...]) -> bool:
 
 def quantize(
   model,
-  recipe: str | Recipe = "s3r_ec_dx",
+  recipe: str | Recipe = DEFAULT_RECIPE,
   *,
   skip: Iterable[str] = (),
   rngs: nnx.Rngs | int = 0,

@@ -2,9 +2,10 @@
 
 from s3r.quant.grouped import grouped_qmatmul
 from s3r.quant.matmul import gradient_codes, qmatmul, quantize_gradient
-from s3r.quant.recipes import DIAGNOSTIC_RECIPES, RECIPES, Recipe, recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, DIAGNOSTIC_RECIPES, RECIPES, Recipe, recipe
 
 __all__ = [
+  "DEFAULT_RECIPE",
   "DIAGNOSTIC_RECIPES",
   "RECIPES",
   "Recipe",

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from s3r.quant import arguments, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
-from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
 # impl=None: the tiled path on every platform until the compiled Pallas kernels ("auto") are verified on a GPU
@@ -57,7 +57,7 @@ def grouped_qmatmul(
   group_sizes: jax.Array,
   *,
   key: jax.Array | None = None,
-  recipe: str | Recipe = "s3r_ec_dx",
+  recipe: str | Recipe = DEFAULT_RECIPE,
   impl: str | None = None,
   rows: GlobalRows | None = None,
 ) -> jax.Array:

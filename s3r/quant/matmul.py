@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from s3r.quant import arguments, ec, formats, numerics, tensor_parallel, thresholds
-from s3r.quant.recipes import Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 
 def qmatmul(
@@ -43,7 +43,7 @@ def qmatmul(
   w: jax.Array,
   *,
   key: jax.Array | None = None,
-  recipe: str | Recipe = "s3r_ec_dx",
+  recipe: str | Recipe = DEFAULT_RECIPE,
   tp: str | None = None,
   tp_axis: str = "tensor",
 ) -> jax.Array:

@@ -128,6 +128,7 @@ _RECIPES = (
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
+DEFAULT_RECIPE = "s3r_ec_dx"  # the recommended recipe: every API's default
 DIAGNOSTIC_RECIPES = (
   "s3r_ec_dw",
   "s3r_ec_dw_bcast",

@@ -15,7 +15,7 @@ from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig
 from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
-from s3r.quant import RECIPES
+from s3r.quant import DEFAULT_RECIPE, RECIPES
 from s3r.train.optimizer import OptimizerConfig
 
 
@@ -54,7 +54,7 @@ class TrainConfig:
 
   out: str  # run directory: metrics.jsonl, loss.png, config.json, checkpoints/
   preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
-  recipe: str = "s3r_ec_dx"  # quantization recipe of the block projections (s3r.quant.RECIPES)
+  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.RECIPES)
   steps: int = 300  # optimizer steps in the whole run
   lr: float = 2e-3  # peak learning rate, in (0, MAX_LR]
   warmup: int | None = None  # linear warm-up steps (None: default_warmup(steps))
