@@ -224,7 +224,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     help=f"comma-separated recipes; NAME{UNGATHERED} (S3R-EC recipes) is the ablation in which XLA "
     "places the S3R-EC factors freely instead of gathering them",
   )
-  p.add_argument("--out", default="results/comm", help="output stem: writes STEM.json and STEM.md")
+  p.add_argument("--out", default="runs/results/comm", help="output stem: writes STEM.json and STEM.md")
   p.add_argument(
     "--list-min-kib",
     type=float,

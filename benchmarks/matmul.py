@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import timing
-from experiments.results import Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
+from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
 
 RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
 FAST_BF16 = "bf16_fast_layout"  # reference row: bf16 with the same saved-transpose trick as the INT8 path
@@ -50,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes")
   p.add_argument("--repeats", type=int, default=9, help="interleaved timed rounds")
   p.add_argument("--no-fast-bf16", action="store_true", help=f"skip the {FAST_BF16} reference row")
-  p.add_argument("--out", default=None, help="results folder (default results/)")
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_matmul_<platform>.{json,md,png} go (default %(default)s)"
+  )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
       f"python -m benchmarks matmul: --shape must be T,K,N (three integers), got {args.shape!r}"
     ) from None
   recipes = parse_list(args.recipes, list(s3r.RECIPES), "recipe")
-  run_ = Run("matmul", args.out, shape=[t, k, n], recipes=recipes, repeats=args.repeats)
+  run_ = Run("matmul", args.out_dir, shape=[t, k, n], recipes=recipes, repeats=args.repeats)
   x = jax.random.normal(jax.random.key(0), (t, k), jnp.bfloat16)
   w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32) * 0.02
   g = jax.random.normal(jax.random.key(2), (t, n), jnp.bfloat16)

@@ -55,7 +55,7 @@ def register(subparsers) -> None:
   p.add_argument("--keys", type=int, default=16, help="quantizer keys per recipe (root-mean-square over them)")
   p.add_argument("--batch", type=int, default=8, help="sequences in the diagnostic batch")
   p.add_argument("--recipes", default=",".join(TABLE2_RECIPES), help="comma-separated recipes")
-  p.add_argument("--out", default="results", help="output folder")
+  p.add_argument("--out", default="runs/results", help="output folder (the committed tables: --out results)")
   p.set_defaults(func=run)
 
 

@@ -105,7 +105,7 @@ def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches
 def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.evalsize", description=__doc__.split("\n")[0])
   p.add_argument("runs", nargs="+", help="run folders (their checkpoints are read, never written)")
-  p.add_argument("--out", default="results/evalsize")
+  p.add_argument("--out", default="runs/results/evalsize")
   p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
   args = p.parse_args(argv)
   out = pathlib.Path(args.out)

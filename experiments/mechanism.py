@@ -353,7 +353,7 @@ def _plot(results: dict, path: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.mechanism", description=__doc__.split("\n")[0])
-  p.add_argument("--out", default="results/mechanism")
+  p.add_argument("--out", default="runs/results/mechanism")
   p.add_argument("--study", choices=("scale", "checkpoints", "both"), default="both")
   p.add_argument("--checkpoints", nargs="*", default=[], help="run folders whose checkpoints are measured")
   p.add_argument("--steps", type=int, default=ScaleStudy.steps)

@@ -50,7 +50,7 @@ class SweepConfig:
   # final parameters over this many keys (the dose of rounding noise the run ends with)
   dose_keys: int = 0
   runs_dir: str = "runs/sweeps"  # run directories (checkpoints)
-  results_dir: str = "results"  # summaries and tables
+  results_dir: str = "runs/results"  # summaries and tables (the committed sweeps: results)
 
   def __post_init__(self):
     from s3r.quant import RECIPES

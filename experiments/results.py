@@ -20,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
-RESULTS_DIR = pathlib.Path("results")
+# Where every command writes by default: a folder of the user's, never the committed results.
+# The committed results (`COMMITTED`, results/ in the repository) are rewritten only when a
+# command is pointed there explicitly (`--out-dir results`, `--results-dir results`, ...).
+RESULTS_DIR = pathlib.Path("runs/results")
+COMMITTED = pathlib.Path("results")
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent  # the checkout holding the s3r package
 
 # --- run metadata ----------------------------------------------------------------------------

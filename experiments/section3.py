@@ -263,7 +263,7 @@ def _plot(path, rows) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.section3", description=__doc__.split("\n")[0])
-  p.add_argument("--out", default="results/section3")
+  p.add_argument("--out", default="runs/results/section3")
   p.add_argument("--draws", type=int, default=200_000)
   p.add_argument("--grad-draws", type=int, default=4000)
   args = p.parse_args(argv)
