@@ -67,7 +67,7 @@ def _fail(message: str, code: int = 2) -> int:
 def _guarded(run, args) -> int:
   """Runs a command, turning expected failures into one line and an exit code (EXIT_CODES)."""
   from s3r.data import DataError
-  from s3r.train.build import ResourceError
+  from s3r.train.builder import ResourceError
   from s3r.train.config import ConfigError
   from s3r.train.guard import TrainingDiverged, TrainingInterrupted
 

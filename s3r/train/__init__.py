@@ -7,7 +7,7 @@
 `init_state`, `make_optimizer`) compose into a loop of one's own.
 """
 
-from s3r.train.build import ResourceError, Setup, build, make_mesh, prepare_data
+from s3r.train.builder import ResourceError, Setup, build, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate_checkpoint, open_run
 from s3r.train.guard import TrainingDiverged, TrainingInterrupted

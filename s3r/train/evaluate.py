@@ -20,7 +20,7 @@ import tokenizers
 from s3r import data as s3r_data
 from s3r.data import corpus as s3r_corpus
 from s3r.train import checkpoint
-from s3r.train.build import Setup, build, make_mesh, prepare_data
+from s3r.train.builder import Setup, build, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.placement import Batches
 

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.train import checkpoint, report
-from s3r.train.build import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
+from s3r.train.builder import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, validation_batches  # noqa: F401
 from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted

@@ -116,7 +116,7 @@ def test_data_root_comes_from_environment_variable(tmp_path, monkeypatch):
     default_data_root()
 
 
-def test_data_root_is_the_repository_sibling_not_a_folder_above_the_current_directory(tmp_path, monkeypatch):
+def test_data_root_is_the_source_checkouts_sibling_not_a_folder_above_the_current_directory(tmp_path, monkeypatch):
   monkeypatch.delenv(sources.DATA_DIR_ENV, raising=False)
   repo = tmp_path / "checkout" / "repo"
   monkeypatch.setattr(sources, "__file__", str(repo / "s3r" / "data" / "sources.py"))
@@ -126,6 +126,10 @@ def test_data_root_is_the_repository_sibling_not_a_folder_above_the_current_dire
   root, how = sources.locate_data_root()
   assert root is None and sources.DATA_DIR_ENV in how  # a shared/data above the cwd is not used
   (tmp_path / "checkout" / "shared" / "data").mkdir(parents=True)
+  root, how = sources.locate_data_root()
+  assert root is None  # without pyproject.toml above s3r/ this is an installed package: no sibling folder
+  repo.mkdir(parents=True)
+  (repo / "pyproject.toml").write_text("")
   root, how = sources.locate_data_root()
   assert root == tmp_path / "checkout" / "shared" / "data" and "beside the repository" in how
   monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path / "elsewhere"))

@@ -137,7 +137,7 @@ def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished
 def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs(
   tmp_path, corpus_dir, cache_dir, monkeypatch
 ):
-  from s3r.train import build as setup
+  from s3r.train import builder as setup
 
   monkeypatch.setattr(setup, "free_device_memory", lambda: 1024)
   cfg = _config(tmp_path, corpus_dir, cache_dir)
