@@ -17,16 +17,16 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from s3r.model.config import ModelConfig
+from s3r.model.config import Gemma3Config, ModelConfig, MoeFields, Qwen3MoeConfig
 from s3r.model.layers import Block, RMSNorm, rope
 
 MOE_KEY = len(Block.PROJECTIONS)  # fold-in index of the MoE feed-forward's key (after the attention projections)
 
 
-class Qwen3Block(Block):
+class Qwen3Block[C: ModelConfig](Block[C]):
   """Llama block with per-head RMSNorm of queries and keys."""
 
-  def __init__(self, cfg: ModelConfig, key, layer: int = 0):
+  def __init__(self, cfg: C, key, layer: int = 0):
     super().__init__(cfg, key, layer)
     self.q_norm = self._norm(cfg.head_dim)
     self.k_norm = self._norm(cfg.head_dim)
@@ -35,10 +35,10 @@ class Qwen3Block(Block):
     return self.q_norm(q_BxSxNxH), self.k_norm(k_BxSxKxH)
 
 
-class Gemma3Block(Qwen3Block):
+class Gemma3Block(Qwen3Block[Gemma3Config]):
   """Gemma 3 block: QK-norm, sandwich norms, GeGLU, interleaved sliding-window and global attention."""
 
-  def __init__(self, cfg: ModelConfig, key, layer: int = 0):
+  def __init__(self, cfg: Gemma3Config, key, layer: int = 0):
     super().__init__(cfg, key, layer)
     self.post_attn_norm = self._norm(cfg.d_model)
     self.post_mlp_norm = self._norm(cfg.d_model)
@@ -72,7 +72,7 @@ class Gemma3Block(Qwen3Block):
     return (self.post_attn_norm if name == "attn" else self.post_mlp_norm)(y_BxSxD)
 
 
-def moe_feed_forward(cfg, key) -> nnx.Module:
+def moe_feed_forward(cfg: MoeFields, key: jax.Array) -> nnx.Module:
   """The routed MoE feed-forward of an MoE-family config (imported only by the MoE families)."""
   from s3r.model.moe import MoEFeedForward  # noqa: PLC0415 (dense families never need it)
 
@@ -99,7 +99,7 @@ def moe_call(moe: nnx.Module, h_BxSxD, layer_key, index: int):
   return moe(h_BxSxD, key)
 
 
-class Qwen3MoeBlock(Qwen3Block):
+class Qwen3MoeBlock(Qwen3Block[Qwen3MoeConfig]):
   """Qwen3 attention with a routed mixture-of-experts feed-forward (dense gated FFN in the first
   `dense_layers` layers)."""
 

@@ -17,7 +17,7 @@ Presets of each family and parameter counts: `s3r.model.presets`.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from s3r.quant import DEFAULT_RECIPE, RECIPES
 
@@ -25,6 +25,7 @@ TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are redu
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
 EXPERT_DISPATCHES = ("gspmd", "all_to_all")  # MoE token exchange under expert parallelism (see MoeFields)
 ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
+AttentionImpl = Literal["xla", "cudnn"]
 
 AUX_LOSS_WEIGHT = 0.001  # default weight of the MoE load-balancing loss (configs and MoEFeedForward)
 
@@ -86,7 +87,7 @@ class ModelConfig:
   tp_partial_sums: str = (
     "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
   )
-  attention_impl: str = "xla"  # attention kernel: "xla" (any platform) or "cudnn" (fused flash attention, NVIDIA GPUs)
+  attention_impl: AttentionImpl = "xla"  # attention kernel: "xla" (any platform) or "cudnn" (fused, NVIDIA GPUs)
 
   def __post_init__(self):
     name = type(self).__name__
@@ -193,8 +194,9 @@ def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MoeFields:
-  """Routed mixture-of-experts feed-forward (s3r.model.moe.MoEFeedForward), shared by the MoE families."""
+class MoeFields(ModelConfig):
+  """The fields of the routed mixture-of-experts feed-forward (s3r.model.moe.MoEFeedForward), shared by
+  the MoE families (each also derives from its dense family's config)."""
 
   n_experts: int = 8  # routed experts E
   top_k: int = 2  # experts per token

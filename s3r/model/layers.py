@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -132,17 +133,18 @@ def rope(x_BxSxNxH, theta: float, scaling: RopeScaling | None = None):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxSxNxH.dtype)
 
 
-class Block(nnx.Module):
+class Block[C: ModelConfig](nnx.Module):
   """Llama block (pre-norm): x + attention(norm(x)), then + SwiGLU(norm(x)).
 
   Other families subclass it (s3r.model.blocks) and override the hooks: `_qk` (queries and keys
   before RoPE), `_attend` (the attention core), `_after` (a sublayer's output before the residual
-  add) and `_ffn` (the feed-forward, which also returns the MoE auxiliary terms)."""
+  add) and `_ffn` (the feed-forward, which also returns the MoE auxiliary terms). `C` is the
+  config class of the family."""
 
-  PROJECTIONS = PROJECTIONS
-  TP_SPLIT = _TP_SPLIT
+  PROJECTIONS: ClassVar[tuple[str, ...]] = PROJECTIONS
+  TP_SPLIT: ClassVar[Mapping[str, str | None]] = _TP_SPLIT  # None: the weight is not split
 
-  def __init__(self, cfg: ModelConfig, key, layer: int = 0):
+  def __init__(self, cfg: C, key, layer: int = 0):
     self.cfg, self.layer = cfg, layer
     d, nh, kh = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)

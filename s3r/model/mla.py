@@ -40,7 +40,7 @@ _MLA_TP_SPLIT = {
 }
 
 
-class DeepSeekV2Block(Block):
+class DeepSeekV2Block(Block[DeepSeekV2Config]):
   """Pre-norm block: x + MLA(norm(x)), then + (SwiGLU or MoE)(norm(x))."""
 
   PROJECTIONS = MLA_PROJECTIONS

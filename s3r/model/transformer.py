@@ -37,7 +37,7 @@ from s3r.model.layers import ACT_DTYPE, Block, RMSNorm, constrain, param
 from s3r.quant import recipe as get_recipe
 
 
-def block_class(cfg: ModelConfig) -> type[nnx.Module]:
+def block_class(cfg: ModelConfig) -> type[Block]:
   """The block of the config's family."""
   if cfg.family == "llama":
     return Block

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import flax.linen as linen
 import jax
@@ -66,7 +66,7 @@ def quantize(
 # --- NNX ---------------------------------------------------------------------------------------
 
 
-def _stack(module: nnx.Module) -> tuple[int, ...]:
+def _stack(module: nnx.Linear | nnx.LinearGeneral | nnx.Einsum) -> tuple[int, ...]:
   """Leading kernel dims beyond the layer's own: the layer stack of an `nnx.vmap`-built model."""
   if isinstance(module, nnx.Einsum):
     own = len(module.kernel_shape)
@@ -95,7 +95,12 @@ def _quantize_nnx(model: nnx.Module, r: Recipe, skip: tuple[str, ...], rngs: nnx
   return model
 
 
-def einsum(equation: str, lhs: jax.Array, rhs: jax.Array, dot: callable) -> jax.Array:
+def einsum(
+  equation: str,
+  lhs: jax.Array,
+  rhs: jax.Array,
+  dot: Callable[[jax.Array, jax.Array, jax.lax.DotDimensionNumbers], jax.Array],
+) -> jax.Array:
   """The two-operand einsum `equation` (explicit "->", no ellipsis) as one `dot` (a dot_general) of
   lhs (activations) with rhs (weight), then a transpose to the output order."""
   inputs, out = equation.replace(" ", "").split("->")
@@ -139,7 +144,7 @@ class QuantizedLinen:
 
   def _interceptor(self, next_fun, args, kwargs, context):
     m = context.module
-    if context.method_name != "__call__" or not isinstance(m, _LINEN_TYPES) or _skipped(m.scope.path, self.skip):
+    if context.method_name != "__call__" or not isinstance(m, _LINEN_TYPES) or _skipped(m.path, self.skip):
       return next_fun(*args, **kwargs)
     use_key = self.recipe.stochastic and m.has_rng(self.stream)
     fn = dot_general(self.recipe, m.make_rng(self.stream) if use_key else None, fold_kernel=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +25,12 @@ _UNROLL_MAX_EXAMPLES = 64  # up to this many examples (B of the traced, global b
 _FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
 _GATHER_FACTORS = contextvars.ContextVar("s3r_ec_gather_factors", default=True)
 
+# The S3R-EC factors of a rounding error: token (row) means, channel (column) means, grand means.
+Factors = tuple[jax.Array, jax.Array, jax.Array]
+
 
 @contextlib.contextmanager
-def gathered_factors(enabled: bool) -> Iterator[None]:
+def gathered_factors(enabled: bool) -> Generator[None]:
   """Whether programs traced inside pin the S3R-EC factors and Ŵ to be gathered (default True).
 
   `gathered_factors(False)` is an ablation for measuring collectives (`python -m benchmarks comm`): XLA then
@@ -58,7 +61,7 @@ def _unsharded_along(x: jax.Array, dim: int) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
-def error_factors(e_BxSxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def error_factors(e_BxSxN: jax.Array) -> Factors:
   """Token means r [B, S], channel means c [B, N] and grand means m [B] of the error."""
   r_BxS = jnp.mean(e_BxSxN, axis=2)
   c_BxN = jnp.mean(e_BxSxN, axis=1)
@@ -114,7 +117,7 @@ def from_int8_digits(acc_Bx3xK: jax.Array) -> jax.Array:
   return total * (1.0 / (1 << _FRACTION_BITS))
 
 
-def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
+def dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array) -> jax.Array:
   """e_str Ŵᵀ per example: (r - m) rowsum(Ŵ)ᵀ + 1 (Ŵ c)ᵀ, shape [B, S, K] (f32).
 
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
@@ -136,7 +139,7 @@ def dx_correction(r_BxS, c_BxN, m_B, wq_KxN: jax.Array) -> jax.Array:
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
 
 
-def dw_correction(r_BxS, c_BxN, m_B, xqT_KxT: jax.Array) -> jax.Array:
+def dw_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, xqT_KxT: jax.Array) -> jax.Array:
   """Σ_b X̂_bᵀ e_str_b, shape [K, N] (f32): a rank-(B+1) update from per-example factors.
 
   Σ_b X̂_bᵀ e_str_b = Σ_b (p_b - S m_b x̄_b) 1ᵀ + S Σ_b x̄_b c_bᵀ with p_b = X̂_bᵀ r_b and

@@ -101,7 +101,7 @@ class Format:
     return lax.dot_general(a, b, dimension_numbers, preferred_element_type=self.acc_dtype)
 
 
-INT8 = Format(name="int8", grid="uniform", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
+INT8 = Format(name="int8", grid="uniform", qmax=127, code_dtype=np.dtype(np.int8), acc_dtype=np.dtype(np.int32))
 FORWARD_FORMAT = INT8  # the forward's activation and weight codes (every quantized recipe)
 
 _FORMATS = (INT8,)

@@ -51,6 +51,11 @@ class GlobalRows(NamedTuple):
   axes: tuple[str, ...]  # mesh axes over which the global rows are spread: Δ is the max over them
 
 
+# GlobalRows split in two for the custom VJP: the static part (total, experts, axes) and the arrays (index, expert0)
+Spread = tuple[int, int, tuple[str, ...]]
+Where = tuple[jax.Array, jax.Array]
+
+
 def grouped_qmatmul(
   x: jax.Array,
   w: jax.Array,
@@ -95,7 +100,7 @@ def grouped_qmatmul(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes):
+def _bf16_gmm(impl: str, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array) -> jax.Array:
   """[T, N] f32: bf16 operands, f32 accumulation. The VJP is two more bf16 grouped GEMMs with
   f32 accumulation, dX = G W_eᵀ and dW[e] = X_eᵀ G_e, each rounded to bf16 once (G enters in
   bf16: lossless for bf16 activations, whose output gradient is bf16), so no gathered weight
@@ -104,11 +109,15 @@ def _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes):
   return grouped_gemm.gmm(x_TxK.astype(jnp.bfloat16), w_ExKxN.astype(jnp.bfloat16), lay, impl, out=jnp.float32)
 
 
-def _bf16_fwd(impl, x_TxK, w_ExKxN, group_sizes):
+def _bf16_fwd(
+  impl: str, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
   return _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes), (x_TxK, w_ExKxN, group_sizes)
 
 
-def _bf16_bwd(impl, res, g_TxN):
+def _bf16_bwd(
+  impl: str, res: tuple[jax.Array, jax.Array, jax.Array], g_TxN: jax.Array
+) -> tuple[jax.Array, jax.Array, None]:
   x_TxK, w_ExKxN, group_sizes = res
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   g_TxN = jnp.where(_valid(lay)[:, None], g_TxN, 0.0).astype(jnp.bfloat16)  # a NaN padding row stays out of dW
@@ -124,15 +133,56 @@ _bf16_gmm.defvjp(_bf16_fwd, _bf16_bwd)
 
 
 # --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------
+# Static arguments: the recipe, the grouped GEMM's impl, the dtypes of x and w (those of dX and
+# dW) and the static part of GlobalRows (`spread`); `where` holds its arrays.
+
+
+class _Residuals(NamedTuple):
+  """What the forward saves for the backward: the forward's codes, their scales, the rows and the key."""
+
+  xq_TxK: jax.Array  # X̂, int8 [T, K]: the activation codes
+  wq_ExKxN: jax.Array  # Ŵ, int8 [E, K, N]: the weight codes
+  sx_T: jax.Array  # s_x, f32 [T]: the per-row activation scales
+  sw_ExN: jax.Array  # s_w, f32 [E, N]: the per-(expert, output column) weight scales
+  group_sizes: jax.Array  # int32 [E], sanitized (grouped_gemm.sanitize)
+  key: jax.Array | None  # typed key of the backward's rounding
+  where: Where | None  # the arrays of GlobalRows, or None
+
+
+# (dX [T, K] in x's dtype, dW [E, K, N] in w's dtype, no cotangents for group_sizes, key and where)
+_Cotangents = tuple[jax.Array, jax.Array, None, None, None]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _gqmatmul(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where):
+def _gqmatmul(
+  r: Recipe,
+  impl: str,
+  x_dtype: np.dtype,
+  w_dtype: np.dtype,
+  spread: Spread | None,
+  x_TxK: jax.Array,
+  w_ExKxN: jax.Array,
+  group_sizes: jax.Array,
+  key: jax.Array | None,
+  where: Where | None,
+) -> jax.Array:
   return _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where)[0]
 
 
-def _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where):
-  """`spread` (static) and `where` (arrays): the GlobalRows split, or both None."""
+def _fwd(
+  r: Recipe,
+  impl: str,
+  x_dtype: np.dtype,
+  w_dtype: np.dtype,
+  spread: Spread | None,
+  x_TxK: jax.Array,
+  w_ExKxN: jax.Array,
+  group_sizes: jax.Array,
+  key: jax.Array | None,
+  where: Where | None,
+) -> tuple[jax.Array, _Residuals]:
+  """(Y [T, N] in x's dtype, the residuals). `spread` (static) and `where` (arrays): the GlobalRows
+  split, or both None."""
   del r, w_dtype, spread
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   sx_T = numerics.absmax_scale(x_TxK, axis=1)
@@ -141,10 +191,18 @@ def _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, wh
   wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
   # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
   y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
-  return y_TxN, (xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, where)
+  return y_TxN, _Residuals(xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, where)
 
 
-def _bwd(r, impl, x_dtype, w_dtype, spread, res, g_TxN):
+def _bwd(
+  r: Recipe,
+  impl: str,
+  x_dtype: np.dtype,
+  w_dtype: np.dtype,
+  spread: Spread | None,
+  res: _Residuals,
+  g_TxN: jax.Array,
+) -> _Cotangents:
   xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key, where = res
   lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
   valid_Tx1 = _valid(lay)[:, None]
@@ -184,7 +242,13 @@ def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
 
 
 def quantize_grouped_gradient(
-  r: Recipe, gp_TxN: jax.Array, seg_T: jax.Array, n_seg: int, key, spread=None, where=None
+  r: Recipe,
+  gp_TxN: jax.Array,
+  seg_T: jax.Array,
+  n_seg: int,
+  key: jax.Array | None,
+  spread: Spread | None = None,
+  where: Where | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW) of the scaled gradient G' [T, N] of expert-sorted rows.
 
@@ -209,7 +273,7 @@ def quantize_grouped_gradient(
     index_T, seg0 = where
     at_row = lambda u: u[jnp.clip(index_T, 0, total - 1)]  # noqa: E731
 
-  def draw(k, kind):
+  def draw(k: jax.Array, kind: str) -> jax.Array:
     if kind == "sr":
       return at_row(jax.random.uniform(k, (1, total, n))[0])
     if kind == "token":
@@ -222,7 +286,9 @@ def quantize_grouped_gradient(
   return delta, v_TxN, q_dx, q_dw
 
 
-def _exact_bwd(impl, x_dtype, w_dtype, res, lay, g_TxN):
+def _exact_bwd(
+  impl: str, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, lay: grouped_gemm.Layout, g_TxN: jax.Array
+) -> _Cotangents:
   """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed INT8 forward graph."""
   xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _, _ = res
   hi = jax.lax.Precision.HIGHEST
@@ -236,7 +302,7 @@ def _exact_bwd(impl, x_dtype, w_dtype, res, lay, g_TxN):
 # --- the impl argument (the other checks: arguments.py) ---------------------------------------
 
 
-def _check_impl(impl):
+def _check_impl(impl: str | None) -> str:
   if impl is None:
     return DEFAULT_IMPL
   if not isinstance(impl, str) or impl not in grouped_gemm.IMPLS:

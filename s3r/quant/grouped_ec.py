@@ -20,20 +20,20 @@ from jax import lax
 from s3r.quant import ec, formats
 
 
-def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array):
+def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array) -> ec.Factors:
   """Row means r [T], segment column means c [E, N] and segment means m [E] of the error."""
   experts = group_sizes.shape[0]
   count_E = jnp.maximum(group_sizes, 1).astype(jnp.float32)  # an empty segment's sums are 0
   r_T = jnp.mean(e_TxN, axis=1)
 
-  def seg_mean(a):
+  def seg_mean(a: jax.Array) -> jax.Array:
     total = jax.ops.segment_sum(a, seg_T, num_segments=experts + 1, indices_are_sorted=True)[:experts]
     return total / count_E.reshape((experts,) + (1,) * (a.ndim - 1))
 
   return r_T, seg_mean(e_TxN), seg_mean(r_T)
 
 
-def dx_correction(r_T, c_ExN, m_E, wq_ExKxN: jax.Array, seg_T: jax.Array) -> jax.Array:
+def dx_correction(r_T: jax.Array, c_ExN: jax.Array, m_E: jax.Array, wq_ExKxN: jax.Array, seg_T: jax.Array) -> jax.Array:
   """e_str[t] Ŵ_{e(t)}ᵀ = (r[t] - m_e) rowsum(Ŵ_e) + Ŵ_e c_e for every row, [T, K] (f32).
 
   Rows past the sum get 0. The per-expert products rowsum(Ŵ_e) and Ŵ_e c_e [E, K] come from
@@ -53,7 +53,7 @@ def dx_correction(r_T, c_ExN, m_E, wq_ExKxN: jax.Array, seg_T: jax.Array) -> jax
   return jnp.where(valid_T[:, None], corr_TxK, 0.0)
 
 
-def dw_correction(r_T, c_ExN, m_E, xq_TxK: jax.Array, seg_T: jax.Array) -> jax.Array:
+def dw_correction(r_T: jax.Array, c_ExN: jax.Array, m_E: jax.Array, xq_TxK: jax.Array, seg_T: jax.Array) -> jax.Array:
   """Σ_{t in e} X̂[t]ᵀ e_str[t] per expert, [E, K, N] (f32): a rank-2 update of each dW[e].
 
   = (p_e - m_e σ_e) 1ᵀ + σ_e c_eᵀ with p_e = Σ_{t in e} X̂[t] r[t] and σ_e = Σ_{t in e} X̂[t]

@@ -133,8 +133,8 @@ def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, h
   m, j = pl.program_id(0), pl.program_id(1)
   d0 = pl.multiple_of(j * dblock, dblock)
   rows_L = m * tile + lax.broadcasted_iota(jnp.int32, (tile,), 0)
-  sub = sub_ref[...] if has_sub else None
-  row = row_ref[...][:, None] if has_row else None
+  sub = None if sub_ref is None else sub_ref[...]
+  row = None if row_ref is None else row_ref[...][:, None]
 
   def expert(e, y_LxD):
     def chunk(c, acc_LxD):
@@ -149,7 +149,7 @@ def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, h
       return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=_ACC)
 
     acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), _ACC))
-    col = col_ref[e, pl.ds(d0, dblock)][None, :] if has_col else None
+    col = None if col_ref is None else col_ref[e, pl.ds(d0, dblock)][None, :]
     in_seg_L = (rows_L >= starts_ref[e]) & (rows_L < ends_ref[e])
     return jnp.where(in_seg_L[:, None], epilogue(acc_LxD, sub, row, col, out=out), y_LxD)
 
@@ -249,8 +249,8 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
 
   first, stop = lax.div(start, tile), lax.div(end + tile - 1, tile)  # both ≥ 0: truncation is floor
   acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), _ACC))
-  sub = sub_ref[...] if has_sub else None
-  col = col_ref[e, pl.ds(n0, nblock)][None, :] if has_col else None
+  sub = None if sub_ref is None else sub_ref[...]
+  col = None if col_ref is None else col_ref[e, pl.ds(n0, nblock)][None, :]
   o_ref[...] = epilogue(acc_KxN, sub, None, col, out=out)
 
 

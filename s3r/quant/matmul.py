@@ -29,6 +29,8 @@ Dimension letters: B examples, S tokens per example, T = B*S, K input features, 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,10 @@ import numpy as np
 
 from s3r.quant import arguments, ec, formats, numerics, tensor_parallel, thresholds
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
+from s3r.quant.tensor_parallel import TensorParallel
+
+# draw(key, kind): rounding thresholds broadcastable against G'/Δ (see `round_gradient`)
+Draw = Callable[[jax.Array, str], jax.Array]
 
 
 def qmatmul(
@@ -93,15 +99,43 @@ def _as_examples(a: jax.Array) -> jax.Array:
 
 # --- custom VJP: _qmatmul, _fwd, _bwd, defvjp ------------------------------------------------
 # A custom VJP because the backward is not the derivative of the forward: it re-quantizes
-# the upstream gradient and runs int8 GEMMs on the saved int8 operands.
+# the upstream gradient and runs int8 GEMMs on the saved int8 operands. The static arguments:
+# the recipe, the tensor-parallel split (or None) and the dtypes of x and w (those of dX and dW).
+
+
+class _Residuals(NamedTuple):
+  """What the forward saves for the backward: the forward's codes, their scales and the key."""
+
+  xqT_KxT: jax.Array  # X̂ᵀ, int8 [K, T]: the activation codes, transposed for dW = X̂ᵀ Q
+  wq_KxN: jax.Array  # Ŵ, int8 [K, N]: the weight codes
+  sx_BxS: jax.Array  # s_x, f32 [B, S]: the per-token activation scales
+  sw_N: jax.Array  # s_w, f32 [N]: the per-output-channel weight scales
+  key: jax.Array | None  # typed key of the backward's rounding; None for forward-only use
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _qmatmul(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+def _qmatmul(
+  r: Recipe,
+  tp: TensorParallel | None,
+  x_dtype: np.dtype,
+  w_dtype: np.dtype,
+  x_BxSxK: jax.Array,
+  w_KxN: jax.Array,
+  key: jax.Array | None,
+) -> jax.Array:
   return _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
 
 
-def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
+def _fwd(
+  r: Recipe,
+  tp: TensorParallel | None,
+  x_dtype: np.dtype,
+  w_dtype: np.dtype,
+  x_BxSxK: jax.Array,
+  w_KxN: jax.Array,
+  key: jax.Array | None,
+) -> tuple[jax.Array, _Residuals]:
+  """(Y [B, S, N] in x's dtype, the residuals)."""
   del r, w_dtype
   batch, seq, k = x_BxSxK.shape
   sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
@@ -109,7 +143,7 @@ def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
   xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None]).reshape(batch * seq, k)
   wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :])
 
-  def rescale(acc_TxN):
+  def rescale(acc_TxN: jax.Array) -> jax.Array:
     return acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
 
   if tp is not None and tp.kind == "row":
@@ -119,11 +153,17 @@ def _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key):
   y_BxSxN = y_TxN.reshape(batch, seq, -1)
   # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
   xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])
-  return y_BxSxN, (xqT_KxT, wq_KxN, sx_BxS, sw_N, key)
+  return y_BxSxN, _Residuals(xqT_KxT, wq_KxN, sx_BxS, sw_N, key)
 
 
-def _bwd(r, tp, x_dtype, w_dtype, res, g_BxSxN):
-  if r.stochastic and res[-1] is None:
+# (dX [B, S, K] in x's dtype, dW [K, N] in w's dtype, no cotangent for the key)
+_Cotangents = tuple[jax.Array, jax.Array, None]
+
+
+def _bwd(
+  r: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
+) -> _Cotangents:
+  if r.stochastic and res.key is None:
     raise ValueError(
       f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
       "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
@@ -141,7 +181,9 @@ _qmatmul.defvjp(_fwd, _bwd)
 # derivative exists but is not the derivative of anything meaningful, so differentiating it
 # (grad of grad, jax.hessian, jvp of a gradient) raises instead of returning those numbers.
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN):
+def _backward(
+  r: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
+) -> _Cotangents:
   xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
@@ -154,9 +196,10 @@ def _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN):
   if r.correct_dx or r.correct_dw:
     # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw)
     factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
-  dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), factors)
+  dx_factors = factors if r.correct_dx else None
+  dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
   acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
-  if r.correct_dw:
+  if r.correct_dw and factors is not None:
     acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
   dw_KxN = acc_dw_KxN * (delta / sw_N)
   return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
@@ -173,13 +216,21 @@ def _backward_jvp(r, tp, x_dtype, w_dtype, primals, tangents):
   )
 
 
-def _dx(r: Recipe, tp, x_dtype, q_TxN, wq_KxN, scale_Tx1, factors) -> jax.Array:
-  """dX [T, K] in x's dtype: (Δ/s_x) (Q Ŵᵀ - the S3R-EC correction, for recipes that correct dX).
+def _dx(
+  r: Recipe,
+  tp: TensorParallel | None,
+  x_dtype: np.dtype,
+  q_TxN: jax.Array,
+  wq_KxN: jax.Array,
+  scale_Tx1: jax.Array,
+  factors: ec.Factors | None,
+) -> jax.Array:
+  """dX [T, K] in x's dtype: (Δ/s_x) (Q Ŵᵀ - the S3R-EC correction built from `factors`, if given).
 
   Under column tensor parallelism the GEMM's per-shard partial products are rounded and
   summed first, and the correction (built from small factors) is subtracted from that sum.
   """
-  correction_TxK = ec.dx_correction(*factors, wq_KxN).reshape(q_TxN.shape[0], -1) if r.correct_dx else None
+  correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN).reshape(q_TxN.shape[0], -1)
   if tp is None or tp.kind != "column":
     acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, formats.get_format(r.grad_format)).astype(jnp.float32)
     if correction_TxK is not None:
@@ -223,7 +274,7 @@ def scale_gradient(r: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tupl
   return delta, gp * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
 
 
-def round_gradient(r: Recipe, v: jax.Array, key, draw) -> tuple[jax.Array, jax.Array]:
+def round_gradient(r: Recipe, v: jax.Array, key: jax.Array | None, draw: Draw) -> tuple[jax.Array, jax.Array]:
   """Codes (Q for dX, Q for dW) of v = G'/Δ in the recipe's gradient format: one array, returned
   twice, unless the recipe splits (then two, from the two halves of `key`).
 
@@ -235,19 +286,25 @@ def round_gradient(r: Recipe, v: jax.Array, key, draw) -> tuple[jax.Array, jax.A
   if r.rounding == "rtne":
     q = fmt.round(v)
     return q, q
-  if r.rounding == "sr" or r.split:
+  if key is None:
+    raise ValueError(f"recipe {r.name!r} rounds the gradient stochastically and needs a key, got None")
+  if r.rounding == "sr":
+    kind_dx, kind_dw = "sr", "sr"
+  else:
+    kind_dx, kind_dw = r.dx_topology, r.dw_topology
+    assert kind_dx is not None and kind_dw is not None  # rounding="shared": Recipe requires both
+  if r.split:
     key_dx, key_dw = jax.random.split(key)
-    kind_dx, kind_dw = ("sr", "sr") if r.rounding == "sr" else (r.dx_topology, r.dw_topology)
     return fmt.round(v, draw(key_dx, kind_dx)), fmt.round(v, draw(key_dw, kind_dw))
-  q = fmt.round(v, draw(key, r.dx_topology))
+  q = fmt.round(v, draw(key, kind_dx))
   return q, q
 
 
-def _dense_draw(shape_BxSxN):
+def _dense_draw(shape_BxSxN: tuple[int, ...]) -> Draw:
   """`round_gradient`'s draws for G' [B, S, N]: full-size uniforms, or shared thresholds."""
   batch, seq, _ = shape_BxSxN
 
-  def draw(key, kind):
+  def draw(key: jax.Array, kind: str) -> jax.Array:
     if kind == "sr":
       return jax.random.uniform(key, shape_BxSxN)
     return thresholds.shared_thresholds(key, batch, seq, kind)  # raises on an unknown topology
@@ -273,7 +330,7 @@ def gradient_codes(
   return q_dx.reshape(shape), q_dw.reshape(shape), delta
 
 
-def _exact_bwd(x_dtype, w_dtype, res, g_BxSxN):
+def _exact_bwd(x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array) -> _Cotangents:
   """G Ŵ_deqᵀ and X̂_deqᵀ G in f32: the exact gradient of the executed INT8 forward graph."""
   xqT_KxT, wq_KxN, sx_BxS, sw_N, _ = res
   g_TxN = g_BxSxN.astype(jnp.float32).reshape(-1, wq_KxN.shape[1])

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import DTypeLike
 
 from s3r.quant import formats
 
@@ -67,7 +68,7 @@ def split_contraction(
   *,
   b_transposed: bool,
   rescale: Callable[[jax.Array], jax.Array],
-  dtype,
+  dtype: DTypeLike,
 ) -> jax.Array:
   """Σ_t dtype(rescale(a[:, C_t] b[C_t, :])) summed in `dtype`: [M, N].
 
@@ -100,14 +101,19 @@ def split_contraction(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def bf16_matmul(x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype, w_dtype) -> jax.Array:
+def bf16_matmul(
+  x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype
+) -> jax.Array:
   """x @ w in x's dtype with bf16 operands and f32 accumulation, each shard's partial product
   rounded to x's dtype before the cross-shard sum (the forward for a row split, dX for a
   column split). `x_dtype` and `w_dtype` are the operands' dtypes (static)."""
   return _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype)[0]
 
 
-def _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype):
+def _bf16_fwd(
+  x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """(Y [T, N] in x's dtype, the bf16 operands (X, W) as residuals)."""
   del w_dtype
   xb, wb = x_TxK.astype(jnp.bfloat16), w_KxN.astype(jnp.bfloat16)
   if tp.kind == "row":
@@ -117,7 +123,10 @@ def _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype):
   return y, (xb, wb)
 
 
-def _bf16_bwd(tp, x_dtype, w_dtype, res, g_TxN):
+def _bf16_bwd(
+  tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype, res: tuple[jax.Array, jax.Array], g_TxN: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """(dX [T, K] in x's dtype, dW [K, N] in w's dtype)."""
   xb, wb = res
   gb = g_TxN.astype(jnp.bfloat16)
   if tp.kind == "column":

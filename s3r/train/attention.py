@@ -19,7 +19,7 @@ def _probe(cfg, batch: int, seq: int) -> None:
 
   q = jax.ShapeDtypeStruct((batch, seq, cfg.n_heads, cfg.head_dim), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((batch, seq, cfg.n_kv_heads, cfg.head_dim), jnp.bfloat16)
-  windows = {None}
+  windows: set[tuple[int, int] | None] = {None}
   if getattr(cfg, "sliding_window", None):
     windows.add((cfg.sliding_window - 1, 0))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -38,9 +37,9 @@ class Setup:
   mesh: jax.sharding.Mesh
   batch_sharding: NamedSharding
   abstract_state: TrainState  # ShapeDtypeStructs with shardings
-  init_state: Callable  # init_key -> TrainState
-  train_step: Callable  # (state, batch, train_key) -> (state, metrics); donates state
-  eval_step: Callable  # (params, batch, eval_key) -> loss
+  init_state: jax.stages.Wrapped  # init_key -> TrainState
+  train_step: jax.stages.Wrapped  # (state, batch, train_key) -> (state, metrics); donates state
+  eval_step: jax.stages.Wrapped  # (params, batch, eval_key) -> loss
   keys: dict  # "init", "train", "eval"
 
 
@@ -48,7 +47,7 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
   """The mesh of `cfg.mesh`, checked against the devices and the batch size (ConfigError if not)."""
   try:
     mesh = sharding.make_mesh(sharding.parse_mesh(cfg.mesh, jax.device_count()))
-    sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+    sharding.batch_sharding(mesh, cfg.batch_shape)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   return mesh
@@ -59,7 +58,7 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
 
   `model_overrides` replace fields of the model config (e.g. n_layers=2 for `python -m benchmarks comm`)."""
   model_cfg = dataclasses.replace(cfg.model_config(vocab_size), **model_overrides)
-  batch_sh = sharding.batch_sharding(mesh, (cfg.batch, cfg.seq + 1))
+  batch_sh = sharding.batch_sharding(mesh, cfg.batch_shape)
   tx = make_optimizer(cfg.optimizer_config())
   graphdef = s3r_model.graphdef(model_cfg)
   fresh = lambda key: init_state(s3r_model.init_params(model_cfg, key), tx)
@@ -93,7 +92,7 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
 
 def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
   return s3r_data.prepare(
-    cfg.data, vocab_size=cfg.vocab, cache_dir=cfg.cache_dir, max_train_docs=cfg.max_train_docs, log=log
+    cfg.data, vocab_size=cfg.vocab_size, cache_dir=cfg.cache_dir, max_train_docs=cfg.max_train_docs, log=log
   )
 
 
@@ -101,7 +100,7 @@ def compile_train_step(setup: Setup, cfg: TrainConfig, log):
   """The train step compiled ahead of time (so that step times exclude compilation), refused with a
   ResourceError when its memory estimate exceeds what one device has free."""
   t0 = time.time()
-  batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32, sharding=setup.batch_sharding)
+  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
   compiled = setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"]).compile()
   log(f"compiled the train step in {time.time() - t0:.1f}s")
   need, free = step_memory_bytes(compiled), free_device_memory()

@@ -11,6 +11,7 @@ meta) is skipped with a one-line note, falling back to the one before (`restore_
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -56,7 +57,7 @@ class Checkpointer:
     step = self._require(step)
     return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def restore(self, abstract_state, step: int | None = None):
+  def restore[S](self, abstract_state: S, step: int | None = None) -> tuple[S, dict]:
     """(state, meta) of checkpoint `step`; `abstract_state` gives shapes, dtypes and shardings."""
     step = self._require(step)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
@@ -65,14 +66,18 @@ class Checkpointer:
 
   def read_latest_meta(self, log=print) -> tuple[int, dict]:
     """(step, meta) of the newest checkpoint whose meta is readable (see `restore_latest`)."""
-    return self._newest_readable(lambda step: self.read_meta(step), log)
+    return self._newest_readable(lambda step: self.read_meta(step), log, meta_of=lambda meta: meta)
 
-  def restore_latest(self, abstract_state, log=print) -> tuple[int, object, dict]:
+  def restore_latest[S](self, abstract_state: S, log=print) -> tuple[int, S, dict]:
     """(step, state, meta) of the newest checkpoint that restores; unreadable ones are reported through
     `log` and skipped. CorruptCheckpoint if none is readable."""
-    return self._newest_readable(lambda step: self.restore(abstract_state, step), log, unpack=True)
+    read = lambda step: self.restore(abstract_state, step)
+    step, (state, meta) = self._newest_readable(read, log, meta_of=lambda restored: restored[1])
+    return step, state, meta
 
-  def _newest_readable(self, read, log, *, unpack: bool = False):
+  def _newest_readable[V](self, read: Callable[[int], V], log, *, meta_of: Callable[[V], object]) -> tuple[int, V]:
+    """(step, read(step)) of the newest checkpoint that `read` reads and whose meta (`meta_of` what it
+    read) holds a train_config."""
     problems = []
     for step in sorted(self.all_steps(), reverse=True):
       try:
@@ -81,7 +86,7 @@ class Checkpointer:
         why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"[:120]
         problems.append(f"step {step} ({why})")
         continue
-      meta = value[1] if unpack else value
+      meta = meta_of(value)
       if not isinstance(meta, dict) or "train_config" not in meta:
         problems.append(f"step {step} (meta has no train_config)")
         continue
@@ -90,7 +95,7 @@ class Checkpointer:
           f"checkpoint: using step {step} of {self.directory}; skipped the unreadable newer checkpoint(s) "
           f"{'; '.join(problems)}"
         )
-      return (step, *value) if unpack else (step, value)
+      return step, value
     raise CorruptCheckpoint(
       f"no readable checkpoint in {self.directory}" + (f": {'; '.join(problems)}" if problems else "")
     )

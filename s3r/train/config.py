@@ -89,9 +89,9 @@ class TrainConfig:
       object.__setattr__(self, "warmup", default_warmup(self.steps))
     if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:
       raise _error("warmup", f"an integer in [0, --steps={self.steps}]", self.warmup)
-    if self.vocab < MIN_VOCAB_SIZE:
+    if self.vocab_size < MIN_VOCAB_SIZE:
       raise _error("vocab", f">= {MIN_VOCAB_SIZE} (256 bytes + end-of-text)", self.vocab)
-    if self.seq > MAX_SEQ:
+    if self.seq_len > MAX_SEQ:
       raise _error("seq", f"<= {MAX_SEQ:,}", self.seq)
     if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
       raise _error("lr", f"a finite number in (0, {MAX_LR:g}]", self.lr)
@@ -100,6 +100,31 @@ class TrainConfig:
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
 
+  # The fields that __post_init__ resolves, as the ints they then are.
+
+  @property
+  def vocab_size(self) -> int:
+    """The tokenizer vocabulary size asked for: `vocab`, or the preset's when unset."""
+    assert self.vocab is not None  # resolved by __post_init__
+    return self.vocab
+
+  @property
+  def seq_len(self) -> int:
+    """Tokens per sequence: `seq`, or the preset's max_seq_len when unset."""
+    assert self.seq is not None  # resolved by __post_init__
+    return self.seq
+
+  @property
+  def warmup_steps(self) -> int:
+    """Linear warm-up steps: `warmup`, or default_warmup(steps) when unset."""
+    assert self.warmup is not None  # resolved by __post_init__
+    return self.warmup
+
+  @property
+  def batch_shape(self) -> tuple[int, int]:
+    """[batch, seq + 1]: the token windows of one step (inputs, and targets shifted by one)."""
+    return self.batch, self.seq_len + 1
+
   def model_config(self, vocab_size: int) -> ModelConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
     base = PRESETS[self.preset]
@@ -107,12 +132,12 @@ class TrainConfig:
       self.preset,
       vocab_size=vocab_size,
       recipe=self.recipe,
-      max_seq_len=max(base.max_seq_len, self.seq),
+      max_seq_len=max(base.max_seq_len, self.seq_len),
       tp_partial_sums=self.tp_partial_sums,
     )
 
   def optimizer_config(self) -> OptimizerConfig:
-    return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup)
+    return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup_steps)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

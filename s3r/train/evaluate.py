@@ -18,6 +18,7 @@ import numpy as np
 import tokenizers
 
 from s3r import data as s3r_data
+from s3r.data import cache as s3r_cache
 from s3r.data import corpus as s3r_corpus
 from s3r.train import checkpoint
 from s3r.train.builder import Setup, build, make_mesh, prepare_data
@@ -31,7 +32,7 @@ def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[st
   for name, tokens in corpus_val.items():
     try:
       out[name] = list(
-        s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq, max_batches=cfg.eval_batches)
+        s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq_len, max_batches=cfg.eval_batches)
       )
     except s3r_data.DataError as e:
       if name == "val":
@@ -126,7 +127,7 @@ def evaluate_checkpoint(
         f"{overlap} of the {len(docs)} documents of {data} are training documents of this run: "
         f"the loss on them is optimistic"
       )
-    ids = s3r_data.cache.encode_long(tok, docs)
+    ids = s3r_cache.encode_long(tok, docs)
     val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
   log(f"eval: step {step} of {ckpt.directory}")
   return evaluate(setup, state.params, validation_batches(val, cfg, log))

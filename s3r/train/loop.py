@@ -38,6 +38,7 @@ import os
 import pathlib
 import shutil
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -128,7 +129,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
     setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
     # Compiled (and its memory checked) before any batch or state is built.
     train_step = compile_train_step(setup, cfg, log) if resume_step is None or resume_step < cfg.steps else None
-    batches = Batches(setup.batch_sharding, (cfg.batch, cfg.seq + 1))
+    batches = Batches(setup.batch_sharding, cfg.batch_shape)
     loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
     val_sets = validation_batches(corpus.val_tokens, cfg, log)
     state, wall_before = _initial_state(setup, ckpt, loader, resume_step, log)
@@ -190,10 +191,10 @@ class _Run:
   loader: s3r_data.BatchLoader
   val_sets: dict
   writer: report.MetricsWriter | None
-  meta: object  # () -> checkpoint meta
-  wall: object  # () -> wall-clock seconds of the run so far
+  meta: Callable[[], dict]  # () -> checkpoint meta
+  wall: Callable[[], float]  # () -> wall-clock seconds of the run so far
   main: bool
-  log: object
+  log: Callable[[str], object]
 
   def steps(self, state, start: int, train_step, monitor: DivergenceMonitor):
     """Steps start+1 .. cfg.steps; (last validation losses, last checkpoint path written)."""
@@ -212,7 +213,7 @@ class _Run:
         record = {
           "step": step,
           **metrics,
-          "tokens_per_s": cfg.batch * cfg.seq / step_time,
+          "tokens_per_s": cfg.batch * cfg.seq_len / step_time,
           "step_time_s": step_time,
           "wall_s": self.wall(),
         }

@@ -19,6 +19,12 @@ def is_main_process() -> bool:
   return jax.process_index() == 0
 
 
+def _row_range(index: tuple[slice, ...] | None, rows: int) -> tuple[int, int]:
+  """[start, stop) of the `rows` batch rows that a device's index (its slices of the batch) covers."""
+  assert index is not None  # a NamedSharding gives every addressable device a slice
+  return index[0].start or 0, rows if index[0].stop is None else index[0].stop
+
+
 class Batches:
   """Global batch arrays [B, S+1] built from the rows this process's devices hold.
 
@@ -31,12 +37,8 @@ class Batches:
 
   def __init__(self, sharding: NamedSharding, shape: tuple[int, int]):
     self.sharding, self.shape = sharding, tuple(shape)
-    rows = sorted(
-      {
-        (i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
-        for i in sharding.addressable_devices_indices_map(self.shape).values()
-      }
-    )
+    indices = sharding.addressable_devices_indices_map(self.shape).values()
+    rows = sorted({_row_range(index, shape[0]) for index in indices})
     self.start, self.stop = rows[0][0], rows[-1][1]
     n = self.stop - self.start
     if any(a > b_prev for (_, b_prev), (a, _) in zip(rows, rows[1:])) or shape[0] % n or self.start % n:

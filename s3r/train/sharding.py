@@ -132,7 +132,7 @@ def state_shardings(mesh: Mesh, cfg: s3r_model.ModelConfig, abstract_state, tx: 
   params = jax.tree.map(lambda spec, p: sharding(mesh, spec, p.shape), logical, abstract_state.params)
   replicated = NamedSharding(mesh, P())
   opt_state = optax.tree_map_params(
-    tx,
+    tx.init,
     lambda _, s: s,
     abstract_state.opt_state,
     params,

@@ -16,7 +16,7 @@ per-projection keys from it.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -71,8 +71,9 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: opt
     (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     if lr_schedule is None:
+      assert lr is not None  # a step without a schedule takes the rate as an argument
       updates = jax.tree.map(lambda u: u * lr.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
+    params = cast(dict, optax.apply_updates(state.params, updates))  # the tree of state.params
     rate = lr if lr_schedule is None else lr_schedule(state.step)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": rate, **aux}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
