@@ -47,9 +47,9 @@ def quantize_gradient(recipe, g_BxSxN, sx_BxS, sw_N, key):
 
   from s3r.quant import ec
   from s3r.quant import quantize_gradient as core_quantize_gradient
-  from s3r.quant.recipes import recipe as lookup
+  from s3r.quant.recipes import recipe as get_recipe
 
-  r = lookup(recipe)
+  r = get_recipe(recipe)
   delta, v, q_dx, q_dw = core_quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
   factors = ec.error_factors(q_dx.astype(jnp.float32) - v) if (r.correct_dx or r.correct_dw) else None
   return (q_dx, q_dw if r.split else None, delta, factors)

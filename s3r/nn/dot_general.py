@@ -40,7 +40,7 @@ from flax import nnx
 
 from s3r.quant.matmul import qmatmul
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
+from s3r.quant.recipes import recipe as get_recipe
 
 
 def _matmul(lhs, rhs, lhs_contract, rhs_contract, *, key, recipe, tp, tp_axis):
@@ -130,7 +130,7 @@ def dot_general(
   `s3r.qmatmul`: under a mesh with that axis, partial sums are rounded per shard.
   The output has lhs's dtype, or `preferred_element_type` when the caller asks for one.
   """
-  r = lookup_recipe(recipe)
+  r = get_recipe(recipe)
 
   def fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
     del precision, unused  # the recipe fixes the numerics (out_sharding: left to the partitioner)
@@ -154,7 +154,7 @@ class LinenDotGeneral(linen.Module):
 
   @linen.compact
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
-    r = lookup_recipe(self.recipe)
+    r = get_recipe(self.recipe)
     key = self.make_rng(self.rng_collection) if r.stochastic and self.has_rng(self.rng_collection) else None
     return dot_general(r, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
       lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
@@ -195,7 +195,7 @@ class NnxDotGeneral(nnx.Module):
     tp_axis: str = "tensor",
     stack: tuple[int, ...] = (),
   ):
-    self.recipe = lookup_recipe(recipe)
+    self.recipe = get_recipe(recipe)
     self.stream = stream
     self.tp, self.tp_axis = tp, tp_axis  # tensor-parallel split of the kernel (see s3r.qmatmul)
     key = draw_stream_key(self.recipe, rngs, stream, tuple(stack), "NnxDotGeneral")

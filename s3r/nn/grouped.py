@@ -16,7 +16,7 @@ from flax import nnx
 
 from s3r.quant.grouped import grouped_qmatmul
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
+from s3r.quant.recipes import recipe as get_recipe
 
 
 class GroupedLinear(nnx.Module):
@@ -35,7 +35,7 @@ class GroupedLinear(nnx.Module):
     impl: str | None = None,
     logical_axes: tuple = ("expert", "embed", "mlp"),
   ):
-    self.recipe = lookup_recipe(recipe)
+    self.recipe = get_recipe(recipe)
     self.stream = stream
     self.impl = impl  # grouped GEMM implementation (see s3r.grouped_qmatmul); None picks the default
     self.kernel = nnx.Param(

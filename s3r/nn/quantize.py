@@ -30,7 +30,7 @@ from flax import nnx
 
 from s3r.nn.dot_general import NnxDotGeneral, _quantized_dot, check_keys, dot_general
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
+from s3r.quant.recipes import recipe as get_recipe
 
 _LINEN_TYPES = (linen.Dense, linen.DenseGeneral)
 
@@ -54,7 +54,7 @@ def quantize(
   NNX models are changed in place and returned; Linen modules are wrapped (see the module doc).
   `rngs` (NNX only): an `nnx.Rngs` with a `stream` stream or an int seed for one.
   """
-  r = lookup_recipe(recipe)
+  r = get_recipe(recipe)
   skip = (skip,) if isinstance(skip, str) else tuple(skip)
   if isinstance(model, linen.Module):
     return QuantizedLinen(model, r, skip=skip, stream=stream)

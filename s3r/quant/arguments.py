@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from s3r.quant.recipes import Recipe
-from s3r.quant.recipes import recipe as lookup_recipe
+from s3r.quant.recipes import recipe as get_recipe
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 
@@ -46,7 +46,7 @@ def describe(a) -> str:
 def check_recipe(fn: str, recipe) -> Recipe:
   """The Recipe `recipe` names (a Recipe passes through)."""
   if isinstance(recipe, (Recipe, str)):
-    return lookup_recipe(recipe)
+    return get_recipe(recipe)
   raise TypeError(f"{fn}: recipe must be a s3r.Recipe or a recipe name (str), got {type(recipe).__name__}")
 
 
