@@ -53,7 +53,7 @@ def register(subparsers) -> None:
   )
   p.add_argument("run", metavar="RUN_DIR", help="a run directory written by `s3r train` (bf16 recommended)")
   p.add_argument("--keys", type=int, default=16, help="quantizer keys per recipe (root-mean-square over them)")
-  p.add_argument("--batch", type=int, default=8, help="sequences in the diagnostic batch")
+  p.add_argument("--batch", type=int, default=None, help="sequences in the diagnostic batch (default: the run's batch)")
   p.add_argument("--recipes", default=",".join(TABLE2_RECIPES), help="comma-separated recipes")
   p.add_argument("--out", default="runs/results", help="output folder (the committed tables: --out results)")
   p.set_defaults(func=run)
@@ -65,10 +65,17 @@ def run(args) -> int:
   if args.keys < 2:
     print("s3r: error: --keys must be at least 2", flush=True)
     return 2
+  if args.batch is not None and args.batch < 1:
+    print("s3r: error: --batch must be at least 1", flush=True)
+    return 2
   recipes = parse_list(args.recipes, list(TABLE2_RECIPES) + ["int8_exact_bwd"], "recipe")
   meta = run_metadata()
-  loaded = load_run(args.run)
-  cfg, params, nu, batch = loaded["model_cfg"], loaded["params"], loaded["nu"], loaded["val_batch"][: args.batch]
+  try:
+    loaded = load_run(args.run, batch=args.batch)
+  except StopIteration:
+    print(f"s3r: error: the run's validation set holds fewer than --batch {args.batch} sequences", flush=True)
+    return 2
+  cfg, params, nu, batch = loaded["model_cfg"], loaded["params"], loaded["nu"], loaded["val_batch"]
   batch = jax.numpy.asarray(batch)
   log(f"diagnose: run {args.run} (step {loaded['step']}, recipe {cfg.recipe}), batch {batch.shape}, {args.keys} keys")
   errors = gradients.relative_errors(cfg, params, batch, recipes, n_keys=args.keys, log=log)

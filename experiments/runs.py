@@ -101,9 +101,10 @@ def _adam_nu(opt_state):
   return found[0]
 
 
-def load_run(path: str, *, log=print) -> dict:
+def load_run(path: str, *, log=print, batch: int | None = None) -> dict:
   """The latest checkpoint of a run: model config, params, Adam's ν, the init params of the
-  same seed, the step and the first validation batches (host numpy)."""
+  same seed, the step and the first validation batch (host numpy) of `batch` sequences (default:
+  the run's batch)."""
   from s3r import data as s3r_data
   from s3r.train.loop import build, make_mesh, open_run, prepare_data
 
@@ -113,7 +114,7 @@ def load_run(path: str, *, log=print) -> dict:
   state, _ = ckpt.restore(setup.abstract_state)
   ckpt.close()
   val_batch = next(
-    s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=cfg.batch, seq_len=cfg.seq, max_batches=1)
+    s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=batch or cfg.batch, seq_len=cfg.seq, max_batches=1)
   )
   init = setup.init_state(setup.keys["init"])
   return {"train_config": cfg, "model_cfg": setup.model_cfg, "params": state.params,

@@ -247,6 +247,10 @@ def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tm
   assert only["dose"]["step"] == 4 and set(only["dose"]["errors"]) == {"s3r_ec_dx", "int8_sr"}
   assert all(0 < e < 1 for errs in only["dose"]["errors"].values() for e in errs.values())
   assert only["meta"]["jax_version"] and only["meta"]["cpu_model"] and "loadavg_after" in only["meta"]
+  # the diagnostic batch is the size asked for, also above the run's own batch of 2
+  run_dir = tmp_path / "runs" / "t" / only["run"]
+  assert runs.load_run(str(run_dir), log=lambda m: None, batch=3)["val_batch"].shape == (3, 33)
+  assert runs.load_run(str(run_dir), log=lambda m: None)["val_batch"].shape == (2, 33)
   # the Quickstart recorder reads the same run directory
   from experiments import snapshot
 
