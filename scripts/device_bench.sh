@@ -22,7 +22,7 @@
 # nine shapes, mostly XLA:GPU's int8 GEMM autotuning (12-77 s per shape), so within one call it
 # reaches W5-W6; run SHAPES=W7,W8,W9 in a second call and join the files with `python -m benchmarks merge`.
 # The quantizer takes about 60 s for all nine shapes.
-# Env: SHAPES (default all), FFN_TOKENS (16384), Q_TOKENS (65536), PY (python3), MEM_SHAPES (W1,W3),
+# Env: SHAPES (default all), FFN_TOKENS (16384), Q_TOKENS (65536), PY (python3), MEM_SHAPES (W1,W3), MEM_TOKENS (16384),
 #      MEM_S / FFN_S / Q_S (seconds allowed per part: 80 / 220 / 130), SMOKE_S (120), OUT, WORK.
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
@@ -34,7 +34,7 @@ LOG="$DEST/device_bench.log"
   header || exit 1
   smoke_or_stop "$WORK/smoke" || exit 1
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" timeout "${MEM_S:-80}" $PY -m benchmarks static \
-    --recipes bf16,int8_rtne,s3r_ec_dx,int8_sr --memory-shapes "${MEM_SHAPES:-W1,W3}" --memory-tokens 16384 \
+    --recipes bf16,int8_rtne,s3r_ec_dx,int8_sr --memory-shapes "${MEM_SHAPES:-W1,W3}" --memory-tokens "${MEM_TOKENS:-16384}" \
     --memory-breakdown --out-dir "$WORK/static_memory" 2>&1
   echo "static memory exit $?"
   # FFN block: 6 recipes -> 12 repeats = the Williams design twice; 3 calls per sample

@@ -86,6 +86,16 @@ def test_device_step_dry_run_keeps_every_family_it_starts(tmp_path):
   assert {"bench_step_llama3.1-8b_cpu.json", "bench_step_gemma3-12b_cpu.json", "skipped.json"} <= files
 
 
+def test_device_bench_dry_run(tmp_path):
+  env = {"SHAPES": "W1", "FFN_TOKENS": "64", "Q_TOKENS": "64", "MEM_SHAPES": "W1", "MEM_TOKENS": "64", **QUICK_SMOKE}
+  result = _run("device_bench", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  for part in ("static memory", "ffn", "quantizer"):
+    assert f"{part} exit 0" in result.stdout, part
+  files = _brought_back(tmp_path / "out", "device_bench")
+  assert {"bench_ffn_cpu.json", "bench_quantizer_cpu.json", "static_memory/bench_static_cpu.json"} <= files
+
+
 def test_device_moe_dry_run(tmp_path):
   env = {"TOKENS": "16", "GEMM_TOKENS": "16", "CHECK_TOKENS": "16", "SHAPE_Q": "32x8x2x16", "SHAPE_D": "32x4x2x24+1"}
   env |= {"REPEATS": "1", "NUMBER": "1", "RECIPES": "int8_rtne,s3r_ec_dx", "CHECK_S": "600", "GEMM_S": "600"}
