@@ -44,7 +44,7 @@ class Gemma3Block(Qwen3Block[Gemma3Config]):
     self.post_mlp_norm = self._norm(cfg.d_model)
 
   def _norm(self, dim: int) -> RMSNorm:
-    return RMSNorm(dim, self.cfg.norm_eps, offset=True)
+    return RMSNorm(dim, self.cfg.norm_eps, offset=self.cfg.norm_offset)
 
   def _rope(self, x_BxSxNxH):
     cfg = self.cfg

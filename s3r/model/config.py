@@ -68,6 +68,9 @@ class ModelConfig:
   """Shape and numerics of the Llama-style decoder (Llama 3 family; base of the other families)."""
 
   family: ClassVar[str] = "llama"
+  # what the decoder around the blocks does differently per family (read by s3r.model.transformer)
+  norm_offset: ClassVar[bool] = False  # RMSNorm scales by (1 + scale) instead of scale
+  embed_scale: ClassVar[bool] = False  # the embedding output is scaled by sqrt(d_model)
 
   vocab_size: int = 8192  # tokenizer vocabulary (embedding rows, logits)
   d_model: int = 192  # residual stream width D
@@ -164,6 +167,8 @@ class Gemma3Config(ModelConfig):
   embeddings scaled by sqrt(d_model), sliding-window layers with their own RoPE base."""
 
   family: ClassVar[str] = "gemma3"
+  norm_offset: ClassVar[bool] = True
+  embed_scale: ClassVar[bool] = True
 
   tie_embeddings: bool = True  # Gemma ties the logits to the embedding
   sliding_window: int = 1024  # local layers attend to this many most recent positions (self included)

@@ -32,21 +32,26 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model import blocks, mla
-from s3r.model.config import ModelConfig
+from s3r.model.config import DeepSeekV2Config, Gemma3Config, ModelConfig, Qwen3Config, Qwen3MoeConfig
 from s3r.model.layers import ACT_DTYPE, Block, RMSNorm, constrain, param
 from s3r.quant import recipe as get_recipe
 
+# The block of each family, keyed by its config class: the one place a family's config picks code.
+BLOCKS: dict[type[ModelConfig], type[Block]] = {
+  ModelConfig: Block,
+  Qwen3Config: blocks.Qwen3Block,
+  Gemma3Config: blocks.Gemma3Block,
+  Qwen3MoeConfig: blocks.Qwen3MoeBlock,
+  DeepSeekV2Config: mla.DeepSeekV2Block,
+}
+
 
 def block_class(cfg: ModelConfig) -> type[Block]:
-  """The block of the config's family."""
-  if cfg.family == "llama":
-    return Block
-  return {
-    "qwen3": blocks.Qwen3Block,
-    "gemma3": blocks.Gemma3Block,
-    "qwen3_moe": blocks.Qwen3MoeBlock,
-    "deepseek_v2": mla.DeepSeekV2Block,
-  }[cfg.family]
+  """The block of the config's family (a subclass of a family's config gets that family's block)."""
+  for cls in type(cfg).__mro__:
+    if cls in BLOCKS:
+      return BLOCKS[cls]
+  raise TypeError(f"{type(cfg).__name__} is not a ModelConfig")
 
 
 class Transformer(nnx.Module):
@@ -58,7 +63,7 @@ class Transformer(nnx.Module):
     self.embed = param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
     block = block_class(cfg)
     self.blocks = nnx.List([block(cfg, k, layer) for layer, k in enumerate(jax.random.split(blocks_key, cfg.n_layers))])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.family == "gemma3")
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset)
     if not cfg.tie_embeddings:
       self.out = param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
     self.cfg = cfg
@@ -78,7 +83,7 @@ class Transformer(nnx.Module):
     if key is None and get_recipe(cfg.recipe).stochastic:
       raise ValueError(f"recipe {cfg.recipe!r} is stochastic: pass a step key")
     x_BxSxD = self.embed[...].astype(ACT_DTYPE)[tokens_BxS]
-    if cfg.family == "gemma3":
+    if cfg.embed_scale:
       x_BxSxD = x_BxSxD * jnp.asarray(math.sqrt(cfg.d_model), ACT_DTYPE)
     x_BxSxD = constrain(x_BxSxD, ("batch", "seq", "act_embed"))
     for layer, block in enumerate(self.blocks):
