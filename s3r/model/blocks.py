@@ -84,6 +84,7 @@ def moe_feed_forward(cfg: MoeFields, key: jax.Array) -> nnx.Module:
     n_shared=cfg.n_shared,
     d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
     renormalize=cfg.renormalize,
+    routed_scaling_factor=cfg.routed_scaling_factor,
     capacity_factor=cfg.capacity_factor,
     expert_dispatch=cfg.expert_dispatch,
     aux_loss_weight=cfg.aux_loss_weight,

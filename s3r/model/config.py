@@ -209,6 +209,7 @@ class MoeFields(ModelConfig):
   n_shared: int = 0  # shared experts every token uses
   dense_layers: int = 0  # the first dense_layers layers use a dense gated FFN of width d_ff instead
   renormalize: bool = True  # renormalize the top-k router weights to sum to 1
+  routed_scaling_factor: float = 1.0  # the routed experts' weights are multiplied by it (DeepSeek), after renormalize
   capacity_factor: float | None = None  # expert capacity (tokens per expert) / (tokens * top_k / E); None: no drops
   aux_loss_weight: float = AUX_LOSS_WEIGHT  # weight of the load-balancing loss
   expert_dispatch: str = "gspmd"  # expert-parallel token exchange: "gspmd" (XLA's partitioner) or "all_to_all"
@@ -224,6 +225,7 @@ class MoeFields(ModelConfig):
       raise ValueError(
         f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got {self.dense_layers!r}"
       )
+    _check_positive(self, ("routed_scaling_factor",), float)
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
     check_dispatch(name, self.expert_dispatch, self.capacity_factor)

@@ -23,9 +23,11 @@ import jax.numpy as jnp
 
 from s3r.model.blocks import moe_call, moe_feed_forward
 from s3r.model.config import DeepSeekV2Config
-from s3r.model.layers import Block, constrain, param, rope, yarn_mscale
+from s3r.model.layers import Block, RMSNorm, constrain, param, rope, yarn_mscale
 
 MLA_PROJECTIONS = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "gate", "up", "down")  # index j of the per-projection key
+# The latent norms (q_a, kv_a) use this epsilon whatever norm_eps says, as DeepSeek's reference code does.
+LATENT_NORM_EPS = 1e-6
 # Tensor-parallel split (s3r.train.sharding RULES): heads are split; the latents (q_a, kv_a outputs) are replicated.
 _MLA_TP_SPLIT = {
   "q": "column",
@@ -57,10 +59,10 @@ class DeepSeekV2Block(Block[DeepSeekV2Config]):
       self.q = param(k["q"], (d, n * qk), std, ("embed", "heads"))
     else:
       self.q_a = param(k["q_a"], (d, cfg.q_lora_rank), std, ("embed", None))
-      self.q_a_norm = self._norm(cfg.q_lora_rank)
+      self.q_a_norm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
       self.q_b = param(k["q_b"], (cfg.q_lora_rank, n * qk), std, (None, "heads"))
     self.kv_a = param(k["kv_a"], (d, c + r), std, ("embed", None))
-    self.kv_a_norm = self._norm(c)
+    self.kv_a_norm = RMSNorm(c, LATENT_NORM_EPS)
     self.kv_b = param(k["kv_b"], (c, n * (cfg.qk_nope_head_dim + cfg.v_head_dim)), std, (None, "heads"))
     self.o = param(k["o"], (n * cfg.v_head_dim, d), out_std, ("heads", "embed"))
     self.mlp_norm = self._norm(d)

@@ -4,16 +4,16 @@ Dimension letters in tensor names:
   B batch, S sequence, T = B*S tokens, D model width, E routed experts, F expert width,
   G shared-expert width, A = T*top_k token-expert assignments (the rows of the grouped GEMMs).
 
-Routing: an f32 router (kept unquantized) gives softmax probabilities over the E experts;
-each token takes its top_k experts, with the top-k weights optionally renormalized to sum to
-one. The A assignments are sorted by expert (dropless: every assignment gets a row; with a
-capacity factor, each expert keeps at most C = ceil(capacity_factor · A / E) rows, top-1
-choices first, and the rest become padding rows past sum(group_sizes), which give zero
-outputs and zero gradients). Gate, up and down are grouped GEMMs with the recipe; the
-outputs are weighted and summed back to their tokens in f32. Shared experts (always active)
-are one dense SwiGLU of width G through `qmatmul`. The auxiliary load-balancing loss is the
-Switch/GShard one, E · Σ_e f_e P_e (f_e the fraction of assignments routed to e, P_e the
-mean router probability of e), times `aux_loss_weight`.
+Routing: an f32 router (kept unquantized) gives softmax probabilities over the E experts; each
+token takes its top_k experts, with the top-k weights optionally renormalized to sum to one,
+then multiplied by `routed_scaling_factor` (DeepSeek; 1 by default). The A assignments are
+sorted by expert (dropless: every assignment gets a row; with a capacity factor, each expert
+keeps at most C = ceil(capacity_factor · A / E) rows, top-1 choices first, and the rest become
+padding rows past sum(group_sizes), which give zero outputs and zero gradients). Gate, up and
+down are grouped GEMMs with the recipe; the outputs are weighted and summed back to their tokens
+in f32. Shared experts (always active) are one dense SwiGLU of width G through `qmatmul`. The
+auxiliary load-balancing loss is the Switch/GShard one, E · Σ_e f_e P_e (f_e the fraction of
+assignments routed to e, P_e the mean router probability of e), times `aux_loss_weight`.
 
 Expert dispatch: "gspmd" (the default) writes the routed experts as one program over all tokens
 and leaves any token exchange to XLA's SPMD partitioner; "all_to_all" (dropless only) runs them
@@ -54,6 +54,7 @@ class MoEFeedForward(nnx.Module):
     n_shared: int = 0,
     d_shared: int | None = None,
     renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
     capacity_factor: float | None = None,
     aux_loss_weight: float = AUX_LOSS_WEIGHT,
     recipe,
@@ -75,7 +76,10 @@ class MoEFeedForward(nnx.Module):
     self.expert_dispatch = expert_dispatch
     self.recipe = get_recipe(recipe)
     self.impl = impl  # grouped GEMM implementation of the expert GEMMs (see s3r.grouped_qmatmul); None: default
+    if not routed_scaling_factor > 0:
+      raise ValueError(f"MoEFeedForward: routed_scaling_factor must be > 0, got {routed_scaling_factor}")
     self.n_experts, self.top_k, self.renormalize = n_experts, top_k, renormalize
+    self.routed_scaling_factor = routed_scaling_factor
     self.capacity_factor, self.aux_loss_weight, self.act = capacity_factor, aux_loss_weight, act
     k = jax.random.split(rngs.params(), 7)
     d, f, e = d_model, d_expert, n_experts
@@ -112,6 +116,8 @@ class MoEFeedForward(nnx.Module):
     weight_TxK, expert_TxK = jax.lax.top_k(probs_TxE, k)
     if self.renormalize:
       weight_TxK = weight_TxK / jnp.sum(weight_TxK, axis=-1, keepdims=True)
+    if self.routed_scaling_factor != 1.0:
+      weight_TxK = weight_TxK * self.routed_scaling_factor
 
     # Assignments slot-major (every token's first choice before any second choice), so that a
     # capacity drops lower-ranked choices first (both dispatches sort them by expert stably).

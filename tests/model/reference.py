@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+LATENT_EPS = 1e-6  # DeepSeek-V2's latent norms (q_a_layernorm, kv_a_layernorm) ignore rms_norm_eps
+
 
 def _a(x):
   return np.asarray(x, np.float64)
@@ -86,9 +88,10 @@ def gated(x, p, act):
 
 
 def moe(x, p, cfg, margins=None):
-  """The routed MoE feed-forward (dropless): softmax router, top-k (renormalized if asked), each
-  chosen expert's SwiGLU weighted, plus the shared experts' SwiGLU. `margins` (a list) receives each
-  token's gap between its k-th and (k+1)-th router probability (0 when every expert is chosen)."""
+  """The routed MoE feed-forward (dropless): softmax router, top-k (renormalized if asked, times the
+  routed scaling factor), each chosen expert's SwiGLU weighted, plus the shared experts' SwiGLU.
+  `margins` (a list) receives each token's gap between its k-th and (k+1)-th router probability
+  (0 when every expert is chosen)."""
   logits = x @ _a(p["router"])
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
@@ -98,7 +101,7 @@ def moe(x, p, cfg, margins=None):
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
     top = np.argsort(-probs[t])[: cfg.top_k]
-    w = probs[t, top] / (probs[t, top].sum() if cfg.renormalize else 1.0)
+    w = probs[t, top] / (probs[t, top].sum() if cfg.renormalize else 1.0) * cfg.routed_scaling_factor
     for e, we in zip(top, w):
       expert = {"gate": p["gate"][e], "up": p["up"][e], "down": p["down"][e]}
       y[t] += we * gated(x[t : t + 1], expert, silu)[0]
@@ -131,10 +134,10 @@ def _mla_attention(x, p, cfg):
   if cfg.q_lora_rank is None:
     q = x @ _a(p["q"])
   else:
-    q = rms_norm(x @ _a(p["q_a"]), p["q_a_norm"]["scale"], cfg.norm_eps) @ _a(p["q_b"])
+    q = rms_norm(x @ _a(p["q_a"]), p["q_a_norm"]["scale"], LATENT_EPS) @ _a(p["q_b"])
   q = q.reshape(s, n, nope + r)
   ckv = x @ _a(p["kv_a"])
-  kv = (rms_norm(ckv[:, :c], p["kv_a_norm"]["scale"], cfg.norm_eps) @ _a(p["kv_b"])).reshape(s, n, nope + u)
+  kv = (rms_norm(ckv[:, :c], p["kv_a_norm"]["scale"], LATENT_EPS) @ _a(p["kv_b"])).reshape(s, n, nope + u)
   k_pe = apply_rope(ckv[:, None, c:], cfg.rope_theta, cfg.rope_scaling)
   q = np.concatenate([q[..., :nope], apply_rope(q[..., nope:], cfg.rope_theta, cfg.rope_scaling)], -1)
   k = np.concatenate([kv[..., :nope], np.repeat(k_pe, n, axis=1)], -1)
