@@ -1,0 +1,97 @@
+"""A memory-mapped reader of the safetensors format (8-byte little-endian header length, a JSON
+header of {name: {dtype, shape, data_offsets}}, then the raw little-endian tensor bytes).
+
+Reading a tensor maps its bytes without copying them (`numpy.memmap`); bfloat16 and the float8
+types are JAX's numpy dtypes, so a bf16 checkpoint is read on the host as is (no `safetensors`
+package needed).
+A file whose header or data ends early is refused when it is opened, naming the file and tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+
+from s3r.model.hf.errors import HFError
+
+DTYPES = {
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(jnp.bfloat16),
+  "F8_E4M3": np.dtype(jnp.float8_e4m3fn),
+  "F8_E5M2": np.dtype(jnp.float8_e5m2),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
+}
+_MAX_HEADER = 100 * 2**20  # bytes; the format's own limit
+
+
+class SafetensorsFile:
+  """The tensors of one .safetensors file: `names`, `shape(name)`, `dtype(name)`, `read(name)` (a
+  read-only memory-mapped numpy array in the stored dtype, little-endian)."""
+
+  def __init__(self, path: str | pathlib.Path):
+    self.path = pathlib.Path(path)
+    self._header, self._data_start = _read_header(self.path)
+    self._map: np.memmap | None = None
+
+  @property
+  def names(self) -> list[str]:
+    return list(self._header)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._header[name]["shape"])
+
+  def dtype(self, name: str) -> np.dtype:
+    return DTYPES[self._header[name]["dtype"]]
+
+  def read(self, name: str) -> np.ndarray:
+    entry = self._header[name]
+    begin, end = entry["data_offsets"]
+    if self._map is None:
+      self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+    raw = self._map[self._data_start + begin : self._data_start + end]
+    return raw.view(DTYPES[entry["dtype"]].newbyteorder("<")).reshape(entry["shape"])
+
+
+def _read_header(path: pathlib.Path) -> tuple[dict, int]:
+  size = path.stat().st_size
+  with path.open("rb") as f:
+    prefix = f.read(8)
+    if len(prefix) < 8:
+      raise HFError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+    (n,) = struct.unpack("<Q", prefix)
+    if n > min(_MAX_HEADER, size - 8):
+      raise HFError(f"{path}: truncated or not a safetensors file (header of {n} bytes in a {size}-byte file)")
+    try:
+      header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise HFError(f"{path}: unreadable safetensors header ({e})") from None
+  if not isinstance(header, dict):
+    raise HFError(f"{path}: unreadable safetensors header (not a JSON object)")
+  header.pop("__metadata__", None)
+  data = size - 8 - n
+  for name, entry in header.items():
+    _check_entry(path, name, entry, data)
+  return header, 8 + n
+
+
+def _check_entry(path: pathlib.Path, name: str, entry, data: int) -> None:
+  try:
+    dtype, shape, (begin, end) = DTYPES[entry["dtype"]], [int(d) for d in entry["shape"]], entry["data_offsets"]
+  except (KeyError, TypeError, ValueError):
+    raise HFError(f"{path}: tensor {name} has an unreadable header entry {entry!r}") from None
+  if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+    raise HFError(f"{path}: tensor {name}: data offsets {begin}..{end} do not hold shape {shape} of {entry['dtype']}")
+  if end > data:
+    raise HFError(f"{path}: truncated: tensor {name} ends at byte {end} of the data, the file holds {data}")
