@@ -12,6 +12,7 @@ import pytest
 
 from s3r import cli
 from s3r.quant import RECIPES
+from s3r.quant.formats import FORMATS
 
 
 def _corpus(directory: pathlib.Path) -> pathlib.Path:
@@ -27,9 +28,10 @@ def _corpus(directory: pathlib.Path) -> pathlib.Path:
 def test_recipes_lists_every_recipe_with_its_description(capsys):
   assert cli.main(["recipes"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert len(lines) == len(RECIPES)
+  assert len(lines) == len(RECIPES) + 1
   for line, (name, recipe) in zip(lines, RECIPES.items()):
     assert line.split()[0] == name and line.endswith(recipe.description)
+  assert lines[-1].startswith("gradient formats") and all(f in lines[-1] for f in FORMATS)
 
 
 def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_from_elsewhere(
@@ -128,6 +130,7 @@ def _run_cli(*args, cwd):
     (["train", "--steps", "-3", "--out", "run"], "--steps must be an integer >= 1"),
     (["train", "--steps", "20", "--warmup", "30", "--out", "run"], "--warmup must be an integer in [0, --steps=20]"),
     (["train", "--recipe", "fp4", "--out", "run"], "invalid choice"),
+    (["train", "--recipe", "bf16@int4", "--out", "run"], "'bf16' does not quantize the gradient"),
     (["train", "--mesh", "data=3", "--out", "run"], "--mesh"),
     (["eval", "no/such/run"], "no checkpoint"),
   ],

@@ -130,7 +130,6 @@ def register_train(subparsers) -> None:
 
   from s3r.model import PRESETS
   from s3r.model.config import TP_PARTIAL_SUMS
-  from s3r.quant import RECIPES
   from s3r.train.config import DEFAULT_WARMUP, MAX_LR, RESUMABLE_CHANGES, TrainConfig
 
   d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # the one source of defaults
@@ -161,9 +160,10 @@ def register_train(subparsers) -> None:
   )
   p.add_argument(
     "--recipe",
-    choices=list(RECIPES),
+    type=_recipe_name,
     metavar="NAME",
-    help=f"quantization recipe of the block projections (see `s3r recipes`; default: {d['recipe']})",
+    help=f"quantization recipe of the block projections, NAME or NAME@FORMAT (see `s3r recipes`; "
+    f"default: {d['recipe']})",
   )
   p.add_argument("--preset", choices=list(PRESETS), help=f"model size ({presets}; default: {d['preset']})")
   p.add_argument(
@@ -354,19 +354,37 @@ def run_eval(args) -> int:
   return 0
 
 
+def _recipe_name(value: str) -> str:
+  """`--recipe`: a registered recipe name or NAME@FORMAT (s3r.quant.recipe), refused in one line."""
+  from s3r.quant import recipe
+
+  try:
+    recipe(value)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r}: {e}") from None
+  return value
+
+
 def register_recipes(subparsers) -> None:
   p = subparsers.add_parser(
-    "recipes", help="list the quantization recipes", description="One line per registered recipe: name and description."
+    "recipes",
+    help="list the quantization recipes and gradient formats",
+    description="One line per registered recipe (name and description), then the gradient formats: "
+    "NAME@FORMAT is recipe NAME with its backward's gradient codes in FORMAT.",
   )
   p.set_defaults(func=run_recipes)
 
 
 def run_recipes(args) -> int:
   from s3r.quant import RECIPES
+  from s3r.quant.formats import FORMATS
 
   width = max(map(len, RECIPES))
   for name, r in RECIPES.items():
     print(f"{name:<{width}}  {r.description}")
+  print(
+    f"gradient formats (NAME@FORMAT, every recipe but bf16 and int8_exact_bwd): {', '.join(FORMATS)} (default int8)"
+  )
   return 0
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
-from s3r.quant import DEFAULT_RECIPE, RECIPES
+from s3r.quant import DEFAULT_RECIPE
+from s3r.quant import recipe as get_recipe
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
@@ -85,7 +86,7 @@ class ModelConfig:
   norm_eps: float = 1e-6  # RMSNorm epsilon
   tie_embeddings: bool = False  # logits use the embedding matrix (no separate output projection)
   init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
-  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.RECIPES)
+  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.recipe: NAME or NAME@FORMAT)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
   tp_partial_sums: str = (
     "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
@@ -109,8 +110,10 @@ class ModelConfig:
     _check_positive(self, ("rope_theta", "norm_eps", "init_std"), float)
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise ValueError(f"{name}.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
-    if self.recipe not in RECIPES:
-      raise ValueError(f"{name}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+    try:
+      get_recipe(self.recipe)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{name}.recipe must be a recipe of s3r.quant (NAME or NAME@FORMAT): {e}") from None
     if self.tp_partial_sums not in TP_PARTIAL_SUMS:
       raise ValueError(
         f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; got {self.tp_partial_sums!r}"

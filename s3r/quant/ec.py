@@ -19,7 +19,7 @@ from collections.abc import Generator
 import jax
 import jax.numpy as jnp
 
-from s3r.quant import numerics
+from s3r.quant import formats, numerics
 
 _UNROLL_MAX_EXAMPLES = 64  # up to this many examples (B of the traced, global batch) the dW update is unrolled
 _FREE = jax.sharding.PartitionSpec.UNCONSTRAINED
@@ -78,8 +78,8 @@ def error_factors(e_BxSxN: jax.Array) -> Factors:
 # Precision: c is represented on a 2^-20 grid, so each channel mean is off by at most 2^-21
 # (in units of Δ; a deterministic rounding far below the Δ/256 bias of the 7-bit thresholds),
 # and |Ŵc - Ŵx/2^20| ≤ 2^-21 Σ_n |Ŵ_kn| ≤ 2^-21 · 127 N.
-# Range: |e| ≤ 1 for every recipe (floor(v + u) - v with u in (0, 1), or a code clipped to
-# ±127 where |v| exceeds 127 by float rounding only), so |c| ≤ 1, |x| ≤ 2^20 and every digit
+# Range: |e| ≤ 1 for every recipe on a uniform grid (floor(v + u) - v with u in (0, 1), or a code
+# clipped to ±Q where |v| exceeds Q by float rounding only), so |c| ≤ 1, |x| ≤ 2^20 and every digit
 # is in [-64, 64] (a 2^-21 grid would need a top digit of 128 at |c| = 1). Clipping c to
 # [-1, 1] only guards that bound against a caller's out-of-range c.
 # Overflow: the int32 sums are exact while N · 64 · 127 < 2^31, i.e. for N ≤ 2^18 (the dX GEMM
@@ -117,14 +117,23 @@ def from_int8_digits(acc_Bx3xK: jax.Array) -> jax.Array:
   return total * (1.0 / (1 << _FRACTION_BITS))
 
 
-def dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array) -> jax.Array:
+def dx_correction(
+  r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array, fmt: formats.Format = formats.INT8
+) -> jax.Array:
   """e_str Ŵᵀ per example: (r - m) rowsum(Ŵ)ᵀ + 1 (Ŵ c)ᵀ, shape [B, S, K] (f32).
 
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
-  fuses into the rescale of the dX accumulator.
+  fuses into the rescale of the dX accumulator. `fmt` is the format of the gradient codes: for
+  an emulated (block-scaled FP4) one, whose error in units of Δ is not bounded by 1, the products
+  are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
+  if fmt.emulated:
+    hi = jax.lax.Precision.HIGHEST
+    w_KxN = wq_KxN.astype(jnp.float32)
+    wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)
+    return (r_BxS - m_B[:, None])[:, :, None] * jnp.sum(w_KxN, axis=1) + wc_BxK[:, None, :]
   batch, n = c_BxN.shape
   # One small int8 dot gives Ŵ c_b (from c's int8 digits, see above) and rowsum(Ŵ) = Ŵ 1;
   # as reductions, XLA:CPU fuses them into the elementwise rescale of the [T, K] dX

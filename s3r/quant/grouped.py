@@ -5,15 +5,16 @@ are sorted by expert, expert e owns `group_sizes[e]` consecutive rows and multip
 by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 
 It mirrors the dense layer (matmul.py) row for row. Forward: per-row activation scales,
-per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped
-GEMM, rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor
-step Δ, Q quantized once for both products (twice for split recipes) into codes of the recipe's
-gradient format by the dense quantizer's own functions (`matmul.scale_gradient`,
-`matmul.round_gradient`), as `quantize_gradient` quantizes the [T, N] rows as one example of T
-tokens; dX = (Δ/s_x) Q Ŵ_eᵀ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on
-codes. Shared thresholds are one per row for `s3r` (a row is one token's copy for one expert),
-one per expert segment for the `_bcast` recipes (the segment plays the dense example's role),
-and S3R-EC projects the error per segment (grouped_ec.py).
+per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped GEMM,
+rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor step Δ, Q
+quantized once for both products (twice for split recipes) into codes of the recipe's gradient
+format (a uniform grid: int8, int6 or int4; the emulated FP4 formats are refused here) by the
+dense quantizer's own functions (`matmul.scale_gradient`, `matmul.round_gradient`), as
+`quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x) Q Ŵ_eᵀ
+and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes. Shared thresholds are one
+per row for `s3r` (a row is one token's copy for one expert), one per expert segment for the
+`_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the error per
+segment (grouped_ec.py).
 
 Sharded rows (expert parallelism, s3r.model.moe_ep): when the rows are one shard's part of a
 larger grouped product, `rows=GlobalRows(...)` says where each sits in the global row order;
@@ -89,6 +90,12 @@ def grouped_qmatmul(
   """
   r, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
   impl = _check_impl(impl)
+  if r.int8_backward and formats.get_format(r.grad_format).emulated:
+    raise ValueError(
+      f"{_NAME}: gradient format {r.grad_format!r} (recipe {r.name!r}) is not supported on the grouped (expert) "
+      f"path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
+      f"{', '.join(n for n, f in formats.FORMATS.items() if not f.emulated)}"
+    )
   if not r.quantized:
     return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
   spread = None if rows is None else (int(rows.total), int(rows.experts), tuple(rows.axes))

@@ -3,9 +3,11 @@
 Forward (every INT8 recipe): per-token and per-output-channel absmax scales, RTNE codes,
 one int8 x int8 -> int32 GEMM, rescale. Backward: both scales are folded into the upstream
 gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into codes Q of the
-recipe's gradient format (formats.py; int8 today); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q
-are two more GEMMs on codes. The recipe decides how Q is rounded (see recipes.py) and whether
-S3R-EC corrects the products (see ec.py). `scale_gradient` and `round_gradient` are the
+recipe's gradient format (formats.py); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more
+GEMMs on codes: int8 x int8 -> int32 for the uniform grids (int8, int6, int4), exact f32
+emulations for the block-scaled FP4 grids (nvfp4, mxfp4), whose Q holds code · s_blk in units of
+Δ (one quantization with square blocks feeds both GEMMs). The recipe decides how Q is rounded
+(see recipes.py) and whether S3R-EC corrects the products (see ec.py). `scale_gradient` and `round_gradient` are the
 quantizer of the grouped layer too (grouped.py).
 
 Under tensor parallelism (`tp=`), the GEMM that contracts the split dimension rounds each
@@ -77,6 +79,11 @@ def qmatmul(
   r, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
+  if tp == "column" and r.int8_backward and formats.get_format(r.grad_format).emulated:
+    raise ValueError(
+      f"qmatmul: gradient format {r.grad_format!r} (recipe {r.name!r}) is not supported with tp='column': "
+      "the dX GEMM's per-shard partial sums run on integer codes only"
+    )
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if not r.quantized:
     if tp_split is not None:  # bf16 partial sums per shard for the baseline too
@@ -194,7 +201,8 @@ def _backward(
 
   factors = None
   if r.correct_dx or r.correct_dw:
-    # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw)
+    # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw); for
+    # the block-scaled grids Q = code · s_blk, so e = (s_t · s_blk · code - G') / s_t exactly
     factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
   dx_factors = factors if r.correct_dx else None
   dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
@@ -230,9 +238,10 @@ def _dx(
   Under column tensor parallelism the GEMM's per-shard partial products are rounded and
   summed first, and the correction (built from small factors) is subtracted from that sum.
   """
-  correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN).reshape(q_TxN.shape[0], -1)
+  fmt = formats.get_format(r.grad_format)
+  correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN, fmt).reshape(q_TxN.shape[0], -1)
   if tp is None or tp.kind != "column":
-    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, formats.get_format(r.grad_format)).astype(jnp.float32)
+    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
     if correction_TxK is not None:
       acc_TxK = acc_TxK - correction_TxK
     return (acc_TxK * scale_Tx1).astype(x_dtype)
@@ -263,7 +272,8 @@ def quantize_gradient(
 
 def scale_gradient(r: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array]:
   """(Δ, G'/Δ): the per-tensor step of the scaled gradient `gp` = G' in the recipe's gradient
-  format (Δ = max|G'|/127 for int8) and G' in units of it.
+  format (Δ = max|G'|/Q for a uniform grid, 127 for int8; max|G'|/(6 · 448) for nvfp4; 1 for
+  mxfp4, which has block scales only) and G' in units of it.
 
   Under sharding Δ is the max over all shards (XLA inserts one scalar all-reduce), so it does
   not depend on the device mesh; `axes` names mesh axes to take that max over explicitly

@@ -5,6 +5,10 @@ A `Recipe` says how the backward pass turns the scaled upstream gradient G' into
 stochastic rounding with one threshold per token ("token", Φ2D) or per example
 ("example", Φbcast), which of the two backward products gets the S3R-EC correction, and the
 number format of Q (`grad_format`, a name in formats.FORMATS; the forward is always INT8).
+
+Every registered recipe that quantizes the gradient exists at every gradient format: `recipe("s3r_ec_dx@int4")`
+is `s3r_ec_dx` with `grad_format="int4"` (named "s3r_ec_dx@int4"), and so on for each name in
+formats.FORMATS. The registered names themselves use int8.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class Recipe:
       raise ValueError(f"Recipe.rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
     if not isinstance(self.grad_format, str) or self.grad_format not in formats.FORMATS:
       raise ValueError(f"Recipe.grad_format must be one of {tuple(formats.FORMATS)}, got {self.grad_format!r}")
+    if self.grad_format != formats.INT8.name and self.rounding in ("none", "exact"):
+      raise ValueError(
+        f"Recipe.grad_format must be 'int8' when rounding={self.rounding!r} (no quantized gradient), "
+        f"got {self.grad_format!r}"
+      )
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)
@@ -138,13 +147,33 @@ DIAGNOSTIC_RECIPES = (
 )
 
 
+FORMAT_SEPARATOR = "@"  # "s3r_ec_dx@int4": a registered recipe at another gradient format
+
+
 def recipe(name_or_recipe: str | Recipe) -> Recipe:
-  """Returns the registered recipe called `name_or_recipe` (a Recipe passes through)."""
+  """Returns the recipe called `name_or_recipe` (a Recipe passes through): a registered name, or
+  "NAME@FORMAT" for registered recipe NAME with gradient format FORMAT (see `at_format`)."""
   if isinstance(name_or_recipe, Recipe):
     return name_or_recipe
   if not isinstance(name_or_recipe, str):
     raise TypeError(f"recipe must be a Recipe or one of {sorted(RECIPES)}, got {type(name_or_recipe).__name__}")
-  try:
-    return RECIPES[name_or_recipe]
-  except KeyError:
-    raise ValueError(f"unknown recipe {name_or_recipe!r}; valid names: {', '.join(RECIPES)}") from None
+  base, sep, fmt = name_or_recipe.partition(FORMAT_SEPARATOR)
+  if base not in RECIPES:
+    raise ValueError(
+      f"unknown recipe {base!r}; valid names: {', '.join(RECIPES)} "
+      f"(optionally NAME{FORMAT_SEPARATOR}FORMAT, FORMAT one of {', '.join(formats.FORMATS)})"
+    )
+  return at_format(RECIPES[base], fmt) if sep else RECIPES[base]
+
+
+def at_format(base: Recipe, grad_format: str) -> Recipe:
+  """`base` with gradient format `grad_format`, named "BASE@FORMAT"; refused for a recipe without a
+  quantized gradient (`bf16`, `int8_exact_bwd`) and for an unknown format."""
+  name = f"{base.name}{FORMAT_SEPARATOR}{grad_format}"
+  if not base.int8_backward:
+    raise ValueError(f"recipe {name!r}: {base.name!r} does not quantize the gradient, so it has no gradient format")
+  if grad_format not in formats.FORMATS:
+    raise ValueError(
+      f"recipe {name!r}: unknown gradient format {grad_format!r}; valid formats: {', '.join(formats.FORMATS)}"
+    )
+  return dataclasses.replace(base, grad_format=grad_format, name=name)

@@ -15,7 +15,8 @@ from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig
 from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
-from s3r.quant import DEFAULT_RECIPE, RECIPES
+from s3r.quant import DEFAULT_RECIPE
+from s3r.quant import recipe as get_recipe
 from s3r.train.optimizer import OptimizerConfig
 
 
@@ -54,7 +55,7 @@ class TrainConfig:
 
   out: str  # run directory: metrics.jsonl, loss.png, config.json, checkpoints/
   preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
-  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.RECIPES)
+  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.recipe: NAME or NAME@FORMAT)
   steps: int = 300  # optimizer steps in the whole run
   lr: float = 2e-3  # peak learning rate, in (0, MAX_LR]
   warmup: int | None = None  # linear warm-up steps (None: default_warmup(steps))
@@ -74,9 +75,13 @@ class TrainConfig:
   progress: bool = True  # show a tqdm progress bar
 
   def __post_init__(self):
-    for field, allowed in (("preset", PRESETS), ("recipe", RECIPES), ("tp_partial_sums", TP_PARTIAL_SUMS)):
+    for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):
       if getattr(self, field) not in allowed:
         raise _error(field, f"one of {', '.join(allowed)}", getattr(self, field))
+    try:
+      get_recipe(self.recipe)
+    except (TypeError, ValueError) as e:
+      raise _error("recipe", f"a recipe of `s3r recipes` (NAME or NAME@FORMAT): {e}", self.recipe) from None
     base = PRESETS[self.preset]
     for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
       if getattr(self, field) is None:

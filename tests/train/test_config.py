@@ -50,12 +50,19 @@ def test_default_warmup_scales_with_short_runs(steps, warmup):
     ("seed", -1, "--seed"),
     ("preset", "huge", "--preset"),
     ("recipe", "fp4", "--recipe"),
+    ("recipe", "bf16@int4", "--recipe"),
+    ("recipe", "s3r@int3", "--recipe"),
   ],
 )
 def test_absurd_values_are_refused_naming_the_flag(field, value, flag):
   with pytest.raises(ConfigError) as e:
     TrainConfig(**{"out": "run", "steps": 20, field: value})
   assert str(e.value).startswith(flag + " ") and f"TrainConfig.{field}" in str(e.value)
+
+
+def test_a_recipe_at_a_gradient_format_is_accepted_and_reaches_the_model():
+  cfg = TrainConfig(out="run", steps=20, recipe="s3r_ec_dx@nvfp4")
+  assert cfg.model_config(cfg.vocab_size).recipe == "s3r_ec_dx@nvfp4"
 
 
 def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():

@@ -1,0 +1,92 @@
+"""NumPy references of the gradient formats (docs/algorithm.md, "Gradient formats"), written from the
+definitions (every E4M3 value enumerated, the E2M1 grid listed), not from s3r.quant.formats."""
+
+import ml_dtypes
+import numpy as np
+
+from s3r.quant.formats import FORMATS
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)  # code index = position (even index: even code)
+GRID = np.concatenate([-E2M1[:0:-1], E2M1])  # the 15 signed values, ascending
+_E4M3 = np.sort(np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64))))
+_E4M3 = _E4M3[np.isfinite(_E4M3) & (_E4M3 > 0)]
+
+
+def step(fmt: str, amax: np.float32) -> np.float32:
+  """Δ: max|G'| / Q for a uniform grid, / (6 · 448) for nvfp4, 1 for mxfp4; 1 for an all-zero tensor."""
+  f = FORMATS[fmt]
+  if f.grid == "e2m1" and f.block_scale == "e8m0":
+    return np.float32(1)
+  top = f.qmax if f.grid == "uniform" else 6 * 448
+  s = np.float32(amax) * np.float32(1 / top)
+  return np.float32(1) if s == 0 else s
+
+
+def block_scales(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
+  """Each element's block scale [T, N]: the smallest E4M3 value (or power of two) >= max_blk|v| / 6
+  over its square block (a partial block at the end of a dim), 1 for an all-zero block."""
+  f = FORMATS[fmt]
+  b = f.block
+  out = np.empty(v_TxN.shape, np.float32)
+  for i in range(0, v_TxN.shape[0], b):
+    for j in range(0, v_TxN.shape[1], b):
+      x = np.float32(np.abs(v_TxN[i : i + b, j : j + b]).max()) * np.float32(1 / 6)
+      if x == 0:
+        s = 1.0
+      elif f.block_scale == "e4m3":
+        s = _E4M3[min(np.searchsorted(_E4M3, x, side="left"), len(_E4M3) - 1)]
+      else:
+        s = 2.0 ** np.ceil(np.log2(np.float64(x)))
+      out[i : i + b, j : j + b] = s
+  return out
+
+
+def fp4_rtne(w: np.ndarray) -> np.ndarray:
+  """The nearest E2M1 value of each w in [-6, 6]; a tie goes to the even code index."""
+  dist = np.abs(w[..., None] - GRID)
+  best = dist.min(axis=-1, keepdims=True)
+  ties = dist == best
+  even = (np.abs(np.arange(-7, 8)) % 2 == 0) & ties
+  pick = np.where(ties.sum(-1) > 1, np.argmax(even, -1), np.argmax(ties, -1))
+  return GRID[pick]
+
+
+def fp4_gap(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(lo, hi): the largest grid value <= w and the smallest one > w (hi = lo at w = 6)."""
+  i = np.clip(np.searchsorted(GRID, w, side="right") - 1, 0, len(GRID) - 1)
+  lo = GRID[i]
+  hi = GRID[np.minimum(i + 1, len(GRID) - 1)]
+  return lo, hi
+
+
+def rtne_codes(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
+  """The RTNE codes of v = G'/Δ in units of Δ (code · s_blk for FP4), float64."""
+  f = FORMATS[fmt]
+  if f.grid == "uniform":
+    return np.clip(np.round(v_TxN), -f.qmax, f.qmax).astype(np.float64)
+  s = block_scales(fmt, v_TxN)
+  w = np.clip(v_TxN.astype(np.float32) * (np.float32(1) / s), -6, 6)
+  return fp4_rtne(w.astype(np.float64)) * s
+
+
+def code_gap(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
+  """hi - lo of the grid gap holding each element, in units of Δ (1 for a uniform grid, else (hi - lo) · s_blk)."""
+  f = FORMATS[fmt]
+  if f.grid == "uniform":
+    return np.ones(v_TxN.shape)
+  s = block_scales(fmt, v_TxN).astype(np.float64)
+  w = np.clip(v_TxN / s, -6, 6)
+  lo, hi = fp4_gap(w)
+  return np.where(hi > lo, hi - lo, 2.0) * s
+
+
+def neighbours(fmt: str, v_TxN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(lo, hi) in units of Δ: the two codes stochastic rounding chooses between for each element."""
+  f = FORMATS[fmt]
+  if f.grid == "uniform":
+    lo = np.floor(v_TxN.astype(np.float64))
+    return lo, lo + 1
+  s = block_scales(fmt, v_TxN)
+  w = np.clip(v_TxN.astype(np.float32) * (np.float32(1) / s), -6, 6).astype(np.float64)
+  lo, hi = fp4_gap(w)
+  return lo * s, np.where(hi > lo, hi, 8.0) * s  # at w = 6, p = 0: hi is never chosen
