@@ -54,6 +54,11 @@ def test_eval_refuses_a_checkpoint_folder_and_a_different_step_flag(cli, base_ru
   assert_one_line_error(proc, 2, "checkpoint of step 6", "--step 4")
 
 
+def test_eval_of_a_damaged_step_fails_in_one_line_instead_of_falling_back(cli, run_copy):
+  (run_copy / "checkpoints" / "6" / "meta" / "metadata").write_text("{not json")
+  assert_one_line_error(cli("eval", run_copy, "--step", "6"), 2, "the checkpoint of step 6 in", "is unreadable")
+
+
 def test_eval_refuses_a_negative_step(cli, base_run):
   assert_one_line_error(cli("eval", base_run, "--step", "-1"), 2, "--step must be an integer >= 0")
 
