@@ -6,8 +6,11 @@ collectives of the per-device program by kind (all-reduce, reduce-scatter, all-g
 all-to-all, collective-permute) and element type (f32, bf16, s32, s8, ...); see
 `s3r.analysis.collectives` for what a collective's "bytes" are. Nothing is executed.
 
-Writes results/comm.json (metadata, settings, every collective of every program above
-`--list-min-kib`) and results/comm.md (the tables). Run:
+Writes STEM.json (metadata, settings, every collective of every program above `--list-min-kib`)
+and STEM.md (the tables), STEM being `--out` (default runs/results/comm; the committed copies are
+results/comm.json and results/comm.md). Bad input (a malformed or mismatched mesh, an unknown
+recipe or preset, a --batch or --seq that `s3r train` refuses) is one line on stderr and exit
+code 2, before anything is compiled. Run:
 
     python -m benchmarks comm                                  # defaults below, 8 host devices
     python -m benchmarks comm --meshes data=2,fsdp=4 --recipes s3r,s3r_ec
@@ -143,20 +146,56 @@ def tables_markdown(results: list[dict]) -> str:
   return "\n".join(out)
 
 
-def run(args: argparse.Namespace) -> dict:
+def fail(message: str) -> None:
+  """Reports bad input in one line on stderr and exits with 2, before any device or compilation starts."""
+  print(f"python -m benchmarks comm: error: {message}", file=sys.stderr, flush=True)
+  raise SystemExit(2)
+
+
+def checked_settings(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
+  """(meshes, recipes, devices) of the flags; `fail`s on an unknown recipe or preset, a malformed mesh,
+  meshes of different device counts, or a --batch/--seq that `s3r train` would refuse for a mesh."""
+  from s3r.quant import RECIPES
+  from s3r.train.config import ConfigError, TrainConfig
+  from s3r.train.sharding import mesh_shape
+
   meshes = [m.strip() for m in args.meshes.split(";") if m.strip()]
   recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+  if not meshes or not recipes:
+    fail("--meshes and --recipes must each name at least one entry")
+  if bad := [r for r in recipes if r.removesuffix(UNGATHERED) not in RECIPES]:
+    fail(f"--recipes: unknown recipe(s) {', '.join(bad)}; the recipes are {', '.join(RECIPES)}")
+  try:
+    shapes = {m: mesh_shape(m) for m in meshes}
+    for m, shape in shapes.items():
+      cfg = TrainConfig(out="unused", preset=args.preset, steps=10, warmup=1, batch=args.batch, seq=args.seq, mesh=m)
+      if cfg.batch % (per_batch := shape["data"] * shape["expert"] * shape["fsdp"]):
+        fail(f"--batch {cfg.batch} must be divisible by data x expert x fsdp = {per_batch} of the mesh {m}")
+  except (ValueError, ConfigError) as e:
+    fail(str(e).replace("--mesh ", "--meshes ", 1))
+  sizes = {m: math.prod(shape.values()) for m, shape in shapes.items()}
+  if len(set(sizes.values())) > 1:
+    counts = ", ".join(f"{m} ({n})" for m, n in sizes.items())
+    fail(f"--meshes: every mesh must use the same number of devices, got {counts}")
+  if args.layers < 0:
+    fail(f"--layers must be >= 0 (0: the preset's), got {args.layers}")
+  return meshes, recipes, next(iter(sizes.values()))
+
+
+def run(args: argparse.Namespace) -> dict:
+  meshes, recipes, devices = checked_settings(args)
   from s3r.train.sharding import MESH_AXES
 
-  sizes = {math.prod(int(p.split("=")[1]) for p in m.split(",")) for m in meshes}
-  ensure_host_devices(max(sizes))
+  ensure_host_devices(devices)
+  import jax
 
+  if jax.device_count() != devices:
+    fail(
+      f"--meshes use {devices} devices but {jax.device_count()} {jax.default_backend()} devices are available "
+      f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})"
+    )
   from experiments.results import run_metadata
-  from s3r.quant import RECIPES
 
-  bad = [r for r in recipes if r.removesuffix(UNGATHERED) not in RECIPES]
-  if bad:
-    raise SystemExit(f"unknown recipe(s): {', '.join(bad)}")
   meta = run_metadata()
   settings = {
     "preset": args.preset,

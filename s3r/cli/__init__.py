@@ -324,11 +324,23 @@ def register_eval(subparsers) -> None:
     formatter_class=_Help,
     description=_paragraphs(
       "Validation loss and perplexity of the newest readable checkpoint of a run (a "
-      "damaged newest checkpoint is reported and the one before it used)."
+      "damaged newest checkpoint is reported and the one before it used), or of the checkpoint of one "
+      "step: `s3r eval RUN/checkpoints/25` or `s3r eval RUN --step 25`."
     ),
     epilog=_paragraphs(EXIT_HELP + "."),
   )
-  p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run directory or its checkpoints/ folder")
+  p.add_argument(
+    "checkpoint_dir",
+    metavar="CHECKPOINT_DIR",
+    help="a run directory, its checkpoints/ folder, or one checkpoint's folder (RUN/checkpoints/25)",
+  )
+  p.add_argument(
+    "--step",
+    type=int,
+    default=None,
+    help="the step whose checkpoint to evaluate (default: the newest readable); a missing step is an error "
+    "that lists the steps there are",
+  )
   p.add_argument(
     "--data",
     default=None,
@@ -348,7 +360,9 @@ def run_eval(args) -> int:
 
   if args.eval_batches is not None and args.eval_batches < 1:
     raise ConfigError(f"--eval-batches must be an integer >= 1, got {args.eval_batches}")
-  losses = evaluate_checkpoint(args.checkpoint_dir, data=args.data, max_batches=args.eval_batches)
+  if args.step is not None and args.step < 0:
+    raise ConfigError(f"--step must be an integer >= 0, got {args.step}")
+  losses = evaluate_checkpoint(args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches)
   for name, loss in losses.items():
     print(f"{name}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
   return 0

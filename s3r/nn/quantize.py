@@ -15,7 +15,10 @@
   the bare context manager, for training loops that call `module.apply` themselves.
 
 `skip`: names or glob patterns (`fnmatch`), matched against a layer's name and its path joined
-with "/" (e.g. "lm_head", "router", "*/embed*", "layers/*/attn/out").
+with "/" (e.g. "lm_head", "router", "*/embed*", "layers/*/attn/out"). A pattern that matches no
+projection layer is a ValueError that lists the layers (a typo would otherwise quantize the layer
+it meant to keep): NNX checks when `quantize` is called; Linen, whose layers exist only while the
+module runs, when the first `init`/`apply` (or `intercept()` block) that ran them returns.
 """
 
 from __future__ import annotations
@@ -33,12 +36,34 @@ from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.recipes import recipe as get_recipe
 
 _LINEN_TYPES = (linen.Dense, linen.DenseGeneral)
+_NNX_TYPES = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
+
+
+def _matches(path: Iterable, pattern: str) -> bool:
+  parts = [str(p) for p in path]
+  return fnmatch.fnmatchcase("/".join(parts), pattern) or bool(parts and fnmatch.fnmatchcase(parts[-1], pattern))
 
 
 def _skipped(path: Iterable, skip: tuple[str, ...]) -> bool:
-  parts = [str(p) for p in path]
-  joined = "/".join(parts)
-  return any(fnmatch.fnmatchcase(joined, pat) or (parts and fnmatch.fnmatchcase(parts[-1], pat)) for pat in skip)
+  return any(_matches(path, pat) for pat in skip)
+
+
+_LISTED_LAYERS = 16  # layer paths an unmatched-skip error lists before "and N more"
+
+
+def check_skip(skip: tuple[str, ...], layer_paths: Iterable[Iterable], kinds: str) -> None:
+  """ValueError naming every pattern of `skip` that matches none of `layer_paths` (the projection layers
+  `quantize` would replace, of `kinds`), and listing those layers: a typo must not quantize a layer it meant."""
+  paths = ["/".join(map(str, p)) for p in layer_paths]
+  unmatched = [pat for pat in skip if not any(_matches(p.split("/"), pat) for p in paths)]
+  if not unmatched:
+    return
+  shown = ", ".join(paths[:_LISTED_LAYERS]) or "none"
+  more = f", and {len(paths) - _LISTED_LAYERS} more" if len(paths) > _LISTED_LAYERS else ""
+  raise ValueError(
+    f"quantize: skip pattern(s) {', '.join(map(repr, unmatched))} match no {kinds} layer of the model "
+    f"(patterns match a layer's name or its whole path joined with '/'); its {len(paths)} layers are: {shown}{more}"
+  )
 
 
 def quantize(
@@ -79,11 +104,9 @@ def _stack(module: nnx.Linear | nnx.LinearGeneral | nnx.Einsum) -> tuple[int, ..
 
 
 def _quantize_nnx(model: nnx.Module, r: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
-  targets = [
-    (path, m)
-    for path, m in nnx.iter_modules(model)
-    if isinstance(m, (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)) and not _skipped(path, skip)
-  ]
+  layers = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, _NNX_TYPES)]
+  check_skip(skip, [path for path, _ in layers], "Linear/LinearGeneral/Einsum")
+  targets = [(path, m) for path, m in layers if not _skipped(path, skip)]
   for _, m in targets:  # nnx.data: the layers hold lax.dot_general / jnp.einsum as static attributes
     if isinstance(m, nnx.Einsum):
       m.einsum_op = nnx.data(NnxEinsumOp(r, rngs=rngs, stream=stream, stack=_stack(m)))
@@ -141,10 +164,16 @@ class QuantizedLinen:
 
   def __init__(self, module: linen.Module, recipe: Recipe, *, skip: tuple[str, ...] = (), stream: str = "quant"):
     self.module, self.recipe, self.skip, self.stream = module, recipe, skip, stream
+    self._layers: dict[tuple[str, ...], None] = {}  # Dense/DenseGeneral paths seen while tracing, in order
+    self._skip_checked = not skip  # every skip pattern has matched a layer seen
+    self._depth = 0  # nesting of `intercept()`
 
   def _interceptor(self, next_fun, args, kwargs, context):
     m = context.module
-    if context.method_name != "__call__" or not isinstance(m, _LINEN_TYPES) or _skipped(m.path, self.skip):
+    if context.method_name != "__call__" or not isinstance(m, _LINEN_TYPES):
+      return next_fun(*args, **kwargs)
+    self._layers.setdefault(tuple(map(str, m.path)), None)
+    if _skipped(m.path, self.skip):
       return next_fun(*args, **kwargs)
     use_key = self.recipe.stochastic and m.has_rng(self.stream)
     fn = dot_general(self.recipe, m.make_rng(self.stream) if use_key else None, fold_kernel=True)
@@ -160,9 +189,18 @@ class QuantizedLinen:
 
   @contextlib.contextmanager
   def intercept(self):
-    """Inside this context every `module.apply`/`init` (of any Linen module) uses s3r projections."""
-    with linen.intercept_methods(self._interceptor):
-      yield
+    """Inside this context every `module.apply`/`init` (of any Linen module) uses s3r projections. Leaving
+    it after the first trace that ran the model's layers, a `skip` pattern that matched none of them raises
+    a ValueError listing them (`check_skip`)."""
+    self._depth += 1
+    try:
+      with linen.intercept_methods(self._interceptor):
+        yield
+    finally:
+      self._depth -= 1
+    if self._depth == 0 and not self._skip_checked and self._layers:
+      check_skip(self.skip, list(self._layers), "Dense/DenseGeneral")
+      self._skip_checked = True
 
   def init(self, *args, **kwargs):
     with self.intercept():

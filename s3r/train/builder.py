@@ -98,18 +98,51 @@ def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
 
 def compile_train_step(setup: Setup, cfg: TrainConfig, log):
   """The train step compiled ahead of time (so that step times exclude compilation), refused with a
-  ResourceError when its memory estimate exceeds what one device has free."""
-  t0 = time.time()
+  ResourceError when its memory estimate exceeds what one device has free: before compiling when the
+  attention scores alone (`attention_scores_bytes`) cannot fit, else from the compiled program's estimate."""
+  free = free_device_memory()
+  floor = attention_scores_bytes(setup, cfg)
+  if free is not None and floor > free:
+    raise ResourceError(
+      f"the train step needs more than {floor / 2**30:.1f} GiB per device (the attention scores of one layer "
+      f"at seq {cfg.seq_len}) and {free / 2**30:.1f} GiB is free; lower --batch or --seq, or add devices (--mesh)"
+    )
   batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
-  compiled = setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"]).compile()
-  log(f"compiled the train step in {time.time() - t0:.1f}s")
-  need, free = step_memory_bytes(compiled), free_device_memory()
+  compiled = _compiled("train", setup.train_step, (setup.abstract_state, batch, setup.keys["train"]), log)
+  need = step_memory_bytes(compiled)
   if need is not None and free is not None and need > free:
     raise ResourceError(
       f"the train step needs about {need / 2**30:.1f} GiB per device and {free / 2**30:.1f} GiB "
       f"is free; lower --batch or --seq, or add devices (--mesh)"
     )
   return compiled
+
+
+def compile_eval_step(setup: Setup, cfg: TrainConfig, log):
+  """The eval step (params, batch, eval key) -> loss compiled ahead of time for batches of `cfg`."""
+  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
+  return _compiled("eval", setup.eval_step, (setup.abstract_state.params, batch, setup.keys["eval"]), log)
+
+
+def _compiled(name: str, fn: jax.stages.Wrapped, args: tuple, log):
+  """`fn` lowered for `args` and compiled, saying so before (a large model compiles for minutes) and after."""
+  log(f"compiling the {name} step ...")
+  t0 = time.time()
+  compiled = fn.lower(*args).compile()
+  log(f"compiled the {name} step in {time.time() - t0:.1f}s")
+  return compiled
+
+
+def attention_scores_bytes(setup: Setup, cfg: TrainConfig) -> int:
+  """A lower bound on the per-device memory of the train step with XLA attention: the scores of one
+  layer, [batch / (data x expert x fsdp), heads / tensor, seq, seq] in bf16, exist at once (0 with cuDNN's
+  fused attention, which never holds them)."""
+  model_cfg, mesh = setup.model_cfg, setup.mesh.shape
+  if model_cfg.attention_impl != "xla":
+    return 0
+  batch = -(-cfg.batch // (mesh["data"] * mesh["expert"] * mesh["fsdp"]))
+  heads = model_cfg.n_heads // mesh["tensor"] if model_cfg.n_heads % mesh["tensor"] == 0 else model_cfg.n_heads
+  return batch * heads * cfg.seq_len * cfg.seq_len * 2
 
 
 def step_memory_bytes(compiled) -> int | None:

@@ -1,7 +1,8 @@
 """Validation: fixed validation batches, their mean loss, and the evaluation of a saved run.
 
 `evaluate_checkpoint(path)` restores the newest readable checkpoint of a run (falling back
-past damaged ones, and saying so) and computes its validation losses: on the run's own
+past damaged ones, and saying so), or the one of a given step (`step=`, or `path` naming one
+checkpoint's folder), and computes its validation losses: on the run's own
 validation sets, or on another corpus, named exactly as `s3r train --data` names it, with
 a warning when that corpus holds training documents of the run.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import pathlib
 import sys
 
 import jax
@@ -21,9 +23,10 @@ from s3r import data as s3r_data
 from s3r.data import cache as s3r_cache
 from s3r.data import corpus as s3r_corpus
 from s3r.train import checkpoint
-from s3r.train.builder import Setup, build, make_mesh, prepare_data
+from s3r.train.builder import Setup, build, compile_eval_step, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.placement import Batches
+from s3r.train.step import TrainState
 
 
 def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[str, list[np.ndarray]]:
@@ -41,30 +44,74 @@ def validation_batches(corpus_val: dict, cfg: TrainConfig, log=print) -> dict[st
   return out
 
 
-def evaluate(setup: Setup, params, val_sets: dict[str, list[np.ndarray]]) -> dict[str, float]:
-  """Mean token loss on each validation set (whole batches, present in every process)."""
+def evaluate(setup: Setup, params, val_sets: dict[str, list[np.ndarray]], *, eval_step=None) -> dict[str, float]:
+  """Mean token loss on each validation set (whole batches, present in every process), with `eval_step`
+  (default: setup.eval_step; e.g. `compile_eval_step`'s, compiled for these batches)."""
+  eval_step = eval_step or setup.eval_step
   losses = {}
   for name, batches in val_sets.items():
     place = Batches(setup.batch_sharding, batches[0].shape)
-    per_batch = [setup.eval_step(params, place.from_global(b), setup.keys["eval"]) for b in batches]
+    per_batch = [eval_step(params, place.from_global(b), setup.keys["eval"]) for b in batches]
     losses[name] = float(np.mean(jax.device_get(per_batch)))
   return losses
 
 
-def open_run(path: str, log=print) -> tuple[checkpoint.Checkpointer, TrainConfig, dict]:
-  """(checkpointer, run config, checkpoint meta) of the newest checkpoint with a readable meta under
-  `path` (a run directory or its checkpoints/ folder); ConfigError if there is none."""
-  directory = checkpoint.find_checkpoint_dir(path)
+def checkpoint_location(path: str, step: int | None = None) -> tuple[pathlib.Path, int | None]:
+  """(checkpoint folder, step or None for the newest readable) that `path` and `step` name: `path` is a run
+  directory, its checkpoints/ folder, or one checkpoint's folder (checkpoints/25: step 25)."""
+  given = pathlib.Path(path).absolute()
+  directory = checkpoint.find_checkpoint_dir(given)
+  if directory == given and given.name.isdigit() and given.is_dir() and not _holds_steps(given):
+    if step is not None and step != int(given.name):
+      raise ConfigError(f"{path} is the checkpoint of step {int(given.name)} but --step {step} was given; give one")
+    return given.parent, int(given.name)
+  return directory, step
+
+
+def _holds_steps(directory: pathlib.Path) -> bool:
+  return any(p.is_dir() and p.name.isdigit() for p in directory.iterdir())
+
+
+def open_run(path: str, log=print, *, step: int | None = None) -> tuple[checkpoint.Checkpointer, TrainConfig, dict]:
+  """(checkpointer, run config, checkpoint meta) of checkpoint `step` (default: the newest with a readable meta)
+  under `path` (see `checkpoint_location`); ConfigError if there is none, or that step is missing or unreadable."""
+  directory, step = checkpoint_location(path, step)
   if not directory.is_dir():
     raise ConfigError(f"no checkpoint directory at {path}")
   ckpt = checkpoint.Checkpointer(directory, create=False)
-  if ckpt.latest_step() is None:
-    raise ConfigError(f"no checkpoint in {directory}")
   try:
-    _, meta = ckpt.read_latest_meta(log)
-  except checkpoint.CorruptCheckpoint as e:
-    raise ConfigError(str(e)) from None
+    if ckpt.latest_step() is None:
+      raise ConfigError(f"no checkpoint in {directory}")
+    if step is None:
+      try:
+        _, meta = ckpt.read_latest_meta(log)
+      except checkpoint.CorruptCheckpoint as e:
+        raise ConfigError(str(e)) from None
+    else:
+      meta = _read_step(ckpt, step, ckpt.read_meta)
+  except BaseException:
+    ckpt.close()
+    raise
   return ckpt, TrainConfig.from_dict(meta["train_config"]), meta
+
+
+def _read_step(ckpt: checkpoint.Checkpointer, step: int, read):
+  """`read(step)` (a meta, or a (state, meta) pair) of the checkpoint of `step`; ConfigError naming the steps that
+  exist if it is missing, and why if it cannot be read."""
+  steps = sorted(ckpt.all_steps())
+  if step not in steps:
+    raise ConfigError(
+      f"no checkpoint of step {step} in {ckpt.directory}; its checkpoints are steps {', '.join(map(str, steps))}"
+    )
+  try:
+    value = read(step)
+  except Exception as e:  # orbax, JSON and file-system errors of a damaged checkpoint
+    why = f"{type(e).__name__}: {(str(e).strip().splitlines() or ['unreadable'])[0][:160]}"
+    raise ConfigError(f"the checkpoint of step {step} in {ckpt.directory} is unreadable ({why})") from None
+  meta = value[1] if isinstance(value, tuple) else value
+  if not isinstance(meta, dict) or "train_config" not in meta:
+    raise ConfigError(f"the checkpoint of step {step} in {ckpt.directory} has no train_config in its meta")
+  return value
 
 
 def _same_corpus(data: str, cfg: TrainConfig) -> bool:
@@ -94,25 +141,30 @@ def _warn(message: str) -> None:
 
 
 def evaluate_checkpoint(
-  path: str, *, data: str | None = None, max_batches: int | None = None, log=print, warn=_warn
+  path: str,
+  *,
+  step: int | None = None,
+  data: str | None = None,
+  max_batches: int | None = None,
+  log=print,
+  warn=_warn,
 ) -> dict[str, float]:
-  """Validation losses of the newest readable checkpoint under `path` (a run or its checkpoints/ folder).
+  """Validation losses of checkpoint `step` (default: the newest readable one) under `path` (a run, its
+  checkpoints/ folder, or one checkpoint's folder such as checkpoints/25).
 
   Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
   otherwise every document of `data` (a path, or a name such as "shakespeare" or "python-stdlib"
   resolved as `s3r train --data` does), encoded with the run's tokenizer; `warn` reports how many
   of them are training documents of the run.
   """
-  ckpt, cfg, meta = open_run(path, log=lambda *_: None)
+  directory, step = checkpoint_location(path, step)
+  ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
   try:
     tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
     setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
-    try:
-      step, state, meta = ckpt.restore_latest(setup.abstract_state, log)
-    except checkpoint.CorruptCheckpoint as e:
-      raise ConfigError(str(e)) from None
+    step, state, meta = _restore(ckpt, setup, step, log)
   finally:
     ckpt.close()
   if data is None or _same_corpus(data, cfg):
@@ -129,8 +181,20 @@ def evaluate_checkpoint(
       )
     ids = s3r_cache.encode_long(tok, docs)
     val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
+  val_sets = validation_batches(val, cfg, log)
   log(f"eval: step {step} of {ckpt.directory}")
-  return evaluate(setup, state.params, validation_batches(val, cfg, log))
+  return evaluate(setup, state.params, val_sets, eval_step=compile_eval_step(setup, cfg, log))
+
+
+def _restore(ckpt: checkpoint.Checkpointer, setup: Setup, step: int | None, log) -> tuple[int, TrainState, dict]:
+  """(step, state, meta) of checkpoint `step`, or of the newest that restores when `step` is None."""
+  if step is not None:
+    state, meta = _read_step(ckpt, step, lambda s: ckpt.restore(setup.abstract_state, s))
+    return step, state, meta
+  try:
+    return ckpt.restore_latest(setup.abstract_state, log)
+  except checkpoint.CorruptCheckpoint as e:
+    raise ConfigError(str(e)) from None
 
 
 def _eval_documents(data: str, log) -> list[str]:

@@ -50,24 +50,38 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
-def parse_mesh(spec: str | None, n_devices: int) -> dict[str, int]:
+def mesh_shape(spec: str | None) -> dict[str, int]:
   """'data=2,fsdp=2,tensor=2' -> {'data': 2, 'expert': 1, 'fsdp': 2, 'tensor': 2}; None or '' -> one device.
 
-  Omitted axes have size 1; a given spec must use exactly `n_devices` devices.
+  Omitted axes have size 1. ValueError naming --mesh for an entry that is not AXIS=SIZE with a known
+  axis and an integer size >= 1, and for an axis given twice.
   """
   shape = dict.fromkeys(MESH_AXES, 1)
   if not spec:
     return shape
+  given: set[str] = set()
   for part in spec.split(","):
-    name, sep, size = part.partition("=")
-    name = name.strip()
-    if not sep or name not in MESH_AXES or not size.strip().isdigit() or int(size) < 1:
-      raise ValueError(
-        f"--mesh: bad entry {part!r}; expected AXIS=SIZE with AXIS in {MESH_AXES} and SIZE >= 1, "
-        f"e.g. data=2,fsdp=2,tensor=2 or expert=4,data=2"
-      )
+    name, sep, size = (s.strip() for s in part.partition("="))
+    if not sep or not name:
+      raise ValueError(f"--mesh {spec}: bad entry {part.strip()!r}; expected AXIS=SIZE, {_MESH_EXAMPLE}")
+    if name not in MESH_AXES:
+      raise ValueError(f"--mesh {spec}: unknown axis {name!r}; the axes are {', '.join(MESH_AXES)}")
+    if not size.isdigit() or int(size) < 1:
+      raise ValueError(f"--mesh {spec}: the size of {name} must be an integer >= 1, got {size!r}")
+    if name in given:
+      raise ValueError(f"--mesh {spec}: axis {name} is given twice; name each axis once, {_MESH_EXAMPLE}")
+    given.add(name)
     shape[name] = int(size)
-  if math.prod(shape.values()) != n_devices:
+  return shape
+
+
+_MESH_EXAMPLE = "e.g. data=2,fsdp=2,tensor=2 or expert=4,data=2"
+
+
+def parse_mesh(spec: str | None, n_devices: int) -> dict[str, int]:
+  """The axis sizes of `spec` (see `mesh_shape`); a given spec must use exactly `n_devices` devices."""
+  shape = mesh_shape(spec)
+  if spec and math.prod(shape.values()) != n_devices:
     raise ValueError(
       f"--mesh {spec}: {'x'.join(map(str, shape.values()))} = {math.prod(shape.values())} devices, "
       f"but {n_devices} are available; the sizes must multiply to {n_devices}"

@@ -140,6 +140,7 @@ def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs
   from s3r.train import builder as setup
 
   monkeypatch.setattr(setup, "free_device_memory", lambda: 1024)
+  monkeypatch.setattr(setup, "attention_scores_bytes", lambda *_: 0)  # the compiled estimate, not the early floor
   cfg = _config(tmp_path, corpus_dir, cache_dir)
   with pytest.raises(setup.ResourceError, match=r"needs about .* GiB per device .* lower --batch or --seq"):
     loop.train(cfg, log=_quiet)

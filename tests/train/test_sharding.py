@@ -23,14 +23,20 @@ def test_parse_mesh_accepts_any_factorization_of_the_device_count():
   [
     ("data=3", "multiply to 8"),
     ("data=2,fsdp=2", "multiply to 8"),
-    ("pipeline=8", "AXIS=SIZE"),
-    ("data=two", "AXIS=SIZE"),
-    ("data=0,fsdp=8", "AXIS=SIZE"),
+    ("pipeline=8", "unknown axis 'pipeline'"),
+    ("data=two", "size of data must be an integer >= 1, got 'two'"),
+    ("data=0,fsdp=8", "size of data must be an integer >= 1, got '0'"),
+    ("data=2.5,fsdp=4", "size of data must be an integer >= 1, got '2.5'"),
+    ("data", "bad entry 'data'; expected AXIS=SIZE"),
+    ("data=2,,fsdp=4", "bad entry ''; expected AXIS=SIZE"),
+    ("data=2,data=4", "axis data is given twice"),
+    ("data=8,data=1", "axis data is given twice"),
   ],
 )
-def test_parse_mesh_rejects_other_specs_with_a_clear_message(spec, match):
-  with pytest.raises(ValueError, match=match):
+def test_parse_mesh_rejects_other_specs_with_a_message_naming_the_flag_and_the_entry(spec, match):
+  with pytest.raises(ValueError, match=match) as e:
     S.parse_mesh(spec, 8)
+  assert str(e.value).startswith(f"--mesh {spec}: ")
 
 
 def test_rules_shard_fsdp_over_width_tensor_over_heads_and_batch_over_data_and_fsdp():
