@@ -165,14 +165,14 @@ def register_train(subparsers) -> None:
 
 
 def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
-  """One flag per field of the config dataclass `cls` (`flag(name)`): the type from the annotation, the help,
+  """One flag per field of the config dataclass `cls` (`field_flag`): the type from the annotation, the help,
   choices and metavar from the field's metadata, the default from the field (or its metadata's
   default_help). A bool field is a switch: --NAME when it defaults to False, --no-NAME when to True. Every
   flag's value is None when it is not given (so that --resume keeps the run's own settings)."""
   import dataclasses
   import typing
 
-  from s3r.train.config import flag
+  from s3r.train.config import field_flag
 
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
@@ -182,10 +182,10 @@ def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
     text = _with_default(meta.get("help") or f.name.replace("_", " "), shown)
     if kind is bool:
       action = "store_false" if f.default is True else "store_true"
-      p.add_argument(flag(f.name), dest=f.name, action=action, default=None, help=text)
+      p.add_argument(field_flag(f), dest=f.name, action=action, default=None, help=text)
     else:
       choices, metavar = meta.get("choices"), meta.get("metavar")
-      p.add_argument(flag(f.name), dest=f.name, type=kind, choices=choices, metavar=metavar, default=None, help=text)
+      p.add_argument(field_flag(f), dest=f.name, type=kind, choices=choices, metavar=metavar, default=None, help=text)
 
 
 def _with_default(text: str, default) -> str:

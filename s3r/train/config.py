@@ -45,12 +45,17 @@ def _flag(default: Any, help: str, *, default_help: str | None = None, choices=N
   return dataclasses.field(default=default, metadata=metadata)
 
 
+def field_flag(field: dataclasses.Field) -> str:
+  """The command-line flag of a config field: "--warmup" for warmup, "--no-progress" for a bool field that
+  defaults to True."""
+  name = field.name.replace("_", "-")
+  return f"--no-{name}" if field.default is True else f"--{name}"
+
+
 def flag(field: str) -> str:
-  """The `s3r train` flag of a TrainConfig field: "--warmup" for warmup, "--no-progress" for a bool field
-  that defaults to True."""
-  name = field.replace("_", "-")
-  default = next((f.default for f in dataclasses.fields(TrainConfig) if f.name == field), None)
-  return f"--no-{name}" if default is True else f"--{name}"
+  """The `s3r train` flag of the TrainConfig field named `field` (`field_flag`)."""
+  fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+  return field_flag(fields[field]) if field in fields else "--" + field.replace("_", "-")
 
 
 def _error(field: str, requirement: str, value) -> ConfigError:
