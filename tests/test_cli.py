@@ -174,3 +174,54 @@ def test_an_unexpected_crash_prints_its_traceback_and_exits_70(capsys):
   assert cli._guarded(_raise(ZeroDivisionError("bug")), None) == cli.EXIT_CODES["internal"] == 70
   err = capsys.readouterr().err
   assert "Traceback" in err and err.strip().splitlines()[-1] == "s3r: error: internal error: ZeroDivisionError: bug"
+
+
+def _train_parser():
+  parser = cli.build_parser(["train"])
+  return parser._subparsers._group_actions[0].choices["train"]
+
+
+def test_every_train_config_field_has_its_flag_and_every_other_flag_is_a_documented_exception():
+  import dataclasses
+
+  from s3r.train.config import TrainConfig, flag
+
+  actions = {a.dest: a for a in _train_parser()._actions if a.dest != "help"}
+  fields = {f.name for f in dataclasses.fields(TrainConfig)}
+  assert set(actions) - fields == set(cli.TRAIN_ONLY_FLAGS)
+  assert fields <= set(actions)
+  for name in fields:
+    assert actions[name].option_strings == [flag(name)] and actions[name].help, name
+
+
+def test_config_flags_take_the_fields_types_defaults_choices_and_switch_bools_by_their_default():
+  import argparse
+  import dataclasses
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Config:
+    steps: int = dataclasses.field(default=300, metadata={"help": "optimizer steps (AdamW)"})
+    lr: float | None = dataclasses.field(default=None, metadata={"help": "learning rate", "default_help": "auto"})
+    mode: str = dataclasses.field(default="a", metadata={"help": "mode", "choices": ("a", "b")})
+    verbose: bool = dataclasses.field(default=False, metadata={"help": "say more"})
+    progress: bool = dataclasses.field(default=True, metadata={"help": "no progress bar"})
+
+  p = argparse.ArgumentParser()
+  cli._add_config_flags(p, Config)
+  helps = {a.dest: a.help for a in p._actions}
+  assert helps["steps"] == "optimizer steps (AdamW; default: 300)" and helps["lr"] == "learning rate (default: auto)"
+  assert vars(p.parse_args([])) == dict.fromkeys(("steps", "lr", "mode", "verbose", "progress"))
+  given = p.parse_args(["--steps", "7", "--lr", "0.5", "--mode", "b", "--verbose", "--no-progress"])
+  assert vars(given) == {"steps": 7, "lr": 0.5, "mode": "b", "verbose": True, "progress": False}
+  with pytest.raises(SystemExit):
+    p.parse_args(["--mode", "c"])
+
+
+def test_resume_merges_the_given_flags_onto_the_runs_config_and_takes_switches_from_the_command():
+  from s3r.train.config import TrainConfig
+  from s3r.train.resume import SavedRun
+
+  saved = SavedRun(config=TrainConfig(out="run", preset="tiny", steps=60, progress=False), step=60, meta={})
+  args = _train_parser().parse_args(["--out", "run", "--resume", "--steps", "80"])
+  cfg = cli.train_config(args, saved)
+  assert (cfg.preset, cfg.steps, cfg.resume, cfg.progress) == ("tiny", 80, True, True)

@@ -103,40 +103,14 @@ def _guarded(run, args) -> int:
     return _fail(f"internal error: {type(e).__name__}: {e}", EXIT_CODES["internal"])
 
 
-# `s3r train` flags that set TrainConfig fields of the same name (dashes for underscores).
-TRAIN_FIELDS = (
-  "preset",
-  "recipe",
-  "steps",
-  "lr",
-  "warmup",
-  "batch",
-  "seq",
-  "data",
-  "vocab",
-  "max_train_docs",
-  "seed",
-  "eval_every",
-  "eval_batches",
-  "ckpt_every",
-  "mesh",
-  "tp_partial_sums",
-  "cache_dir",
-)
+# `s3r train` flags that are not TrainConfig fields (every field has its flag, `_add_config_flags`).
+TRAIN_ONLY_FLAGS = ("coordinator", "num_processes", "process_id", "distributed")
 
 
 def register_train(subparsers) -> None:
-  import dataclasses
+  from s3r.train.config import RESUMABLE_CHANGES, TrainConfig, flag
 
-  from s3r.model import PRESETS
-  from s3r.model.config import TP_PARTIAL_SUMS
-  from s3r.train.config import DEFAULT_WARMUP, MAX_LR, RESUMABLE_CHANGES, TrainConfig
-
-  d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # the one source of defaults
-  presets = "; ".join(f"{name}: vocab {m.vocab_size}, seq {m.max_seq_len}" for name, m in PRESETS.items())
-  changeable = ", ".join(
-    f"--{k.replace('_', '-')}" for k in RESUMABLE_CHANGES if k not in ("out", "resume", "progress")
-  )
+  changeable = ", ".join(flag(k) for k in RESUMABLE_CHANGES if k not in ("out", "resume", "progress"))
   p = subparsers.add_parser(
     "train",
     help="train a language model with a quantization recipe",
@@ -148,71 +122,19 @@ def register_train(subparsers) -> None:
     ),
     epilog=_paragraphs(
       f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
-      f"own settings (a damaged newest checkpoint is reported and the one before it used). With --resume only "
-      f"{changeable} and --no-progress may change, and --steps may be raised to extend the run: the cosine decay "
-      f"is then stretched to the new total from the resumed step on (the learning rate moves to the stretched "
-      f"curve's value at that step). Ctrl-C saves a checkpoint and stops; resume it the same way.",
+      f"own settings (a damaged newest checkpoint is reported and the one before it used); a folder without a "
+      f"run is an error, and so is a corpus that changed since. With --resume only {changeable} and "
+      f"{flag('progress')} may change, and --steps may be raised to extend the run: the cosine decay is then "
+      f"stretched to the new total from the resumed step on (the learning rate moves to the stretched curve's "
+      f"value at that step). Without --mesh, a run whose mesh does not fit the devices present resumes on one "
+      f"that does (checkpoints reshard on restore). Ctrl-C saves a checkpoint and stops; resume it the same way.",
       "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
       "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
       "library) needs no data and is the fallback corpus when there is no enwiki.",
       EXIT_HELP + ".",
     ),
   )
-  p.add_argument(
-    "--recipe",
-    type=_recipe_name,
-    metavar="NAME",
-    help=f"quantization recipe of the block projections, NAME or NAME@FORMAT (see `s3r recipes`; "
-    f"default: {d['recipe']})",
-  )
-  p.add_argument("--preset", choices=list(PRESETS), help=f"model size ({presets}; default: {d['preset']})")
-  p.add_argument(
-    "--steps",
-    type=int,
-    help=f"optimizer steps in the whole run; with --resume, a larger value extends the run (default: {d['steps']})",
-  )
-  p.add_argument(
-    "--lr", type=float, help=f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay; default: {d['lr']})"
-  )
-  p.add_argument("--warmup", type=int, help=f"linear warm-up steps (default: min({DEFAULT_WARMUP}, steps // 10))")
-  p.add_argument("--batch", type=int, help=f"sequences per step (default: {d['batch']})")
-  p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's maximum sequence length)")
-  p.add_argument(
-    "--data",
-    help="corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
-    "(folders of the data root: $S3R_DATA, else ../shared/data beside the repository) or "
-    "python-stdlib (needs no data) (default: enwiki if the data root has it, else python-stdlib)",
-  )
-  p.add_argument("--vocab", type=int, help="tokenizer vocabulary size (default: the preset's vocabulary)")
-  p.add_argument("--max-train-docs", type=int, help="use only the first N training documents")
-  p.add_argument("--out", default=None, help="run directory (default: runs/<preset>-<recipe>)")
-  p.add_argument("--seed", type=int, help=f"seed of parameters, quantizer noise and batch order (default: {d['seed']})")
-  p.add_argument(
-    "--eval-every",
-    type=int,
-    help=f"validation loss every N steps (and at step 0 and the end; default: {d['eval_every']})",
-  )
-  p.add_argument("--eval-batches", type=int, help=f"batches per validation set (default: {d['eval_batches']})")
-  p.add_argument(
-    "--ckpt-every",
-    type=int,
-    help=f"checkpoint every N steps (and at the end and on Ctrl-C; default: {d['ckpt_every']})",
-  )
-  p.add_argument("--resume", action="store_true", help="continue the run in --out with its own settings (see below)")
-  p.add_argument(
-    "--mesh",
-    help="device mesh over all devices of all processes: axes data, expert, fsdp, tensor, e.g. "
-    "data=2,fsdp=2,tensor=2 or expert=4,data=2 (expert: MoE experts sharded; default: one "
-    "device); on CPU, simulate N devices with XLA_FLAGS=--xla_force_host_platform_device_count=N",
-  )
-  p.add_argument(
-    "--tp-partial-sums",
-    choices=TP_PARTIAL_SUMS,
-    help="under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "
-    "shard's output to bf16 before the cross-shard sum (bf16, as the paper), or sums exact int32 "
-    f"accumulators (int32: bitwise independent of the tensor-parallel degree; default: "
-    f"{d['tp_partial_sums']})",
-  )
+  _add_config_flags(p, TrainConfig)
   g = p.add_argument_group("multi-process training (one process per host or GPU; see docs/scaling.md)")
   g.add_argument(
     "--coordinator",
@@ -239,9 +161,48 @@ def register_train(subparsers) -> None:
     help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
     "without --coordinator",
   )
-  p.add_argument("--cache-dir", help=f"tokenizer and token cache (default: {d['cache_dir']})")
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=lambda args: _guarded(run_train, args))
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
+  """One flag per field of the config dataclass `cls` (`field_flag`): the type from the annotation, the help,
+  choices and metavar from the field's metadata, the default from the field (or its metadata's
+  default_help). A bool field is a switch: --NAME when it defaults to False, --no-NAME when to True. Every
+  flag's value is None when it is not given (so that --resume keeps the run's own settings)."""
+  import dataclasses
+  import typing
+
+  from s3r.train.config import field_flag
+
+  hints = typing.get_type_hints(cls)
+  for f in dataclasses.fields(cls):
+    meta, kind = f.metadata, _flag_type(hints[f.name])
+    plain = f.default not in (None, dataclasses.MISSING) and kind is not bool
+    shown = meta.get("default_help") or (f.default if plain else None)
+    text = _with_default(meta.get("help") or f.name.replace("_", " "), shown)
+    if kind is bool:
+      action = "store_false" if f.default is True else "store_true"
+      p.add_argument(field_flag(f), dest=f.name, action=action, default=None, help=text)
+    else:
+      choices, metavar, parse = meta.get("choices"), meta.get("metavar"), _FLAG_PARSERS.get(f.name, kind)
+      p.add_argument(field_flag(f), dest=f.name, type=parse, choices=choices, metavar=metavar, default=None, help=text)
+
+
+def _with_default(text: str, default) -> str:
+  """'size (a, b)' -> 'size (a, b; default: X)'; 'steps' -> 'steps (default: X)'."""
+  if default is None:
+    return text
+  return f"{text[:-1]}; default: {default})" if text.endswith(")") else f"{text} (default: {default})"
+
+
+def _flag_type(annotation) -> type:
+  """int for `int` and `int | None`, and so on."""
+  import typing
+
+  kinds = [t for t in typing.get_args(annotation) or (annotation,) if t is not type(None)]
+  if len(kinds) != 1 or kinds[0] not in (bool, int, float, str):
+    raise TypeError(f"no flag type for the annotation {annotation!r}")
+  return kinds[0]
 
 
 def _env_int(name: str) -> int | None:
@@ -273,47 +234,41 @@ def start_distributed(args) -> bool:
   return True
 
 
-def train_config(args):
-  """The TrainConfig of the flags; with --resume, the run's saved config with the given flags on top
-  (the loop refuses changes other than RESUMABLE_CHANGES and a larger --steps)."""
-  from s3r.quant import DEFAULT_RECIPE
+def train_config(args, saved=None):
+  """The TrainConfig of the flags; with --resume, `saved` (the run in --out, `s3r.train.resume.find_run`) with
+  the given flags on top (the loop refuses changes other than RESUMABLE_CHANGES and a larger --steps). A bool
+  flag (--resume, --no-progress) is this command's, never the run's."""
+  import dataclasses
+
   from s3r.train.config import TrainConfig
 
-  given = {k: getattr(args, k) for k in TRAIN_FIELDS if getattr(args, k) is not None}
-  out = args.out or f"runs/{given.get('preset', 'cpu-small')}-{given.get('recipe', DEFAULT_RECIPE)}"
-  saved = saved_train_config(out) if args.resume else None
-  fields = {**(saved or {}), **given, "out": out, "resume": args.resume, "progress": not args.no_progress}
-  return TrainConfig.from_dict(fields)
+  fields = dataclasses.fields(TrainConfig)
+  given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name) is not None}
+  switches = {f.name: given.get(f.name, f.default) for f in fields if isinstance(f.default, bool)}
+  saved_fields = saved.config.to_dict() if saved else {}
+  return TrainConfig.from_dict({**saved_fields, **given, **switches, "out": train_out(args)})
 
 
-def saved_train_config(out: str) -> dict | None:
-  """The run config saved in run directory `out`: from its newest readable checkpoint, else its config.json;
-  None if it has neither."""
-  import json
-  import pathlib
+def train_out(args) -> str:
+  """The run directory of `s3r train`: --out, else runs/<preset>-<recipe>."""
+  from s3r.quant import DEFAULT_RECIPE
 
-  from s3r.train import checkpoint
-  from s3r.train.config import ConfigError
-  from s3r.train.evaluate import open_run
-
-  if (pathlib.Path(out) / checkpoint.CHECKPOINT_DIR).is_dir():
-    try:
-      ckpt, cfg, _ = open_run(out, log=lambda *_: None)
-      ckpt.close()
-      return cfg.to_dict()
-    except ConfigError:
-      pass
-  try:
-    return json.loads((pathlib.Path(out) / "config.json").read_text())["train"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
+  return args.out or f"runs/{args.preset or 'cpu-small'}-{args.recipe or DEFAULT_RECIPE}"
 
 
 def run_train(args) -> int:
+  from s3r.train import resume
   from s3r.train.loop import train
+  from s3r.train.placement import is_main_process
 
   start_distributed(args)
-  train(train_config(args))
+  saved = resume.find_run(train_out(args)) if args.resume else None
+  cfg = train_config(args, saved)
+  if saved is not None and args.mesh is None:
+    cfg, note = resume.mesh_for_resume(cfg)
+    if note and is_main_process():
+      print(note)
+  train(cfg, saved=saved)
   return 0
 
 
@@ -377,6 +332,11 @@ def _recipe_name(value: str) -> str:
   except ValueError as e:
     raise argparse.ArgumentTypeError(f"invalid choice: {value!r}: {e}") from None
   return value
+
+
+# Fields whose flag values are checked by a parser of their own (a one-line error at parse time) instead of
+# `choices`: a recipe is a registered name or NAME@FORMAT, too many to list.
+_FLAG_PARSERS = {"recipe": _recipe_name}
 
 
 def register_recipes(subparsers) -> None:

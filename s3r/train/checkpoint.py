@@ -68,18 +68,20 @@ class Checkpointer:
     """(step, meta) of the newest checkpoint whose meta is readable (see `restore_latest`)."""
     return self._newest_readable(lambda step: self.read_meta(step), log, meta_of=lambda meta: meta)
 
-  def restore_latest[S](self, abstract_state: S, log=print) -> tuple[int, S, dict]:
-    """(step, state, meta) of the newest checkpoint that restores; unreadable ones are reported through
-    `log` and skipped. CorruptCheckpoint if none is readable."""
+  def restore_latest[S](self, abstract_state: S, log=print, *, newest: int | None = None) -> tuple[int, S, dict]:
+    """(step, state, meta) of the newest checkpoint (at most step `newest`, when given) that restores;
+    unreadable ones are reported through `log` and skipped. CorruptCheckpoint if none is readable."""
     read = lambda step: self.restore(abstract_state, step)
-    step, (state, meta) = self._newest_readable(read, log, meta_of=lambda restored: restored[1])
+    step, (state, meta) = self._newest_readable(read, log, meta_of=lambda restored: restored[1], newest=newest)
     return step, state, meta
 
-  def _newest_readable[V](self, read: Callable[[int], V], log, *, meta_of: Callable[[V], object]) -> tuple[int, V]:
-    """(step, read(step)) of the newest checkpoint that `read` reads and whose meta (`meta_of` what it
-    read) holds a train_config."""
+  def _newest_readable[V](
+    self, read: Callable[[int], V], log, *, meta_of: Callable[[V], object], newest: int | None = None
+  ) -> tuple[int, V]:
+    """(step, read(step)) of the newest checkpoint (up to `newest`) that `read` reads and whose meta
+    (`meta_of` what it read) holds a train_config."""
     problems = []
-    for step in sorted(self.all_steps(), reverse=True):
+    for step in sorted((s for s in self.all_steps() if newest is None or s <= newest), reverse=True):
       try:
         value = read(step)
       except Exception as e:  # orbax, JSON and file-system errors of a damaged checkpoint all end here

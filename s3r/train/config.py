@@ -1,4 +1,5 @@
-"""Configuration of one training run (what `s3r train` flags set).
+"""Configuration of one training run (what `s3r train` flags set: one flag per field, `flag(name)`,
+generated from the fields and the help in their metadata).
 
 Defaults that depend on the run are resolved when the config is built, so a saved config
 holds concrete numbers: `vocab` and `seq` default to the preset's vocabulary and maximum
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from s3r.data.tokenizer import MIN_VOCAB_SIZE
 from s3r.model import PRESETS, ModelConfig
@@ -33,11 +35,28 @@ EXTENDABLE = ("steps",)
 DEFAULT_WARMUP = 30  # warm-up steps of a long run; short runs warm up for a tenth of their steps
 MAX_LR = 1.0  # larger peak learning rates are refused as typos (AdamW steps are ~lr per parameter)
 MAX_SEQ = 1 << 20  # longer sequences are refused before anything is compiled
+_PRESET_SIZES = "; ".join(f"{name}: vocab {m.vocab_size}, seq {m.max_seq_len}" for name, m in PRESETS.items())
+
+
+def _flag(default: Any, help: str, *, default_help: str | None = None, choices=None, metavar: str | None = None) -> Any:
+  """A TrainConfig field that `s3r train` sets with flag(name): its metadata holds the flag's `help`, and
+  `choices` and `metavar` where given. `default_help` says what the default is where the field's default
+  (None) does not; the help of a bool field that defaults to True is that of its --no- flag."""
+  metadata = {"help": help, "default_help": default_help, "choices": choices, "metavar": metavar}
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_flag(field: dataclasses.Field) -> str:
+  """The command-line flag of a config field: "--warmup" for warmup, "--no-progress" for a bool field that
+  defaults to True."""
+  name = field.name.replace("_", "-")
+  return f"--no-{name}" if field.default is True else f"--{name}"
 
 
 def flag(field: str) -> str:
-  """The `s3r train` flag of a TrainConfig field, with the field: "--warmup (warmup)"."""
-  return f"--{field.replace('_', '-')}"
+  """The `s3r train` flag of the TrainConfig field named `field` (`field_flag`)."""
+  fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+  return field_flag(fields[field]) if field in fields else "--" + field.replace("_", "-")
 
 
 def _error(field: str, requirement: str, value) -> ConfigError:
@@ -53,26 +72,49 @@ def default_warmup(steps: int) -> int:
 class TrainConfig:
   """Everything a training run needs; saved in <out>/config.json and in every checkpoint."""
 
-  out: str  # run directory: metrics.jsonl, loss.png, config.json, checkpoints/
-  preset: str = "cpu-small"  # model preset (s3r.model.PRESETS)
-  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.recipe: NAME or NAME@FORMAT)
-  steps: int = 300  # optimizer steps in the whole run
-  lr: float = 2e-3  # peak learning rate, in (0, MAX_LR]
-  warmup: int | None = None  # linear warm-up steps (None: default_warmup(steps))
-  batch: int = 8  # sequences per step (global batch)
-  seq: int | None = None  # tokens per sequence (None: the preset's max_seq_len)
-  data: str | None = None  # corpus (None: enwiki under the data root, else the stdlib; see s3r.data.prepare)
-  vocab: int | None = None  # tokenizer vocabulary size (None: the preset's vocab_size)
-  max_train_docs: int | None = None  # keep only the first N training documents (quick runs)
-  cache_dir: str = ".cache/s3r"  # tokenizer and token cache
-  seed: int = 0  # seeds parameters, quantizer randomness and batch order
-  eval_every: int = 100  # validation loss every N steps (and at the end)
-  eval_batches: int = 16  # batches per validation set
-  ckpt_every: int = 100  # checkpoint every N steps (and at the end)
-  resume: bool = False  # continue from the latest checkpoint in `out`
-  mesh: str | None = None  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (None: one device)
-  tp_partial_sums: str = "bf16"  # tensor-parallel partial sums: "bf16" per shard (the paper) or exact "int32"
-  progress: bool = True  # show a tqdm progress bar
+  out: str = _flag(dataclasses.MISSING, "run directory", default_help="runs/<preset>-<recipe>")
+  preset: str = _flag("cpu-small", f"model size ({_PRESET_SIZES})", choices=tuple(PRESETS))
+  recipe: str = _flag(
+    DEFAULT_RECIPE,
+    "quantization recipe of the block projections, NAME or NAME@FORMAT (see `s3r recipes`)",
+    metavar="NAME",
+  )
+  steps: int = _flag(300, "optimizer steps in the whole run; with --resume, a larger value extends the run")
+  lr: float = _flag(2e-3, f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay)")
+  warmup: int | None = _flag(None, "linear warm-up steps", default_help=f"min({DEFAULT_WARMUP}, steps // 10)")
+  batch: int = _flag(8, "sequences per step")
+  seq: int | None = _flag(None, "tokens per sequence", default_help="the preset's maximum sequence length")
+  data: str | None = _flag(
+    None,
+    "corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
+    "(folders of the data root: $S3R_DATA, else ../shared/data beside the repository) or "
+    "python-stdlib, which needs no data",
+    default_help="enwiki if the data root has it, else python-stdlib",
+  )
+  vocab: int | None = _flag(None, "tokenizer vocabulary size", default_help="the preset's vocabulary")
+  max_train_docs: int | None = _flag(None, "use only the first N training documents")
+  cache_dir: str = _flag(".cache/s3r", "tokenizer and token cache")
+  seed: int = _flag(0, "seed of parameters, quantizer noise and batch order")
+  eval_every: int = _flag(100, "validation loss every N steps (and at step 0 and the end)")
+  eval_batches: int = _flag(16, "batches per validation set")
+  ckpt_every: int = _flag(100, "checkpoint every N steps (and at the end and on Ctrl-C)")
+  resume: bool = _flag(False, "continue the run in --out with its own settings (see below)")
+  mesh: str | None = _flag(
+    None,
+    "device mesh over all devices of all processes: axes data, expert, fsdp, tensor, e.g. "
+    "data=2,fsdp=2,tensor=2 or expert=4,data=2 (expert: MoE experts sharded); on CPU, simulate N devices "
+    "with XLA_FLAGS=--xla_force_host_platform_device_count=N; with --resume, the run's own, or one that fits "
+    "the devices present when that does not",
+    default_help="one device",
+  )
+  tp_partial_sums: str = _flag(
+    "bf16",
+    "under a tensor axis, the GEMM contracting the split dimension of a projection rounds each "
+    "shard's output to bf16 before the cross-shard sum (bf16, as the paper), or sums exact int32 "
+    "accumulators (int32: bitwise independent of the tensor-parallel degree)",
+    choices=TP_PARTIAL_SUMS,
+  )
+  progress: bool = _flag(True, "no progress bar")
 
   def __post_init__(self):
     for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):

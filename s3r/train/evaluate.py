@@ -114,6 +114,14 @@ def _read_step(ckpt: checkpoint.Checkpointer, step: int, read):
   return value
 
 
+def tokenizer_change(corpus: s3r_data.Corpus, cfg: TrainConfig, meta: dict) -> str | None:
+  """What differs between the tokenizer prepared for the run's corpus and the one in its checkpoint `meta`
+  (the corpus changed since), or None."""
+  if corpus.tokenizer.hf.to_str() == meta["tokenizer"]:
+    return None
+  return f"the tokenizer prepared for {cfg.data or 'the default corpus'} differs from the run's"
+
+
 def _same_corpus(data: str, cfg: TrainConfig) -> bool:
   if data == cfg.data:
     return True
@@ -169,8 +177,8 @@ def evaluate_checkpoint(
     ckpt.close()
   if data is None or _same_corpus(data, cfg):
     corpus = prepare_data(cfg, log)
-    if corpus.tokenizer.hf.to_str() != meta["tokenizer"]:
-      raise ConfigError(f"the tokenizer prepared for {cfg.data or 'the default corpus'} differs from the run's")
+    if changed := tokenizer_change(corpus, cfg, meta):
+      raise ConfigError(changed)
     val = corpus.val_tokens
   else:
     docs = _eval_documents(data, log)

@@ -11,10 +11,11 @@
   loss.png         train and validation loss curves (at the end, and when the run stops early)
   checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C
 
-Resuming (`cfg.resume`) continues from the newest readable checkpoint (damaged newer ones are
-reported and skipped); only RESUMABLE_CHANGES and a larger `steps` may differ from the run's
-config. A larger `steps` extends the run: the cosine decay is stretched to the new total from
-the resumed step on.
+Resuming (`cfg.resume`) continues the run `s3r.train.resume.find_run` reads in `cfg.out` (once:
+the newest checkpoint with a readable meta, damaged newer ones reported and skipped) and refuses
+a folder without a run; only RESUMABLE_CHANGES and a larger `steps` may differ from the run's
+config, and the corpus must be the run's (the same tokenizer and training tokens). A larger
+`steps` extends the run: the cosine decay is stretched to the new total from the resumed step on.
 
 Safety (s3r.train.guard): one training per run directory (a lock), Ctrl-C saves and stops
 (`TrainingInterrupted`), a non-finite or blown-up loss or a zero gradient norm stops the run
@@ -46,10 +47,10 @@ from tqdm.auto import tqdm
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import checkpoint, report
+from s3r.train import checkpoint, report, resume
 from s3r.train.builder import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
 from s3r.train.config import ConfigError, TrainConfig
-from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, validation_batches  # noqa: F401
+from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, tokenizer_change, validation_batches  # noqa: F401
 from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted
 from s3r.train.placement import Batches, is_main_process
 
@@ -75,21 +76,27 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
   return dataclasses.replace(cfg, data=data, cache_dir=os.path.abspath(os.path.expanduser(cfg.cache_dir)))
 
 
-def train(cfg: TrainConfig, *, log=print) -> dict:
+def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) -> dict:
   """Runs (or resumes) the training run `cfg`; returns a summary (final losses, paths, time).
 
-  With several processes, every process calls this with the same `cfg` (see the module docstring).
+  With `cfg.resume`, `saved` is the run in `cfg.out` (`resume.find_run`, read here when not given); a
+  folder without a run is a ConfigError, and nothing is created. With several processes, every process
+  calls this with the same `cfg` (see the module docstring).
   """
   main = is_main_process()
   log = log if main else _quiet
   cfg = absolute_paths(cfg)
   out = pathlib.Path(cfg.out)
-  mesh = make_mesh(cfg)
+  saved = (saved or resume.find_run(out)) if cfg.resume else None
+  try:
+    mesh = make_mesh(cfg)
+  except ConfigError as e:
+    raise ConfigError(f"{e}; {resume.mesh_hint(cfg)}") from None
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
   created = _writable_dir(out, "--out")
   try:
     with RunLock(out) if main else contextlib.nullcontext():
-      return _train(cfg, out, mesh, main, log)
+      return _train(cfg, out, mesh, saved, main, log)
   except BaseException:
     if created and main:
       _remove_if_unused(out)
@@ -120,12 +127,14 @@ def _remove_if_unused(out: pathlib.Path) -> None:
   shutil.rmtree(out, ignore_errors=True)
 
 
-def _train(cfg: TrainConfig, out: pathlib.Path, mesh, main: bool, log) -> dict:
+def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | None, main: bool, log) -> dict:
   t_start = time.time()
   ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
   try:
-    resume_step = _resume_step(cfg, ckpt, log)
+    resume_step = _resume_step(cfg, ckpt, saved, log)
     corpus = _prepare_data_once(cfg, log)
+    if resume_step is not None and saved is not None and saved.meta is not None:
+      _check_corpus(cfg, corpus, saved.meta)
     setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
     # Compiled (and its memory checked) before any batch or state is built.
     train_step = compile_train_step(setup, cfg, log) if resume_step is None or resume_step < cfg.steps else None
@@ -249,46 +258,46 @@ class _Run:
     )
 
 
-def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log) -> int | None:
-  """The step to resume from (checked against the run's config), or None for a fresh start."""
+def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, saved: resume.SavedRun | None, log) -> int | None:
+  """The step to resume from (`saved`'s, checked against the run's config), or None for a fresh start."""
   latest = ckpt.latest_step()
   if latest is not None and not cfg.resume:
     raise ConfigError(
       f"{ckpt.directory} already has checkpoints (latest: step {latest}); "
       f"pass --resume to continue that run or choose another --out"
     )
-  if latest is None:
+  if saved is None or saved.step is None:
     if cfg.resume:
       log(f"resume: no checkpoint in {ckpt.directory}; starting from step 0")
     return None
-  try:
-    step, meta = ckpt.read_latest_meta(_quiet)
-  except checkpoint.CorruptCheckpoint as e:
-    raise ConfigError(f"{e}; start a new run with another --out") from None
-  saved = TrainConfig.from_dict(meta["train_config"])
-  if mismatches := cfg.resume_mismatches(absolute_paths(saved), at_step=step):
-    raise ConfigError(
-      "--resume with a different configuration than the checkpoint: "
-      + "; ".join(mismatches)
-      + " (resume with `s3r train --out RUN --resume` alone to keep the run's settings)"
-    )
-  if cfg.steps != saved.steps:
-    log(
-      f"resume: --steps {saved.steps} -> {cfg.steps}: the cosine schedule is stretched to {cfg.steps} steps "
-      f"from step {step} on"
-    )
-  return step
+  for note in saved.notes:
+    log(note)
+  resume.check_config(cfg, dataclasses.replace(saved, config=absolute_paths(saved.config)), log)
+  return saved.step
+
+
+def _check_corpus(cfg: TrainConfig, corpus: s3r_data.Corpus, meta: dict) -> None:
+  """ConfigError naming what changed when the corpus is not the one the checkpoint `meta` was trained on."""
+  changes = [change] if (change := tokenizer_change(corpus, cfg, meta)) else []
+  n_tokens = meta.get("loader", {}).get("n_tokens")
+  if n_tokens is not None and n_tokens != len(corpus.train_tokens):
+    changes.append(f"its training split has {len(corpus.train_tokens):,} tokens, the run's had {n_tokens:,}")
+  if changes:
+    raise resume.corpus_error(changes)
 
 
 def _initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):
-  """(state, wall-clock seconds already spent): fresh, or the newest readable checkpoint."""
+  """(state, wall-clock seconds already spent): fresh, or the newest readable checkpoint up to `resume_step`."""
   if resume_step is None:
     return setup.init_state(setup.keys["init"]), 0.0
   try:
-    step, state, meta = ckpt.restore_latest(setup.abstract_state, log)
+    step, state, meta = ckpt.restore_latest(setup.abstract_state, log, newest=resume_step)
   except checkpoint.CorruptCheckpoint as e:
-    raise ConfigError(f"{e}; start a new run with another --out") from None
-  loader.restore(meta["loader"])
+    raise ConfigError(f"{e}; {resume.NEW_RUN}") from None
+  try:
+    loader.restore(meta["loader"])
+  except ValueError as e:
+    raise resume.corpus_error([str(e)]) from None
   log(f"resume: restored step {step} from {ckpt.directory / str(step)}")
   return state, float(meta.get("wall_s", 0.0))
 
