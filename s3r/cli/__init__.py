@@ -82,7 +82,7 @@ def _guarded(run, args) -> int:
   except TrainingInterrupted as e:
     return _fail(f"interrupted: {e}", EXIT_CODES["interrupted"])
   except KeyboardInterrupt:
-    return _fail("interrupted before training started; nothing was saved", EXIT_CODES["interrupted"])
+    return _fail("interrupted outside the training steps; no checkpoint was written for it", EXIT_CODES["interrupted"])
   except MemoryError:
     return _fail("out of host memory; lower --batch or --seq, or use a smaller corpus", EXIT_CODES["resources"])
   except OSError as e:
@@ -241,6 +241,9 @@ def register_train(subparsers) -> None:
   )
   p.add_argument("--cache-dir", help=f"tokenizer and token cache (default: {d['cache_dir']})")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument(
+    "--verbose", action="store_true", help="library logs (Orbax, JAX) on the console too (always in --out/train.log)"
+  )
   p.set_defaults(func=lambda args: _guarded(run_train, args))
 
 
@@ -282,7 +285,14 @@ def train_config(args):
   given = {k: getattr(args, k) for k in TRAIN_FIELDS if getattr(args, k) is not None}
   out = args.out or f"runs/{given.get('preset', 'cpu-small')}-{given.get('recipe', DEFAULT_RECIPE)}"
   saved = saved_train_config(out) if args.resume else None
-  fields = {**(saved or {}), **given, "out": out, "resume": args.resume, "progress": not args.no_progress}
+  fields = {
+    **(saved or {}),
+    **given,
+    "out": out,
+    "resume": args.resume,
+    "progress": not args.no_progress,
+    "verbose": args.verbose,
+  }
   return TrainConfig.from_dict(fields)
 
 
