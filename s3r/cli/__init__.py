@@ -82,7 +82,7 @@ def _guarded(run, args) -> int:
   except TrainingInterrupted as e:
     return _fail(f"interrupted: {e}", EXIT_CODES["interrupted"])
   except KeyboardInterrupt:
-    return _fail("interrupted outside the training steps; no checkpoint was written for it", EXIT_CODES["interrupted"])
+    return _fail("interrupted before training started; nothing was saved", EXIT_CODES["interrupted"])
   except MemoryError:
     return _fail("out of host memory; lower --batch or --seq, or use a smaller corpus", EXIT_CODES["resources"])
   except OSError as e:
@@ -150,9 +150,10 @@ def register_train(subparsers) -> None:
     epilog=_paragraphs(
       f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
       f"own settings (a damaged newest checkpoint is reported and the one before it used). With --resume only "
-      f"{changeable} and --no-progress may change, and --steps may be raised to extend the run: the cosine decay "
+      f"{changeable} and --no-progress may change, --steps may be raised to extend the run: the cosine decay "
       f"is then stretched to the new total from the resumed step on (the learning rate moves to the stretched "
-      f"curve's value at that step). Ctrl-C saves a checkpoint and stops; resume it the same way.",
+      f"curve's value at that step), and --lr may be lowered (recorded; e.g. after a divergence, which names the "
+      f"checkpoint known to be good to continue from). Ctrl-C saves a checkpoint and stops; resume it the same way.",
       "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
       "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
       "library) needs no data and is the fallback corpus when there is no enwiki.",

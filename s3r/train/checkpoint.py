@@ -21,6 +21,7 @@ import json
 import os
 import pathlib
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -92,7 +93,13 @@ class Checkpointer:
     return self.directory / str(step)
 
   def _remove_partial(self, step: int) -> None:
-    """Removes the folder of a failed save of `step` and its temporary folders, and forgets the step."""
+    """Removes the folder of a failed save of `step` and its temporary folders (once the save's other
+    writes have stopped), and forgets the step."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception:  # the same failure, reported again by the writes still in flight
+      pass
+    _cancel_pending_writes()
     for path in [self.directory / str(step), *self.directory.glob(f"{step}.orbax-checkpoint-tmp*")]:
       shutil.rmtree(path, ignore_errors=True)
     self._manager.reload()
@@ -180,6 +187,17 @@ class Checkpointer:
 
   def close(self):
     self._manager.close()
+
+
+def _cancel_pending_writes() -> None:
+  """Cancels Orbax's background writes still waiting for a signal of a failed save: left alone, they run at
+  interpreter exit, recreate its temporary folder and log tracebacks."""
+  from orbax.checkpoint._src.futures import future
+
+  signaling = getattr(future, "_SignalingThread", None)
+  for thread in threading.enumerate():
+    if signaling is not None and isinstance(thread, signaling) and thread.is_alive():
+      thread.cancel()
 
 
 def disk_full(error: BaseException) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import pathlib
 import sys
+import traceback
 
 LOG_FILE = "train.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -20,7 +21,8 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 @contextlib.contextmanager
 def library_logs(path: pathlib.Path, *, verbose: bool):
   """Within the block, records of level INFO and above go to `path` (appended); the root logger's own
-  handlers (the console) keep theirs only when `verbose`. Restored afterwards."""
+  handlers (the console) keep theirs only when `verbose`. Restored afterwards, but for the unraisable-
+  exception hook (see `_UnraisableToFile`)."""
   root = logging.getLogger()
   handler = logging.FileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(logging.Formatter(FORMAT))
@@ -32,19 +34,10 @@ def library_logs(path: pathlib.Path, *, verbose: bool):
   root.addHandler(handler)
   root.setLevel(min(previous_level or logging.WARNING, logging.INFO))
   logging.captureWarnings(True)
-  previous_hook = sys.unraisablehook
-
-  def to_log(unraisable):
-    error = (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
-    logging.getLogger("s3r.train").error("exception ignored in a library callback", exc_info=error)
-    if verbose:
-      previous_hook(unraisable)
-
-  sys.unraisablehook = to_log
+  sys.unraisablehook = _UnraisableToFile(path, sys.unraisablehook if verbose else None)
   try:
     yield path
   finally:
-    sys.unraisablehook = previous_hook
     logging.captureWarnings(False)
     root.removeHandler(handler)
     handler.close()
@@ -52,3 +45,21 @@ def library_logs(path: pathlib.Path, *, verbose: bool):
       if h not in root.handlers:
         root.addHandler(h)
     root.setLevel(previous_level)
+
+
+class _UnraisableToFile:
+  """sys.unraisablehook that appends the exception to a log file (and passes it on to `then`). It stays
+  installed after the run: library threads of the run (tensorstore callbacks) may still report then."""
+
+  def __init__(self, path: pathlib.Path, then):
+    self.path, self.then = path, then
+
+  def __call__(self, unraisable):
+    lines = traceback.format_exception(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+    try:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(f"exception ignored in a library callback ({unraisable.err_msg or 'no message'}):\n{''.join(lines)}")
+    except OSError:
+      pass
+    if self.then is not None:
+      self.then(unraisable)

@@ -9,18 +9,25 @@
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
-  checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C
+  checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C (the last two,
+                   and the newest known-good one: s3r.train.recovery)
+  train.log        the libraries' logs (s3r.train.logs)
+  diverged/<step>/ after a divergence at <step>: the checkpoints written after the known-good one
 
 Resuming (`cfg.resume`) continues from the newest readable checkpoint (damaged newer ones are
 reported and skipped); only RESUMABLE_CHANGES and a larger `steps` may differ from the run's
 config. A larger `steps` extends the run: the cosine decay is stretched to the new total from
-the resumed step on.
+the resumed step on. A lower `lr` is recorded as a schedule change from the resumed step on
+(`TrainConfig.lr_changes`).
 
 Safety (s3r.train.guard): one training per run directory (a lock), Ctrl-C saves and stops
-(`TrainingInterrupted`), a non-finite or blown-up loss or a zero gradient norm stops the run
-(`TrainingDiverged`, naming the last checkpoint written before it), a train step that needs
-more memory than is free is refused before it runs (`ResourceError`), and a run directory
-created by a run that failed before its first metrics line is removed again.
+(`TrainingInterrupted`; a second Ctrl-C waits for a save in progress, and otherwise stops at
+once naming the latest intact checkpoint), a non-finite, blown-up or fast-rising loss or a zero
+gradient norm stops the run (`TrainingDiverged`, naming the checkpoint known to be good and the
+command to continue from it), a train step that needs more memory than is free is refused
+before it runs and a full disk during a save stops the run without a partial checkpoint
+(`ResourceError`), and a run directory created by a run that failed before its first metrics
+line is removed again.
 
 Several processes (after `jax.distributed.initialize`, see `s3r train --coordinator` and
 docs/scaling.md): every process runs `train(cfg)` with the same config; each loads only its
