@@ -82,6 +82,8 @@ class Checkpointer:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     if step in self.all_steps():  # e.g. a damaged checkpoint that a resume fell back past
       self._manager.delete(step)
+    if (self.known_good() or {}).get("step") == step:  # what vouched for it was about the old contents
+      (self.directory / KNOWN_GOOD_FILE).unlink(missing_ok=True)
     try:
       self._manager.save(step, args=args, force=True)
       self._manager.wait_until_finished()

@@ -73,8 +73,10 @@ def diverged(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, step: int, *, main
   good = ckpt.known_good()
   lower = f"{cfg.current_lr / 10:.2g}"
   if good is None or good["step"] not in ckpt.all_steps():
+    latest = ckpt.latest_step()
+    written = "" if latest is None else f"the latest is {ckpt.directory / str(latest)}, which may already be affected; "
     return (
-      f"no checkpoint is known to be good (none had {GOOD_AFTER} healthy steps after it); "
+      f"no checkpoint is known to be good (none had {GOOD_AFTER} healthy steps after it); {written}"
       f"start again with a lower peak, e.g. --lr {lower}, and another --out"
     )
   path = ckpt.directory / str(good["step"])

@@ -85,3 +85,20 @@ def test_a_higher_lr_on_resume_and_other_changes_are_still_refused():
 def test_lr_changes_out_of_order_beyond_the_run_or_above_the_maximum_are_refused(changes):
   with pytest.raises(ConfigError, match="TrainConfig.lr_changes"):
     _cfg(lr_changes=changes)
+
+
+def test_the_known_good_checkpoint_survives_rotation_and_is_forgotten_when_overwritten(tmp_path):
+  import jax.numpy as jnp
+
+  from s3r.train.checkpoint import Checkpointer
+
+  ckpt = Checkpointer(tmp_path / "checkpoints")
+  state, meta = {"w": jnp.ones(3)}, {"train_config": {}}
+  ckpt.save(2, state, meta)
+  ckpt.mark_good(2)
+  for step in (4, 6, 8):
+    ckpt.save(step, state, meta)
+  assert ckpt.all_steps() == [2, 6, 8]  # the last two, and the known-good one
+  ckpt.save(2, state, meta)
+  assert ckpt.known_good() is None
+  ckpt.close()
