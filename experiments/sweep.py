@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,12 @@ from experiments import table1
 from experiments.protocol import SweepConfig, best_lr, next_runs, parse_fixed_lrs
 from experiments.results import loadavg, log, run_metadata
 from experiments.runs import load_summaries, summarize_run
+
+INTERRUPTED = (130, -signal.SIGINT, -signal.SIGTERM)  # `s3r train`'s exit code after Ctrl-C, or killed by one
+
+
+class RunInterrupted(RuntimeError):
+  """A run's `s3r train` was interrupted; the sweep resumes it when started again."""
 
 
 def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pathlib.Path) -> list[str]:
@@ -84,6 +91,11 @@ def run_one(cfg: SweepConfig, recipe: str, lr: float, seed: int, log=print) -> d
     logfile.write(f"$ {' '.join(cmd)}\n")
     logfile.flush()
     rc = subprocess.run(cmd, stdout=logfile, stderr=subprocess.STDOUT).returncode
+  if rc in INTERRUPTED:
+    raise RunInterrupted(
+      f"run {name} was interrupted (exit code {rc}: Ctrl-C or SIGTERM); it is resumable: its checkpoints are in "
+      f"{out}, and running the same sweep command again resumes it (s3r train --resume)"
+    )
   if rc not in (0, 1):  # 1 = diverged (a result); anything else is a failure to report
     raise RuntimeError(f"run {name} failed with exit code {rc}; see {out / 'sweep.log'}")
   summary = summarize_run(
@@ -232,6 +244,9 @@ def run(args) -> int:
   lock.write_text(str(os.getpid()))
   try:
     sweep(cfg, max_runs=args.max_runs)
+  except RunInterrupted as e:
+    print(f"s3r: error: {e}", file=sys.stderr)
+    return 130
   except RuntimeError as e:
     print(f"s3r: error: {e}", file=sys.stderr)
     return 1

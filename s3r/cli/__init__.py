@@ -126,8 +126,10 @@ def register_train(subparsers) -> None:
       f"run is an error, and so is a corpus that changed since. With --resume only {changeable} and "
       f"{flag('progress')} may change, and --steps may be raised to extend the run: the cosine decay is then "
       f"stretched to the new total from the resumed step on (the learning rate moves to the stretched curve's "
-      f"value at that step). Without --mesh, a run whose mesh does not fit the devices present resumes on one "
-      f"that does (checkpoints reshard on restore). Ctrl-C saves a checkpoint and stops; resume it the same way.",
+      f"value at that step), and --lr may be lowered (recorded; e.g. after a divergence, whose message names the "
+      f"checkpoint known to be good to continue from). Without --mesh, a run whose mesh does not fit the "
+      f"devices present resumes on one that does (checkpoints reshard on restore). Ctrl-C saves a checkpoint "
+      f"and stops; resume it the same way.",
       "Data: --data NAME is a path, else a folder of the data root: $S3R_DATA, else ../shared/data beside the "
       "repository (enwiki, shakespeare and c4 live there). python-stdlib (the running Python's standard "
       "library) needs no data and is the fallback corpus when there is no enwiki.",
@@ -176,6 +178,8 @@ def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
 
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
+    if f.metadata.get("flag", True) is False:  # set another way (e.g. lr_changes, by resuming with a lower --lr)
+      continue
     meta, kind = f.metadata, _flag_type(hints[f.name])
     plain = f.default not in (None, dataclasses.MISSING) and kind is not bool
     shown = meta.get("default_help") or (f.default if plain else None)
@@ -242,7 +246,7 @@ def train_config(args, saved=None):
 
   from s3r.train.config import TrainConfig
 
-  fields = dataclasses.fields(TrainConfig)
+  fields = [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("flag", True)]
   given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name) is not None}
   switches = {f.name: given.get(f.name, f.default) for f in fields if isinstance(f.default, bool)}
   saved_fields = saved.config.to_dict() if saved else {}

@@ -2,21 +2,34 @@
 item with the batch loader's position and the run and model configs.
 
 Layout: <out>/checkpoints/<step>/{state,meta}. Saves are synchronous (the train step
-donates its state buffers right after), and the last `max_to_keep` checkpoints are kept.
-A checkpoint that cannot be read (a truncated or deleted state file, a garbled or missing
-meta) is skipped with a one-line note, falling back to the one before (`restore_latest`,
-`read_latest_meta`).
+donates its state buffers right after), and the last `max_to_keep` checkpoints are kept, plus
+the one known to be good (`mark_good`, recorded in checkpoints/known_good.json), which the
+rotation never deletes. A checkpoint that cannot be read (a truncated or deleted state file, a
+garbled or missing meta) is skipped with a one-line note, falling back to the one before
+(`restore_latest`, `read_latest_meta`).
+
+A save that fails (a full disk: `CheckpointDiskFull`) leaves no partial folder, and
+a writing Checkpointer (create=True, what training opens) removes the temporary folders that an
+interrupted save of an earlier process left behind.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import json
+import os
 import pathlib
-from collections.abc import Callable
+import shutil
+import threading
+from collections.abc import Callable, Sequence
 
 import jax
 import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
+KNOWN_GOOD_FILE = "known_good.json"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def find_checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
@@ -29,12 +42,32 @@ class CorruptCheckpoint(RuntimeError):
   """No checkpoint of a directory can be read."""
 
 
+class CheckpointDiskFull(RuntimeError):
+  """A save failed for a full disk (or quota); its partial folder was removed."""
+
+
+@dataclasses.dataclass
+class _KeepKnownGood:
+  """Orbax preservation policy: keeps the checkpoint recorded as known good."""
+
+  checkpointer: Checkpointer
+
+  def should_preserve(self, checkpoints: Sequence, *, context) -> Sequence[bool]:
+    good = self.checkpointer.known_good()
+    return [good is not None and info.step == good["step"] for info in checkpoints]
+
+
 class Checkpointer:
   """Saves and restores (TrainState, meta) pairs under one directory."""
 
   def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, create: bool = True):
     self.directory = pathlib.Path(directory).absolute()
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False)
+    keep = ocp.checkpoint_managers.AnyPreservationPolicy(
+      [ocp.checkpoint_managers.LatestN(max_to_keep), _KeepKnownGood(self)]
+    )
+    options = ocp.CheckpointManagerOptions(
+      create=create, enable_async_checkpointing=False, cleanup_tmp_directories=create, preservation_policy=keep
+    )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
@@ -44,13 +77,61 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state, meta: dict) -> pathlib.Path:
-    """Writes checkpoint `step` (overwriting one with the same number); returns its path."""
+    """Writes checkpoint `step` (overwriting one with the same number); returns its path.
+    A failed save leaves nothing behind; CheckpointDiskFull if the disk was full, else the error re-raised."""
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     if step in self.all_steps():  # e.g. a damaged checkpoint that a resume fell back past
       self._manager.delete(step)
-    self._manager.save(step, args=args, force=True)
-    self._manager.wait_until_finished()
+    if (self.known_good() or {}).get("step") == step:  # what vouched for it was about the old contents
+      (self.directory / KNOWN_GOOD_FILE).unlink(missing_ok=True)
+    try:
+      self._manager.save(step, args=args, force=True)
+      self._manager.wait_until_finished()
+    except Exception as e:  # tensorstore, orbax and file-system errors all end here
+      self._remove_partial(step)
+      if not disk_full(e):
+        raise
+      raise CheckpointDiskFull(f"checkpoint {step} could not be written to {self.directory}") from e
     return self.directory / str(step)
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes the folder of a failed save of `step` and its temporary folders (once the save's other
+    writes have stopped), and forgets the step."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception:  # the same failure, reported again by the writes still in flight
+      pass
+    _cancel_pending_writes()
+    for path in [self.directory / str(step), *self.directory.glob(f"{step}.orbax-checkpoint-tmp*")]:
+      shutil.rmtree(path, ignore_errors=True)
+    self._manager.reload()
+
+  def known_good(self) -> dict | None:
+    """{"step": N, ...} of the checkpoint recorded as known good (see `mark_good`), or None."""
+    try:
+      good = json.loads((self.directory / KNOWN_GOOD_FILE).read_text())
+    except (OSError, ValueError):
+      return None
+    return good if isinstance(good, dict) and isinstance(good.get("step"), int) else None
+
+  def mark_good(self, step: int, **why) -> None:
+    """Records checkpoint `step` as known good (kept out of the rotation until a later one replaces it);
+    `why` (e.g. the losses that vouch for it) is stored beside it."""
+    path = self.directory / KNOWN_GOOD_FILE
+    tmp = path.with_name(f".{KNOWN_GOOD_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({"step": step, **why}))
+    os.replace(tmp, path)
+
+  def set_aside(self, steps: Sequence[int], destination: pathlib.Path) -> list[pathlib.Path]:
+    """Moves checkpoints `steps` out of this directory into `destination` (kept, no longer resumed from);
+    their new paths."""
+    destination.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for step in steps:
+      if (self.directory / str(step)).is_dir():
+        moved.append(pathlib.Path(shutil.move(self.directory / str(step), destination / str(step))))
+    self._manager.reload()
+    return moved
 
   def read_meta(self, step: int | None = None) -> dict:
     """The JSON item of checkpoint `step` (default: the latest)."""
@@ -110,6 +191,31 @@ class Checkpointer:
 
   def close(self):
     self._manager.close()
+
+
+def _cancel_pending_writes() -> None:
+  """Cancels Orbax's background writes still waiting for a signal of a failed save: left alone, they run at
+  interpreter exit, recreate its temporary folder and log tracebacks."""
+  from orbax.checkpoint._src.futures import future
+
+  signaling = getattr(future, "_SignalingThread", None)
+  for thread in threading.enumerate():
+    if signaling is not None and isinstance(thread, signaling) and thread.is_alive():
+      thread.cancel()
+
+
+def disk_full(error: BaseException) -> bool:
+  """Whether `error` (or an exception it was raised from) is a full disk or an exceeded quota; tensorstore
+  reports those in its message only."""
+  seen, current = set(), error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    if isinstance(current, OSError) and current.errno in DISK_FULL:
+      return True
+    if any(os.strerror(code) in str(current) for code in DISK_FULL):
+      return True
+    current = current.__cause__ or current.__context__
+  return False
 
 
 def abstract_like(tree, shardings):

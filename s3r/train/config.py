@@ -28,10 +28,21 @@ class ConfigError(ValueError):
 
 # Fields that may differ between a run and its `--resume`: they do not change the numbers
 # (the mesh changes only the order of some float reductions; see docs/scaling.md).
-RESUMABLE_CHANGES = ("out", "resume", "eval_every", "eval_batches", "ckpt_every", "progress", "cache_dir", "mesh")
+RESUMABLE_CHANGES = (
+  "out",
+  "resume",
+  "eval_every",
+  "eval_batches",
+  "ckpt_every",
+  "progress",
+  "verbose",
+  "cache_dir",
+  "mesh",
+)
 # Fields that may also change on `--resume` but change the numbers from then on: `steps` may grow (extending a
 # run stretches the cosine schedule to the new total; see `TrainConfig.resume_mismatches`).
-EXTENDABLE = ("steps",)
+# `lr` may be lowered on `--resume` (e.g. after a divergence): recorded in `lr_changes` (`TrainConfig.resumed_at`).
+EXTENDABLE = ("steps", "lr", "lr_changes")
 DEFAULT_WARMUP = 30  # warm-up steps of a long run; short runs warm up for a tenth of their steps
 MAX_LR = 1.0  # larger peak learning rates are refused as typos (AdamW steps are ~lr per parameter)
 MAX_SEQ = 1 << 20  # longer sequences are refused before anything is compiled
@@ -80,7 +91,13 @@ class TrainConfig:
     metavar="NAME",
   )
   steps: int = _flag(300, "optimizer steps in the whole run; with --resume, a larger value extends the run")
-  lr: float = _flag(2e-3, f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay)")
+  lr: float = _flag(
+    2e-3,
+    f"peak learning rate in (0, {MAX_LR:g}] (AdamW, cosine decay); with --resume, a lower value continues the run "
+    "at that peak from the resumed step on (recorded in lr_changes)",
+  )
+  # (step, peak) of each --lr lowered on --resume at that step; set by resuming, not by a flag of its own
+  lr_changes: tuple[tuple[int, float], ...] = dataclasses.field(default=(), metadata={"flag": False})
   warmup: int | None = _flag(None, "linear warm-up steps", default_help=f"min({DEFAULT_WARMUP}, steps // 10)")
   batch: int = _flag(8, "sequences per step")
   seq: int | None = _flag(None, "tokens per sequence", default_help="the preset's maximum sequence length")
@@ -115,6 +132,7 @@ class TrainConfig:
     choices=TP_PARTIAL_SUMS,
   )
   progress: bool = _flag(True, "no progress bar")
+  verbose: bool = _flag(False, "library logs (Orbax, JAX) on the console too (they always go to <out>/train.log)")
 
   def __post_init__(self):
     for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):
@@ -146,6 +164,12 @@ class TrainConfig:
       raise _error("max_train_docs", "an integer >= 1 (or unset)", self.max_train_docs)
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
+    object.__setattr__(self, "lr_changes", _lr_changes(self.lr_changes, self.steps))
+
+  @property
+  def current_lr(self) -> float:
+    """The peak learning rate in effect at the end of the run: the last of `lr_changes`, else `lr`."""
+    return self.lr_changes[-1][1] if self.lr_changes else self.lr
 
   # The fields that __post_init__ resolves, as the ints they then are.
 
@@ -184,7 +208,9 @@ class TrainConfig:
     )
 
   def optimizer_config(self) -> OptimizerConfig:
-    return OptimizerConfig(lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup_steps)
+    return OptimizerConfig(
+      lr=self.lr, total_steps=self.steps, warmup_steps=self.warmup_steps, lr_changes=self.lr_changes
+    )
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -196,8 +222,9 @@ class TrainConfig:
 
   def resume_mismatches(self, saved: TrainConfig, *, at_step: int = 0) -> list[str]:
     """What in this config may not differ from `saved` when resuming at `at_step`: every field but
-    RESUMABLE_CHANGES, and `steps` only when it is lower than `at_step` (a larger `steps` extends the run:
-    the cosine decay is stretched to the new total from `at_step` on)."""
+    RESUMABLE_CHANGES, `steps` only when it is lower than `at_step` (a larger `steps` extends the run:
+    the cosine decay is stretched to the new total from `at_step` on), and `lr` only when it is above the
+    peak in effect (a lower one is a schedule change from `at_step` on: `resumed_at`)."""
     mine, theirs = self.to_dict(), saved.to_dict()
     out = [
       f"{flag(k)}: {theirs[k]!r} -> {mine[k]!r}"
@@ -206,4 +233,33 @@ class TrainConfig:
     ]
     if self.steps < at_step:
       out.append(f"--steps: {self.steps} is below the checkpoint's step {at_step}")
+    if self.lr_changes != saved.lr_changes:
+      out.append("--lr-changes: the recorded learning-rate changes may not be edited (lower --lr instead)")
+    elif self.lr != saved.lr and self.lr > saved.current_lr:
+      out.append(f"--lr: {saved.current_lr!r} -> {self.lr!r} (on --resume the peak may only be lowered)")
     return out
+
+  def resumed_at(self, saved: TrainConfig, step: int) -> TrainConfig:
+    """This config as the continuation of `saved` at `step`: a lower `lr` becomes `saved.lr` plus the change
+    (step, lr) in `lr_changes` (the schedule is the old one up to `step`, the new peak after it)."""
+    if self.lr == saved.lr or self.lr >= saved.current_lr:
+      return dataclasses.replace(self, lr=saved.lr, lr_changes=saved.lr_changes)
+    kept = tuple(change for change in saved.lr_changes if change[0] < step)  # changes after `step` were undone
+    return dataclasses.replace(self, lr=saved.lr, lr_changes=(*kept, (step, float(self.lr))))
+
+
+def _lr_changes(changes, steps: int) -> tuple[tuple[int, float], ...]:
+  """`changes` ((step, peak) pairs, lists from JSON too) as a tuple of tuples; ConfigError unless the steps
+  increase within [0, steps) and the peaks are in (0, MAX_LR]."""
+  try:
+    pairs = tuple((step, peak) for step, peak in changes)
+  except (TypeError, ValueError):
+    raise _error("lr_changes", "(step, peak) pairs", changes) from None
+  previous = -1
+  for step, peak in pairs:
+    if not isinstance(step, int) or isinstance(step, bool) or not previous < step < steps:
+      raise _error("lr_changes", f"pairs with increasing steps in [0, --steps={steps})", changes)
+    if not (isinstance(peak, (int, float)) and math.isfinite(peak) and 0 < peak <= MAX_LR):
+      raise _error("lr_changes", f"pairs with peaks in (0, {MAX_LR:g}]", changes)
+    previous = step
+  return tuple((step, float(peak)) for step, peak in pairs)

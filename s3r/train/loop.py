@@ -9,19 +9,26 @@
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
-  checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C
+  checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C (the last two,
+                   and the newest known-good one: s3r.train.recovery)
+  train.log        the libraries' logs (s3r.train.logs)
+  diverged/<step>/ after a divergence at <step>: the checkpoints written after the known-good one
 
 Resuming (`cfg.resume`) continues the run `s3r.train.resume.find_run` reads in `cfg.out` (once:
 the newest checkpoint with a readable meta, damaged newer ones reported and skipped) and refuses
 a folder without a run; only RESUMABLE_CHANGES and a larger `steps` may differ from the run's
 config, and the corpus must be the run's (the same tokenizer and training tokens). A larger
-`steps` extends the run: the cosine decay is stretched to the new total from the resumed step on.
+`steps` extends the run: the cosine decay is stretched to the new total from the resumed step on. A
+lower `lr` is recorded as a schedule change from the resumed step on (`TrainConfig.lr_changes`).
 
 Safety (s3r.train.guard): one training per run directory (a lock), Ctrl-C saves and stops
-(`TrainingInterrupted`), a non-finite or blown-up loss or a zero gradient norm stops the run
-(`TrainingDiverged`, naming the last checkpoint written before it), a train step that needs
-more memory than is free is refused before it runs (`ResourceError`), and a run directory
-created by a run that failed before its first metrics line is removed again.
+(`TrainingInterrupted`; a second Ctrl-C waits for a save in progress, and otherwise stops at
+once naming the latest intact checkpoint), a non-finite, blown-up or fast-rising loss or a zero
+gradient norm stops the run (`TrainingDiverged`, naming the checkpoint known to be good and the
+command to continue from it), a train step that needs more memory than is free is refused
+before it runs and a full disk during a save stops the run without a partial checkpoint
+(`ResourceError`), and a run directory created by a run that failed before its first metrics
+line is removed again.
 
 Several processes (after `jax.distributed.initialize`, see `s3r train --coordinator` and
 docs/scaling.md): every process runs `train(cfg)` with the same config; each loads only its
@@ -47,7 +54,7 @@ from tqdm.auto import tqdm
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import checkpoint, report, resume
+from s3r.train import checkpoint, logs, recovery, report, resume
 from s3r.train.builder import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, tokenizer_change, validation_batches  # noqa: F401
@@ -94,8 +101,9 @@ def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) 
     raise ConfigError(f"{e}; {resume.mesh_hint(cfg)}") from None
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
   created = _writable_dir(out, "--out")
+  log_file = out / (logs.LOG_FILE if main else f"{logs.LOG_FILE}.{jax.process_index()}")
   try:
-    with RunLock(out) if main else contextlib.nullcontext():
+    with RunLock(out) if main else contextlib.nullcontext(), logs.library_logs(log_file, verbose=cfg.verbose):
       return _train(cfg, out, mesh, saved, main, log)
   except BaseException:
     if created and main:
@@ -132,6 +140,8 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
   ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
   try:
     resume_step = _resume_step(cfg, ckpt, saved, log)
+    if resume_step is not None and saved is not None:
+      cfg = _record_lr_change(cfg, saved.config, resume_step, log)
     corpus = _prepare_data_once(cfg, log)
     if resume_step is not None and saved is not None and saved.meta is not None:
       _check_corpus(cfg, corpus, saved.meta)
@@ -164,15 +174,16 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
     )
     wall = lambda: wall_before + time.time() - t_start
-    initial_loss = None
+    history, initial_val = [], None
     if start == 0:
       initial_loss, record = _step_zero(setup, state, batches, loader, val_sets)
+      history, initial_val = [initial_loss], record.get("val_loss")
       if writer is not None:
         writer.write({**record, "wall_s": wall()})
     elif main:
-      initial_loss = next((r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] == 0), None)
-    run = _Run(cfg, setup, ckpt, batches, loader, val_sets, writer, meta, wall, main, log)
-    val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor(initial_loss))
+      history = [r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] <= start]
+    run = _Run(cfg, setup, ckpt, batches, loader, val_sets, writer, meta, wall, main, log, initial_val)
+    val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor.following(history))
   except (TrainingDiverged, TrainingInterrupted):
     if main:
       _plot(cfg, out)
@@ -204,58 +215,77 @@ class _Run:
   wall: Callable[[], float]  # () -> wall-clock seconds of the run so far
   main: bool
   log: Callable[[str], object]
+  initial_val: float | None = None  # the step-0 validation loss of this session, if it computed one
 
   def steps(self, state, start: int, train_step, monitor: DivergenceMonitor):
     """Steps start+1 .. cfg.steps; (last validation losses, last checkpoint path written)."""
-    cfg, val_losses, last_ckpt = self.cfg, {}, None
+    cfg, val_losses, last_ckpt, step = self.cfg, {}, None, start
+    good = recovery.GoodCheckpoints(self.ckpt, resumed_from=start)
+    good.saw_validation(self.initial_val)
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )
     with bar, Interrupts() as interrupts:
-      for step in range(start + 1, cfg.steps + 1):
-        t0 = time.time()
-        state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        step_time = time.time() - t0
-        if why := monitor.check(step, metrics["loss"], metrics["grad_norm"]):
-          raise TrainingDiverged(f"{why}; stopping: {self._last_good(last_ckpt, step)}")
-        record = {
-          "step": step,
-          **metrics,
-          "tokens_per_s": cfg.batch * cfg.seq_len / step_time,
-          "step_time_s": step_time,
-          "wall_s": self.wall(),
-        }
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-          val_losses = evaluate(self.setup, state.params, self.val_sets)
-          record.update({report.val_key(k): v for k, v in val_losses.items()})
-          if self.main:
-            bar.write(
-              f"step {step}: loss {metrics['loss']:.4f}, "
-              + ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
+      try:
+        for step in range(start + 1, cfg.steps + 1):
+          t0 = time.time()
+          state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
+          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          step_time = time.time() - t0
+          level = monitor.level
+          if why := monitor.check(step, metrics["loss"], metrics["grad_norm"]):
+            raise TrainingDiverged(f"{why}; stopping: {recovery.diverged(cfg, self.ckpt, step, main=self.main)}")
+          good.healthy(step, metrics["loss"], level)
+          record = {
+            "step": step,
+            **metrics,
+            "tokens_per_s": cfg.batch * cfg.seq_len / step_time,
+            "step_time_s": step_time,
+            "wall_s": self.wall(),
+          }
+          if step % cfg.eval_every == 0 or step == cfg.steps:
+            val_losses = self._validate(bar, step, state, metrics, record)
+            good.saw_validation(record.get("val_loss"))
+          if self.writer is not None:
+            self.writer.write(record)
+          if step % cfg.ckpt_every == 0 or step == cfg.steps or interrupts.requested:
+            with interrupts.deferred():  # a second Ctrl-C waits for the checkpoint
+              last_ckpt = self._save(step, state, last_ckpt)
+            good.saved(step, monitor.level, record.get("val_loss"))
+          bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+          bar.update(1)
+          if interrupts.requested and step < cfg.steps:
+            raise TrainingInterrupted(
+              f"{interrupts.requested} at step {step}: saved {last_ckpt}; continue with "
+              f"s3r train --out {cfg.out} --resume"
             )
-        if self.writer is not None:
-          self.writer.write(record)
-        if step % cfg.ckpt_every == 0 or step == cfg.steps or interrupts.requested:
-          last_ckpt = self.ckpt.save(step, state, self.meta())
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        bar.update(1)
-        if interrupts.requested and step < cfg.steps:
-          raise TrainingInterrupted(
-            f"{interrupts.requested} at step {step}: saved {last_ckpt}; continue with "
-            f"s3r train --out {cfg.out} --resume"
-          )
+      except KeyboardInterrupt:  # a second Ctrl-C outside a save
+        raise TrainingInterrupted(
+          f"second SIGINT at step {step}: stopped without saving; "
+          f"{recovery.latest_intact(self.ckpt, last_ckpt)}; continue with s3r train --out {cfg.out} --resume"
+        ) from None
     return val_losses, last_ckpt
 
-  def _last_good(self, last_ckpt, step: int) -> str:
-    if last_ckpt:
-      return f"{last_ckpt} is the last checkpoint written before step {step}"
-    latest = self.ckpt.latest_step()
-    return (
-      "no checkpoint was written before it"
-      if latest is None
-      else f"no checkpoint was written in this session; the latest is {self.ckpt.directory / str(latest)}"
-    )
+  def _validate(self, bar, step: int, state, metrics: dict, record: dict) -> dict:
+    """The validation losses of `state` (added to `record`, and printed)."""
+    val_losses = evaluate(self.setup, state.params, self.val_sets)
+    record.update({report.val_key(k): v for k, v in val_losses.items()})
+    if self.main:
+      bar.write(
+        f"step {step}: loss {metrics['loss']:.4f}, "
+        + ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
+      )
+    return val_losses
+
+  def _save(self, step: int, state, last_ckpt):
+    """Checkpoint `step`; a full disk is a ResourceError that names the intact previous checkpoint."""
+    try:
+      return self.ckpt.save(step, state, self.meta())
+    except checkpoint.CheckpointDiskFull as e:
+      raise ResourceError(
+        f"disk full: {e} (nothing partial was left); {recovery.latest_intact(self.ckpt, last_ckpt)}; "
+        f"free space on that disk, then continue with s3r train --out {self.cfg.out} --resume"
+      ) from None
 
 
 def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, saved: resume.SavedRun | None, log) -> int | None:
@@ -284,6 +314,17 @@ def _check_corpus(cfg: TrainConfig, corpus: s3r_data.Corpus, meta: dict) -> None
     changes.append(f"its training split has {len(corpus.train_tokens):,} tokens, the run's had {n_tokens:,}")
   if changes:
     raise resume.corpus_error(changes)
+
+
+def _record_lr_change(cfg: TrainConfig, saved: TrainConfig, step: int, log) -> TrainConfig:
+  """`cfg` continuing the run `saved` at `step`; a lower --lr becomes a recorded schedule change (lr_changes)."""
+  resumed = cfg.resumed_at(saved, step)
+  if resumed.lr_changes != saved.lr_changes:
+    log(
+      f"resume: peak learning rate {saved.current_lr:g} -> {resumed.current_lr:g} from step {step} on "
+      f"(the schedule up to step {step} is unchanged; recorded in lr_changes)"
+    )
+  return resumed
 
 
 def _initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):

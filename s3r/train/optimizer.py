@@ -1,5 +1,11 @@
 """AdamW on the f32 master weights: linear warm-up, cosine decay, global-norm clipping.
 
+The schedule is indexed by the optimizer step t = 1, 2, ... (the update that produces step t): the
+warm-up rises linearly to the peak over steps 1 .. warmup_steps, so step 1 already trains at
+lr / warmup_steps (not at 0) and step warmup_steps at lr; the cosine then decays to
+lr * final_lr_ratio at step total_steps. Without warm-up, step 1 trains at the peak.
+Peaks lowered on `--resume` (`lr_changes`, e.g. after a divergence) scale the curve from their step on.
+
 The optimizer is the same for every recipe (docs/algorithm.md §2): the recipe only changes
 how the gradients are computed.
 """
@@ -9,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -25,6 +32,8 @@ class OptimizerConfig:
   eps: float = 1e-8  # Adam denominator epsilon
   weight_decay: float = 0.1  # decoupled weight decay, applied to matrices only (not norm scales)
   clip_norm: float = 1.0  # global gradient-norm clipping threshold
+  # (step, peak): from the update after `step` on, the curve is scaled to peak `peak` instead of `lr`
+  lr_changes: tuple[tuple[int, float], ...] = ()
 
   def __post_init__(self):
     if not self.lr > 0:
@@ -45,17 +54,28 @@ class OptimizerConfig:
         raise ValueError(f"OptimizerConfig.{field} must be > 0, got {getattr(self, field)!r}")
     if not self.weight_decay >= 0:
       raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
+    steps = [step for step, _ in self.lr_changes]
+    if steps != sorted(set(steps)) or any(not peak > 0 for _, peak in self.lr_changes):
+      raise ValueError(f"OptimizerConfig.lr_changes must have increasing steps and peaks > 0, got {self.lr_changes!r}")
 
 
 def schedule(cfg: OptimizerConfig) -> optax.Schedule:
-  """Learning rate at each step: 0 -> lr linearly over warmup_steps, then cosine to lr * final_lr_ratio."""
-  return optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=cfg.lr,
-    warmup_steps=cfg.warmup_steps,
-    decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1),
-    end_value=cfg.lr * cfg.final_lr_ratio,
-  )
+  """Learning rate of the update with optax count c, the one that produces step t = c + 1: lr * t / warmup_steps
+  up to t = warmup_steps, then cosine from lr at step max(warmup_steps, 1) to lr * final_lr_ratio at
+  total_steps; each of `lr_changes` scales the rest of the curve to its peak (see the module docstring)."""
+  top = max(cfg.warmup_steps, 1)  # the step at the peak
+  end = cfg.lr * cfg.final_lr_ratio
+
+  def rate(count):
+    step = jnp.asarray(count, jnp.float32) + 1
+    progress = jnp.clip((step - top) / max(cfg.total_steps - top, 1), 0.0, 1.0)
+    cosine = end + (cfg.lr - end) * 0.5 * (1 + jnp.cos(jnp.pi * progress))
+    lr = jnp.where(step <= cfg.warmup_steps, cfg.lr * step / top, cosine)
+    for change, peak in cfg.lr_changes:  # a change at (resume) step s applies to steps s + 1, ... (counts >= s)
+      lr = jnp.where(count >= change, lr * (peak / cfg.lr), lr)
+    return lr
+
+  return rate
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -32,12 +32,21 @@ def _damage(step_dir: pathlib.Path, how: str) -> None:
     shutil.rmtree(step_dir / "meta")
 
 
-def test_resume_falls_back_past_a_truncated_latest_checkpoint_says_so_and_reproduces_the_run(cli, run_copy, base_run):
+# what a resume prints on stdout, line by line (the library logs go to <out>/train.log)
+RUN_LINES = ("data:", "tokenizer:", "tokens:", "checkpoint:", "resume:", "compiled", "model:", "step ", "final", "loss")
+
+
+def test_resume_falls_back_past_a_truncated_latest_checkpoint_quietly_says_so_and_reproduces_the_run(
+  cli, run_copy, base_run
+):
   _damage(run_copy / "checkpoints" / "6", "truncated-state")
-  proc = cli("train", "--out", run_copy, "--resume")
+  proc = cli("train", "--out", run_copy, "--resume", "--no-progress")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "checkpoint: using step 4" in proc.stdout and "unreadable" in proc.stdout
   assert _steady(metrics_lines(run_copy)) == _steady(metrics_lines(base_run))
+  assert "Traceback" not in proc.stdout + proc.stderr and len(proc.stderr.splitlines()) <= 2, proc.stderr[-3000:]
+  assert [line for line in proc.stdout.splitlines() if not line.startswith(RUN_LINES)] == [], proc.stdout
+  assert (run_copy / "train.log").stat().st_size > 0  # the detail is kept there
 
 
 @pytest.mark.parametrize("how", ["deleted-state", "garbled-meta", "missing-meta"])

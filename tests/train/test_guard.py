@@ -1,7 +1,9 @@
 """Run safety: divergence detection, the run lock, and the Ctrl-C flag."""
 
+import json
 import math
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -23,6 +25,55 @@ def test_a_blow_up_far_above_the_running_level_is_flagged_at_its_first_step():
   assert monitor.check(1, 6.1, 1.0) is None
   why = monitor.check(2, 3802.0, 50.0)
   assert why.startswith("loss blew up at step 2") and "running level" in why
+
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _committed_curves() -> list[list[float]]:
+  """The training-loss curves of the committed sweep summaries (healthy runs, every 5th step)."""
+  curves = []
+  for path in sorted((REPO / "results").glob("*/runs/*.json")):
+    summary = json.loads(path.read_text())
+    if summary.get("status") == "done" and summary.get("curve"):
+      curves.append([loss for _, loss in summary["curve"]])
+  return curves
+
+
+def test_the_reported_blow_up_from_6_26_to_15_06_is_flagged_at_once():
+  monitor = DivergenceMonitor(6.27)
+  for step, loss in enumerate([6.25, 6.22, 6.24, 6.26], start=1):
+    assert monitor.check(step, loss, 1.5) is None
+  why = monitor.check(5, 15.06, 40.0)
+  assert why is not None and why.startswith("loss blew up at step 5")
+
+
+def test_a_fast_rise_over_consecutive_steps_is_flagged_before_it_doubles():
+  monitor = DivergenceMonitor(6.2)
+  assert [monitor.check(s, loss, 1.0) for s, loss in enumerate([6.1, 6.9, 7.6], start=1)] == [None] * 3
+  why = monitor.check(4, 8.4, 3.0)
+  assert why is not None and why.startswith("loss rose fast at step 4")
+
+
+def test_committed_healthy_curves_are_never_flagged():
+  curves = _committed_curves()
+  assert len(curves) >= 20  # the sweeps' summaries are there to check against
+  for curve in curves:
+    monitor = DivergenceMonitor(curve[0])
+    assert [why for step, loss in enumerate(curve[1:], start=1) if (why := monitor.check(step, loss, 1.0))] == []
+
+
+def test_the_noise_of_a_low_overfitting_loss_is_not_flagged():
+  """A 60-document corpus trained for hundreds of steps: the loss hovers near 0.75 with jumps to 1.2."""
+  monitor = DivergenceMonitor.following([5.7] + [0.75] * 200)
+  losses = [0.7, 0.9, 1.05, 1.21, 0.8, 0.74, 1.2, 0.76, 0.71]
+  assert all(monitor.check(s, loss, 1.0) is None for s, loss in enumerate(losses, start=201))
+
+
+def test_a_resumed_monitor_follows_the_run_so_far_not_only_the_initial_loss():
+  monitor = DivergenceMonitor.following([6.2] + [3.0] * 100)
+  assert monitor.level == pytest.approx(3.0, abs=1e-3)
+  assert monitor.check(101, 7.0, 1.0) is not None  # 2.3x the level, though below 2x the initial loss
 
 
 @pytest.mark.parametrize(
@@ -59,3 +110,14 @@ def test_sigint_sets_the_flag_instead_of_raising_and_a_second_one_raises():
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is before  # restored
+
+
+def test_signals_inside_a_deferred_block_wait_for_it_to_end():
+  with Interrupts() as interrupts:
+    with interrupts.deferred():
+      os.kill(os.getpid(), signal.SIGINT)
+      os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while a checkpoint is written: no exception
+      os.kill(os.getpid(), signal.SIGTERM)
+    assert interrupts.requested == "SIGINT" and interrupts.deferred_count == 1
+    with pytest.raises(KeyboardInterrupt):  # outside the block a second Ctrl-C interrupts again
+      os.kill(os.getpid(), signal.SIGINT)

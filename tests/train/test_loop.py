@@ -83,7 +83,7 @@ def test_existing_checkpoints_without_resume_or_with_other_settings_are_refused(
   with pytest.raises(ConfigError, match="--resume"):
     loop.train(cfg, log=_quiet)
   with pytest.raises(ConfigError, match="lr"):
-    loop.train(TrainConfig(**{**cfg.to_dict(), "resume": True, "lr": 1e-4}), log=_quiet)
+    loop.train(TrainConfig(**{**cfg.to_dict(), "resume": True, "lr": 1e-2}), log=_quiet)  # a higher peak
 
 
 def test_evaluate_checkpoint_matches_the_final_validation_loss(finished_run, corpus_dir):

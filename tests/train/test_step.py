@@ -110,13 +110,26 @@ def test_cross_entropy_is_the_token_mean_in_f32():
   np.testing.assert_allclose(loss, expected, rtol=1e-6)
 
 
-def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+def test_lr_warms_up_linearly_from_the_first_step_then_decays_by_cosine_to_the_floor():
   cfg = O.OptimizerConfig(lr=1e-3, total_steps=100, warmup_steps=10, final_lr_ratio=0.1)
-  lr = O.schedule(cfg)
-  np.testing.assert_allclose([lr(0), lr(5), lr(10)], [0.0, 5e-4, 1e-3], rtol=1e-6)
-  np.testing.assert_allclose(lr(55), 1e-4 + 0.5 * 9e-4, rtol=1e-5)  # half-way through the cosine
-  np.testing.assert_allclose(lr(100), 1e-4, rtol=1e-5)
-  assert all(lr(s) >= lr(s + 1) for s in range(10, 100))
+  lr = O.schedule(cfg)  # lr(c): the update with optax count c, which makes step c + 1
+  np.testing.assert_allclose([lr(0), lr(4), lr(9)], [1e-4, 5e-4, 1e-3], rtol=1e-6)  # steps 1, 5, 10
+  np.testing.assert_allclose(lr(54), 1e-4 + 0.5 * 9e-4, rtol=1e-5)  # step 55: half-way through the cosine
+  np.testing.assert_allclose(lr(99), 1e-4, rtol=1e-5)  # step 100
+  assert all(lr(s) >= lr(s + 1) for s in range(9, 100))
+
+
+def test_without_warm_up_the_first_step_trains_at_the_peak():
+  lr = O.schedule(O.OptimizerConfig(lr=1e-3, total_steps=10, warmup_steps=0, final_lr_ratio=0.1))
+  np.testing.assert_allclose([lr(0), lr(9)], [1e-3, 1e-4], rtol=1e-6)
+
+
+def test_a_lowered_peak_scales_the_schedule_from_its_step_on_and_leaves_it_before():
+  base = O.OptimizerConfig(lr=1e-3, total_steps=100, warmup_steps=10)
+  changed = O.OptimizerConfig(lr=1e-3, total_steps=100, warmup_steps=10, lr_changes=((40, 2e-4),))
+  before, after = O.schedule(base), O.schedule(changed)
+  np.testing.assert_allclose([after(c) for c in range(40)], [before(c) for c in range(40)], rtol=1e-6)
+  np.testing.assert_allclose([after(c) for c in range(40, 100)], [0.2 * before(c) for c in range(40, 100)], rtol=1e-6)
 
 
 def test_optimizer_defaults_and_weight_decay_on_matrices_only():
