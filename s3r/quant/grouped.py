@@ -102,12 +102,12 @@ def grouped_qmatmul(
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
-  r, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
+  recipe, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
   impl = _check_impl(impl)
-  if not r.quantized:
+  if not recipe.quantized:
     return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
   rows = None if rows is None else _normalized(rows)
-  return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key, rows)
+  return _gqmatmul(recipe, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key, rows)
 
 
 # --- the unquantized (bf16) product: _bf16_gmm, _fwd, _bwd, defvjp ---------------------------
@@ -170,7 +170,7 @@ _Cotangents = tuple[jax.Array, jax.Array, None, None, None]
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _gqmatmul(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
@@ -180,11 +180,11 @@ def _gqmatmul(
   key: jax.Array | None,
   rows: GlobalRows | None,
 ) -> jax.Array:
-  return _fwd(r, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key, rows)[0]
+  return _fwd(recipe, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key, rows)[0]
 
 
 def _fwd(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
@@ -195,7 +195,7 @@ def _fwd(
   rows: GlobalRows | None,
 ) -> tuple[jax.Array, _Residuals]:
   """(Y [T, N] in x's dtype, the residuals)."""
-  del r, w_dtype
+  del recipe, w_dtype
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   sx_T = numerics.absmax_scale(x_TxK, axis=1)
   sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
@@ -207,7 +207,7 @@ def _fwd(
 
 
 def _bwd(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
@@ -218,19 +218,19 @@ def _bwd(
   lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
   valid_Tx1 = _valid(lay)[:, None]
   gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
-  if r.rounding == "exact":
+  if recipe.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
   n_seg = lay.group_sizes.shape[0]
-  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, n_seg, key, rows)
+  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(recipe, gp_TxN, lay.seg_T, n_seg, key, rows)
 
   corr_dx_TxK = corr_dw_ExKxN = None
-  if r.correct_dx or r.correct_dw:
+  if recipe.correct_dx or recipe.correct_dw:
     # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
-    e_TxN = formats.get_format(r.grad_format).dequantize(q_dx) - v_TxN
+    e_TxN = formats.get_format(recipe.grad_format).dequantize(q_dx) - v_TxN
     factors = grouped_ec.segment_factors(e_TxN, lay.seg_T, lay.group_sizes)
-    if r.correct_dx:
+    if recipe.correct_dx:
       corr_dx_TxK = grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
-    if r.correct_dw:
+    if recipe.correct_dw:
       corr_dw_ExKxN = grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
   # Epilogues: dX = (acc - corr) · Δ/s_x[t] (padding rows 0), dW[e] = (acc - corr) · Δ/s_w[e]
   dx_TxK = grouped_gemm.gmm_nt_epilogue(q_dx, wq_ExKxN, lay, impl, sub_TxK=corr_dx_TxK, row_T=delta / sx_T, out=x_dtype)
@@ -253,7 +253,7 @@ def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
 
 
 def quantize_grouped_gradient(
-  r: Recipe,
+  recipe: Recipe,
   gp_TxN: jax.Array,
   seg_T: jax.Array,
   n_seg: int,
@@ -280,7 +280,7 @@ def quantize_grouped_gradient(
   else:
     total, experts, axes, seg0 = rows.total, rows.experts, rows.axes, rows.expert0
     at_row = lambda u: u[jnp.clip(rows.index, 0, total - 1)]  # noqa: E731
-  delta, v_TxN = matmul.scale_gradient(r, gp_TxN, axes)
+  delta, v_TxN = matmul.scale_gradient(recipe, gp_TxN, axes)
 
   def draw(k: jax.Array, kind: str) -> jax.Array:
     if kind == "sr":
@@ -291,7 +291,7 @@ def quantize_grouped_gradient(
       return thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
     raise ValueError(f"{_NAME}: threshold topology must be 'token' or 'example', got {kind!r}")
 
-  q_dx, q_dw = matmul.round_gradient(r, v_TxN, key, draw)
+  q_dx, q_dw = matmul.round_gradient(recipe, v_TxN, key, draw)
   return delta, v_TxN, q_dx, q_dw
 
 
