@@ -56,8 +56,9 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
 def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_overrides) -> Setup:
   """Model, shardings and the jitted init/train/eval functions of `cfg` on `mesh`.
 
-  `model_overrides` replace fields of the model config (e.g. n_layers=2 for `python -m benchmarks comm`)."""
-  model_cfg = dataclasses.replace(cfg.model_config(vocab_size), **model_overrides)
+  `model_overrides` replace fields of the model config as in `s3r.model.preset` (e.g. n_layers=2 for
+  `python -m benchmarks comm`; `python -m benchmarks step` also sets remat, attention_impl, d_model)."""
+  model_cfg = cfg.model_config(vocab_size, **model_overrides)
   batch_sh = sharding.batch_sharding(mesh, cfg.batch_shape)
   tx = make_optimizer(cfg.optimizer_config())
   graphdef = s3r_model.graphdef(model_cfg)
@@ -96,12 +97,18 @@ def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
   )
 
 
+def lower_train_step(setup: Setup, cfg: TrainConfig) -> jax.stages.Lowered:
+  """The train step lowered for `cfg`'s batch shape on the run's shardings (from abstract values:
+  nothing is allocated)."""
+  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
+  return setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"])
+
+
 def compile_train_step(setup: Setup, cfg: TrainConfig, log):
   """The train step compiled ahead of time (so that step times exclude compilation), refused with a
   ResourceError when its memory estimate exceeds what one device has free."""
   t0 = time.time()
-  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
-  compiled = setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"]).compile()
+  compiled = lower_train_step(setup, cfg).compile()
   log(f"compiled the train step in {time.time() - t0:.1f}s")
   need, free = step_memory_bytes(compiled), free_device_memory()
   if need is not None and free is not None and need > free:
