@@ -1,8 +1,8 @@
 """`python -m benchmarks step`: training-step time and compiled memory of presets per recipe (Table IV).
 
 For each configuration (a preset at one depth, `--preset a,b --layers 2,4` gives four), builds the
-model with each recipe, the AdamW optimizer and the pure train step of `s3r.train.step` (jitted,
-state donated, sharded on `--mesh` by `s3r.train.sharding`), compiles every recipe ahead of time
+train step of `s3r train` with each recipe (`s3r.train.builder.build`: the model, the AdamW optimizer,
+the shardings on `--mesh`, the state donated), compiles every recipe ahead of time
 (in parallel threads; the compiled program's `memory_analysis()` gives its temporaries,
 arguments and outputs), feeds a fixed random batch of token ids [B, S + 1] and times the steps
 with the recipes interleaved (`benchmarks.timing`, Williams design). All recipes of a
@@ -44,21 +44,37 @@ def resolve_attention(choice: str) -> str:
   return "cudnn" if jax.default_backend() == "gpu" else "xla"
 
 
-def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int | None, attention: str | None = None):
-  """The preset with the bench's overrides (recipe, depth, sequence, width, vocabulary, remat, attention)."""
-  from s3r import model as s3r_model
+# The optimizer schedule of every measured step: AdamW with a short warm-up, far from its end
+SCHEDULE = {"steps": 10_000, "lr": 1e-4, "warmup": 10}
 
-  base = s3r_model.PRESETS[preset]
-  overrides = {
-    "recipe": recipe,
-    "max_seq_len": max(base.max_seq_len, args.seq),
-    "remat": args.remat == "full",
-    "attention_impl": attention or resolve_attention(args.attention),
-  }
-  for field, value in (("layers", layers), ("width", args.width), ("vocab_size", args.vocab)):
+
+def train_config(preset: str, recipe: str, args: argparse.Namespace):
+  """The `s3r train` configuration whose step is measured: the bench's batch, sequence, seed and mesh."""
+  from s3r.train.config import TrainConfig
+
+  fields = {"batch": args.batch, "seq": args.seq, "seed": args.seed, "mesh": args.mesh, **SCHEDULE}
+  return TrainConfig(out="unused", preset=preset, recipe=recipe, progress=False, **fields)
+
+
+def model_overrides(args: argparse.Namespace, layers: int | None, attention: str | None = None) -> dict:
+  """The bench's model fields beyond the trainer's: remat, attention kernel, and depth and width when set."""
+  overrides = {"remat": args.remat == "full", "attention_impl": attention or resolve_attention(args.attention)}
+  for field, value in (("n_layers", layers), ("d_model", args.width)):
     if value:
       overrides[field] = value
-  return s3r_model.preset(preset, **overrides)
+  return overrides
+
+
+def vocab_size(preset: str, args: argparse.Namespace) -> int:
+  from s3r.model import PRESETS
+
+  return args.vocab or PRESETS[preset].vocab_size
+
+
+def model_config(preset: str, recipe: str, args: argparse.Namespace, layers: int | None, attention: str | None = None):
+  """The model of the measured step: the trainer's (`TrainConfig.model_config`) with the bench's overrides."""
+  cfg = train_config(preset, recipe, args)
+  return cfg.model_config(vocab_size(preset, args), **model_overrides(args, layers, attention))
 
 
 def memory(compiled) -> dict:
@@ -93,48 +109,31 @@ def flops(compiled) -> float | None:
 def build(preset: str, layers: int | None, recipes: list[str], args: argparse.Namespace, mesh):
   """Compiled train steps of `preset` at depth `layers`, one per recipe, sharing one state.
 
+  Each recipe's step is the trainer's: `s3r.train.builder.build` (model, optimizer, shardings,
+  donated state), lowered by `builder.lower_train_step` as `s3r train` does.
   Returns (steppers {recipe: zero-argument callable}, per-recipe {compile_s, memory, flops}, model info)."""
   import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
+  import numpy as np
 
   from s3r import model as s3r_model
-  from s3r.train import attention, sharding
-  from s3r.train import optimizer as opt
-  from s3r.train import step as train_step_mod
+  from s3r.train import attention, builder
 
   impl, attention_note = attention.resolve(
     args.attention, model_config(preset, recipes[0], args, layers, "xla"), batch=args.batch, seq=args.seq
   )
   if attention_note:
     log(f"[step] {preset}: {attention_note}")
-  cfgs = {r: model_config(preset, r, args, layers, impl) for r in recipes}
-  first = cfgs[recipes[0]]
-  ocfg = opt.OptimizerConfig(lr=1e-4, total_steps=10_000, warmup_steps=10)
-  tx = opt.make_optimizer(ocfg)
-  init_key, batch_key, train_key = jax.random.split(jax.random.key(args.seed), 3)
-  fresh = lambda k: train_step_mod.init_state(s3r_model.init_params(first, k), tx)
-  tokens = jax.random.randint(batch_key, (args.batch, args.seq + 1), 0, first.vocab_size, jnp.int32)
-  if mesh.size == 1:  # one device: plain jit, no sharding annotations
-    jit_step = lambda step: jax.jit(step, donate_argnums=0)
-    holder = {"state": jax.jit(fresh)(init_key)}
-  else:
-    state_sh = sharding.state_shardings(mesh, first, jax.eval_shape(fresh, init_key), tx)
-    batch_sh = sharding.batch_sharding(mesh, (args.batch, args.seq + 1))
-    replicated = NamedSharding(mesh, P())
-    jit_step = lambda step: jax.jit(
-      sharding.with_activation_sharding(step, mesh),
-      in_shardings=(state_sh, batch_sh, replicated),
-      out_shardings=(state_sh, replicated),
-      donate_argnums=0,
-    )
-    holder = {"state": jax.jit(fresh, out_shardings=state_sh)(init_key)}
-    tokens, train_key = jax.device_put(tokens, batch_sh), jax.device_put(train_key, replicated)
-  lowered, info = {}, {}
-  for r, cfg in cfgs.items():  # tracing stays on this thread; XLA compiles in parallel below
-    step = train_step_mod.make_train_step(s3r_model.graphdef(cfg), tx, opt.schedule(ocfg))
-    lowered[r] = jit_step(step).lower(holder["state"], tokens, train_key)
+  vocab, overrides = vocab_size(preset, args), model_overrides(args, layers, impl)
+  train_cfgs = {r: train_config(preset, r, args) for r in recipes}
+  setups = {r: builder.build(c, vocab, mesh, **overrides) for r, c in train_cfgs.items()}
+  setup = setups[recipes[0]]  # every recipe's state has its shapes and shardings
+  first = setup.model_cfg
+  batch_np = np.random.default_rng(args.seed).integers(0, vocab, train_cfgs[recipes[0]].batch_shape, dtype=np.int32)
+  tokens, train_key = jax.device_put(batch_np, setup.batch_sharding), setup.keys["train"]
+  holder = {"state": setup.init_state(setup.keys["init"])}
+  # tracing stays on this thread; XLA compiles in parallel below
+  lowered = {r: builder.lower_train_step(setups[r], c) for r, c in train_cfgs.items()}
+  info = {}
 
   def compile_one(r):
     t0 = time.perf_counter()

@@ -130,12 +130,12 @@ def dot_general(
   `s3r.qmatmul`: under a mesh with that axis, partial sums are rounded per shard.
   The output has lhs's dtype, or `preferred_element_type` when the caller asks for one.
   """
-  r = get_recipe(recipe)
+  recipe = get_recipe(recipe)
 
   def fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
     del precision, unused  # the recipe fixes the numerics (out_sharding: left to the partitioner)
     k = jax.random.fold_in(key, kernel_fingerprint(rhs)) if fold_kernel and key is not None else key
-    y = _quantized_dot(lhs, rhs, dimension_numbers, key=k, recipe=r, tp=tp, tp_axis=tp_axis)
+    y = _quantized_dot(lhs, rhs, dimension_numbers, key=k, recipe=recipe, tp=tp, tp_axis=tp_axis)
     return y if preferred_element_type is None else y.astype(preferred_element_type)
 
   return fn
@@ -154,9 +154,9 @@ class LinenDotGeneral(linen.Module):
 
   @linen.compact
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
-    r = get_recipe(self.recipe)
-    key = self.make_rng(self.rng_collection) if r.stochastic and self.has_rng(self.rng_collection) else None
-    return dot_general(r, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
+    recipe = get_recipe(self.recipe)
+    key = self.make_rng(self.rng_collection) if recipe.stochastic and self.has_rng(self.rng_collection) else None
+    return dot_general(recipe, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
       lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
     )
 

@@ -79,12 +79,12 @@ def quantize(
   NNX models are changed in place and returned; Linen modules are wrapped (see the module doc).
   `rngs` (NNX only): an `nnx.Rngs` with a `stream` stream or an int seed for one.
   """
-  r = get_recipe(recipe)
+  recipe = get_recipe(recipe)
   skip = (skip,) if isinstance(skip, str) else tuple(skip)
   if isinstance(model, linen.Module):
-    return QuantizedLinen(model, r, skip=skip, stream=stream)
+    return QuantizedLinen(model, recipe, skip=skip, stream=stream)
   if isinstance(model, nnx.Module):
-    return _quantize_nnx(model, r, skip, nnx.Rngs(**{stream: rngs}) if isinstance(rngs, int) else rngs, stream)
+    return _quantize_nnx(model, recipe, skip, nnx.Rngs(**{stream: rngs}) if isinstance(rngs, int) else rngs, stream)
   raise TypeError(f"quantize: model must be a flax.linen.Module or a flax.nnx.Module, got {type(model).__name__}")
 
 
@@ -103,15 +103,15 @@ def _stack(module: nnx.Linear | nnx.LinearGeneral | nnx.Einsum) -> tuple[int, ..
   return tuple(shape[: len(shape) - own])
 
 
-def _quantize_nnx(model: nnx.Module, r: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
+def _quantize_nnx(model: nnx.Module, recipe: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
   layers = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, _NNX_TYPES)]
   check_skip(skip, [path for path, _ in layers], "Linear/LinearGeneral/Einsum")
   targets = [(path, m) for path, m in layers if not _skipped(path, skip)]
   for _, m in targets:  # nnx.data: the layers hold lax.dot_general / jnp.einsum as static attributes
     if isinstance(m, nnx.Einsum):
-      m.einsum_op = nnx.data(NnxEinsumOp(r, rngs=rngs, stream=stream, stack=_stack(m)))
+      m.einsum_op = nnx.data(NnxEinsumOp(recipe, rngs=rngs, stream=stream, stack=_stack(m)))
     else:
-      m.dot_general = nnx.data(NnxDotGeneral(r, rngs=rngs, stream=stream, stack=_stack(m)))
+      m.dot_general = nnx.data(NnxDotGeneral(recipe, rngs=rngs, stream=stream, stack=_stack(m)))
       if isinstance(m, nnx.LinearGeneral):
         m.dot_general_cls = None
   check_keys(model)

@@ -24,7 +24,7 @@ def check(fn: str, recipe, key, x, w, group_sizes=None, *, key_required: bool) -
   `group_sizes` is given for the grouped product only. The key is None when the recipe draws no
   random numbers, or, unless `key_required`, when none was given (forward-only use).
   """
-  r = check_recipe(fn, recipe)
+  recipe = check_recipe(fn, recipe)
   arrays = (("x", x), ("w", w)) + ((("group_sizes", group_sizes),) if group_sizes is not None else ())
   for name, a in arrays:
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
@@ -36,7 +36,7 @@ def check(fn: str, recipe, key, x, w, group_sizes=None, *, key_required: bool) -
     _dense_shapes(fn, x, w)
   else:
     _grouped_shapes(fn, x, w, group_sizes)
-  return r, _key(fn, key, r, required=key_required)
+  return recipe, _key(fn, key, recipe, required=key_required)
 
 
 def describe(a) -> str:
@@ -87,12 +87,12 @@ def _grouped_shapes(fn: str, x, w, group_sizes) -> None:
     raise ValueError(f"{fn}: group_sizes sum to {int(sizes.sum())}, more than the {x.shape[0]} rows of x")
 
 
-def _key(fn: str, key, r: Recipe, *, required: bool):
+def _key(fn: str, key, recipe: Recipe, *, required: bool):
   """The key as a typed key; None when the recipe needs none (or, unless `required`, none was given)."""
-  if not r.stochastic or (key is None and not required):
+  if not recipe.stochastic or (key is None and not required):
     return None
   if key is None:
-    raise ValueError(f"{fn}: recipe {r.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
+    raise ValueError(f"{fn}: recipe {recipe.name!r} rounds stochastically and needs key=jax.random.key(...), got None")
   if not hasattr(key, "dtype"):
     raise TypeError(f"{fn}: key must be a jax.random.key array, got {type(key).__name__}")
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):

@@ -27,6 +27,7 @@ Dimension letters: T rows, E experts, K input features, N outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -42,8 +43,16 @@ _NAME = "grouped_qmatmul"
 DEFAULT_IMPL = "tiled"
 
 
-class GlobalRows(NamedTuple):
-  """Where one shard's rows sit in a grouped product spread over mesh axes (inside `shard_map`)."""
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=["index", "expert0"], meta_fields=["total", "experts", "axes"]
+)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GlobalRows:
+  """Where one shard's rows sit in a grouped product spread over mesh axes (inside `shard_map`).
+
+  A pytree: the arrays (index, expert0) are its leaves, the sizes and axes its static part, so
+  it passes through the custom VJP (and jit) as one argument.
+  """
 
   index: jax.Array  # int32 [T]: each row's position in the global expert-sorted rows (padding rows: any)
   expert0: jax.Array  # int32 []: the global index of w[0], the shard's first expert
@@ -52,9 +61,15 @@ class GlobalRows(NamedTuple):
   axes: tuple[str, ...]  # mesh axes over which the global rows are spread: Δ is the max over them
 
 
-# GlobalRows split in two for the custom VJP: the static part (total, experts, axes) and the arrays (index, expert0)
-Spread = tuple[int, int, tuple[str, ...]]
-Where = tuple[jax.Array, jax.Array]
+def _normalized(rows: GlobalRows) -> GlobalRows:
+  """`rows` with int32 arrays and plain Python static fields."""
+  return GlobalRows(
+    index=rows.index.astype(jnp.int32),
+    expert0=jnp.asarray(rows.expert0, jnp.int32),
+    total=int(rows.total),
+    experts=int(rows.experts),
+    axes=tuple(rows.axes),
+  )
 
 
 def grouped_qmatmul(
@@ -88,19 +103,18 @@ def grouped_qmatmul(
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
-  r, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
+  recipe, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
   impl = _check_impl(impl)
-  if r.int8_backward and formats.get_format(r.grad_format).emulated:
+  if recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
     raise ValueError(
-      f"{_NAME}: gradient format {r.grad_format!r} (recipe {r.name!r}) is not supported on the grouped (expert) "
-      f"path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
+      f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
+      f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
       f"{', '.join(n for n, f in formats.FORMATS.items() if not f.emulated)}"
     )
-  if not r.quantized:
+  if not recipe.quantized:
     return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
-  spread = None if rows is None else (int(rows.total), int(rows.experts), tuple(rows.axes))
-  where = None if rows is None else (rows.index.astype(jnp.int32), jnp.asarray(rows.expert0, jnp.int32))
-  return _gqmatmul(r, impl, np.dtype(x.dtype), np.dtype(w.dtype), spread, x, w, group_sizes, key, where)
+  rows = None if rows is None else _normalized(rows)
+  return _gqmatmul(recipe, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key, rows)
 
 
 # --- the unquantized (bf16) product: _bf16_gmm, _fwd, _bwd, defvjp ---------------------------
@@ -140,8 +154,9 @@ _bf16_gmm.defvjp(_bf16_fwd, _bf16_bwd)
 
 
 # --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------
-# Static arguments: the recipe, the grouped GEMM's impl, the dtypes of x and w (those of dX and
-# dW) and the static part of GlobalRows (`spread`); `where` holds its arrays.
+# Static arguments: the recipe, the grouped GEMM's impl and the dtypes of x and w (those of dX and
+# dW). `rows` (GlobalRows or None) is a pytree argument: its arrays get no cotangent, its static
+# fields travel in its tree structure.
 
 
 class _Residuals(NamedTuple):
@@ -153,44 +168,41 @@ class _Residuals(NamedTuple):
   sw_ExN: jax.Array  # s_w, f32 [E, N]: the per-(expert, output column) weight scales
   group_sizes: jax.Array  # int32 [E], sanitized (grouped_gemm.sanitize)
   key: jax.Array | None  # typed key of the backward's rounding
-  where: Where | None  # the arrays of GlobalRows, or None
+  rows: GlobalRows | None  # where the rows sit in a sharded product, or None
 
 
-# (dX [T, K] in x's dtype, dW [E, K, N] in w's dtype, no cotangents for group_sizes, key and where)
+# (dX [T, K] in x's dtype, dW [E, K, N] in w's dtype, no cotangents for group_sizes, key and rows)
 _Cotangents = tuple[jax.Array, jax.Array, None, None, None]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _gqmatmul(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
-  spread: Spread | None,
   x_TxK: jax.Array,
   w_ExKxN: jax.Array,
   group_sizes: jax.Array,
   key: jax.Array | None,
-  where: Where | None,
+  rows: GlobalRows | None,
 ) -> jax.Array:
-  return _fwd(r, impl, x_dtype, w_dtype, spread, x_TxK, w_ExKxN, group_sizes, key, where)[0]
+  return _fwd(recipe, impl, x_dtype, w_dtype, x_TxK, w_ExKxN, group_sizes, key, rows)[0]
 
 
 def _fwd(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
-  spread: Spread | None,
   x_TxK: jax.Array,
   w_ExKxN: jax.Array,
   group_sizes: jax.Array,
   key: jax.Array | None,
-  where: Where | None,
+  rows: GlobalRows | None,
 ) -> tuple[jax.Array, _Residuals]:
-  """(Y [T, N] in x's dtype, the residuals). `spread` (static) and `where` (arrays): the GlobalRows
-  split, or both None."""
-  del r, w_dtype, spread
+  """(Y [T, N] in x's dtype, the residuals)."""
+  del recipe, w_dtype
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   sx_T = numerics.absmax_scale(x_TxK, axis=1)
   sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
@@ -198,35 +210,34 @@ def _fwd(
   wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
   # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
   y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
-  return y_TxN, _Residuals(xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, where)
+  return y_TxN, _Residuals(xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, rows)
 
 
 def _bwd(
-  r: Recipe,
+  recipe: Recipe,
   impl: str,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
-  spread: Spread | None,
   res: _Residuals,
   g_TxN: jax.Array,
 ) -> _Cotangents:
-  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key, where = res
+  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key, rows = res
   lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
   valid_Tx1 = _valid(lay)[:, None]
   gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
-  if r.rounding == "exact":
+  if recipe.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
   n_seg = lay.group_sizes.shape[0]
-  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(r, gp_TxN, lay.seg_T, n_seg, key, spread, where)
+  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(recipe, gp_TxN, lay.seg_T, n_seg, key, rows)
 
   corr_dx_TxK = corr_dw_ExKxN = None
-  if r.correct_dx or r.correct_dw:
+  if recipe.correct_dx or recipe.correct_dw:
     # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
-    e_TxN = formats.get_format(r.grad_format).dequantize(q_dx) - v_TxN
+    e_TxN = formats.get_format(recipe.grad_format).dequantize(q_dx) - v_TxN
     factors = grouped_ec.segment_factors(e_TxN, lay.seg_T, lay.group_sizes)
-    if r.correct_dx:
+    if recipe.correct_dx:
       corr_dx_TxK = grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
-    if r.correct_dw:
+    if recipe.correct_dw:
       corr_dw_ExKxN = grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
   # Epilogues: dX = (acc - corr) · Δ/s_x[t] (padding rows 0), dW[e] = (acc - corr) · Δ/s_w[e]
   dx_TxK = grouped_gemm.gmm_nt_epilogue(q_dx, wq_ExKxN, lay, impl, sub_TxK=corr_dx_TxK, row_T=delta / sx_T, out=x_dtype)
@@ -249,13 +260,12 @@ def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
 
 
 def quantize_grouped_gradient(
-  r: Recipe,
+  recipe: Recipe,
   gp_TxN: jax.Array,
   seg_T: jax.Array,
   n_seg: int,
   key: jax.Array | None,
-  spread: Spread | None = None,
-  where: Where | None = None,
+  rows: GlobalRows | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW) of the scaled gradient G' [T, N] of expert-sorted rows.
 
@@ -266,19 +276,18 @@ def quantize_grouped_gradient(
   threshold per expert segment, u[e(t)], from ⌈E/4⌉ words; rows past the segments have
   v = 0, whose code is 0 for any u.
 
-  Sharded rows (`spread` = (total, experts, axes), `where` = (index_T, expert0), as in
-  GlobalRows): the draws are made for the whole product (`total` rows, `experts` segments)
-  and gathered at each row's global index, and Δ is the max over `axes`, so every row gets
-  the code the unsharded product gives it.
+  Sharded rows (`rows`, a GlobalRows): the draws are made for the whole product (`rows.total`
+  rows, `rows.experts` segments) and gathered at each row's global index, and Δ is the max over
+  `rows.axes`, so every row gets the code the unsharded product gives it.
   """
-  rows, n = gp_TxN.shape
-  total, experts, axes = spread if spread is not None else (rows, n_seg, ())
-  delta, v_TxN = matmul.scale_gradient(r, gp_TxN, axes)
-  if where is None:
-    at_row, seg0 = (lambda u: u), 0
+  t, n = gp_TxN.shape
+  if rows is None:
+    total, experts, axes, seg0 = t, n_seg, (), 0
+    at_row = lambda u: u  # noqa: E731
   else:
-    index_T, seg0 = where
-    at_row = lambda u: u[jnp.clip(index_T, 0, total - 1)]  # noqa: E731
+    total, experts, axes, seg0 = rows.total, rows.experts, rows.axes, rows.expert0
+    at_row = lambda u: u[jnp.clip(rows.index, 0, total - 1)]  # noqa: E731
+  delta, v_TxN = matmul.scale_gradient(recipe, gp_TxN, axes)
 
   def draw(k: jax.Array, kind: str) -> jax.Array:
     if kind == "sr":
@@ -289,7 +298,7 @@ def quantize_grouped_gradient(
       return thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
     raise ValueError(f"{_NAME}: threshold topology must be 'token' or 'example', got {kind!r}")
 
-  q_dx, q_dw = matmul.round_gradient(r, v_TxN, key, draw)
+  q_dx, q_dw = matmul.round_gradient(recipe, v_TxN, key, draw)
   return delta, v_TxN, q_dx, q_dw
 
 

@@ -237,11 +237,11 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
   k0, n0 = pl.multiple_of(i * kblock, kblock), pl.multiple_of(j * nblock, nblock)
   start, end = starts_ref[e], ends_ref[e]
 
-  def window(r, acc_KxN):
-    r0 = pl.multiple_of(r * tile, tile)
-    rows_L = r0 + lax.broadcasted_iota(jnp.int32, (tile,), 0)
-    a_LxK = a_ref[pl.ds(r0, tile), pl.ds(k0, kblock)]
-    b_LxN = b_ref[pl.ds(r0, tile), pl.ds(n0, nblock)]
+  def window(tile_i, acc_KxN):
+    row0 = pl.multiple_of(tile_i * tile, tile)
+    rows_L = row0 + lax.broadcasted_iota(jnp.int32, (tile,), 0)
+    a_LxK = a_ref[pl.ds(row0, tile), pl.ds(k0, kblock)]
+    b_LxN = b_ref[pl.ds(row0, tile), pl.ds(n0, nblock)]
     in_seg_L = (rows_L >= start) & (rows_L < end)
     a_LxK = jnp.where(in_seg_L[:, None], a_LxK, jnp.zeros_like(a_LxK))
     prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=_ACC)

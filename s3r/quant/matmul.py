@@ -76,22 +76,22 @@ def qmatmul(
   A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
   """
-  r, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
+  recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
-  if tp == "column" and r.int8_backward and formats.get_format(r.grad_format).emulated:
+  if tp == "column" and recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
     raise ValueError(
-      f"qmatmul: gradient format {r.grad_format!r} (recipe {r.name!r}) is not supported with tp='column': "
-      "the dX GEMM's per-shard partial sums run on integer codes only"
+      f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
+      "tp='column': the dX GEMM's per-shard partial sums run on integer codes only"
     )
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
-  if not r.quantized:
+  if not recipe.quantized:
     if tp_split is not None:  # bf16 partial sums per shard for the baseline too
       y = tensor_parallel.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
       return y.reshape(x.shape[:-1] + (w.shape[1],))
     y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
-  y_BxSxN = _qmatmul(r, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), _as_examples(x), w, key)
+  y_BxSxN = _qmatmul(recipe, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), _as_examples(x), w, key)
   return y_BxSxN.reshape(x.shape[:-1] + (w.shape[1],))
 
 
@@ -122,7 +122,7 @@ class _Residuals(NamedTuple):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _qmatmul(
-  r: Recipe,
+  recipe: Recipe,
   tp: TensorParallel | None,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
@@ -130,11 +130,11 @@ def _qmatmul(
   w_KxN: jax.Array,
   key: jax.Array | None,
 ) -> jax.Array:
-  return _fwd(r, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
+  return _fwd(recipe, tp, x_dtype, w_dtype, x_BxSxK, w_KxN, key)[0]
 
 
 def _fwd(
-  r: Recipe,
+  recipe: Recipe,
   tp: TensorParallel | None,
   x_dtype: np.dtype,
   w_dtype: np.dtype,
@@ -143,7 +143,7 @@ def _fwd(
   key: jax.Array | None,
 ) -> tuple[jax.Array, _Residuals]:
   """(Y [B, S, N] in x's dtype, the residuals)."""
-  del r, w_dtype
+  del recipe, w_dtype
   batch, seq, k = x_BxSxK.shape
   sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
   sw_N = numerics.absmax_scale(w_KxN, axis=0)
@@ -168,17 +168,17 @@ _Cotangents = tuple[jax.Array, jax.Array, None]
 
 
 def _bwd(
-  r: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
+  recipe: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
 ) -> _Cotangents:
-  if r.stochastic and res.key is None:
+  if recipe.stochastic and res.key is None:
     raise ValueError(
-      f"qmatmul: recipe {r.name!r} rounds the gradient stochastically and needs a key in the backward "
+      f"qmatmul: recipe {recipe.name!r} rounds the gradient stochastically and needs a key in the backward "
       "pass, but the forward ran with key=None. Pass key=jax.random.key(...) to s3r.qmatmul (a fresh "
       "one per layer and step); with s3r.nn's Linen adapters pass rngs={'quant': step_key} to apply() "
       "and, under nn.scan/nn.vmap, name 'quant' in split_rngs (a stream not named there does not reach "
       "the layers); NNX adapters draw from their own 'quant' stream. Forward-only use needs no key."
     )
-  return _backward(r, tp, x_dtype, w_dtype, res, g_BxSxN)
+  return _backward(recipe, tp, x_dtype, w_dtype, res, g_BxSxN)
 
 
 _qmatmul.defvjp(_fwd, _bwd)
@@ -189,35 +189,35 @@ _qmatmul.defvjp(_fwd, _bwd)
 # (grad of grad, jax.hessian, jvp of a gradient) raises instead of returning those numbers.
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
 def _backward(
-  r: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
+  recipe: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
 ) -> _Cotangents:
   xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
   batch, seq = sx_BxS.shape
   n = wq_KxN.shape[1]
-  if r.rounding == "exact":
+  if recipe.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
-  fmt = formats.get_format(r.grad_format)
-  delta, v_BxSxN, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, g_BxSxN, key)
+  fmt = formats.get_format(recipe.grad_format)
+  delta, v_BxSxN, q_dx, q_dw = quantize_gradient(recipe, sx_BxS, sw_N, g_BxSxN, key)
 
   factors = None
-  if r.correct_dx or r.correct_dw:
+  if recipe.correct_dx or recipe.correct_dw:
     # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw); for
     # the block-scaled grids Q = code · s_blk, so e = (s_t · s_blk · code - G') / s_t exactly
     factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
-  dx_factors = factors if r.correct_dx else None
-  dx_TxK = _dx(r, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
+  dx_factors = factors if recipe.correct_dx else None
+  dx_TxK = _dx(recipe, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
   acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
-  if r.correct_dw and factors is not None:
+  if recipe.correct_dw and factors is not None:
     acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
   dw_KxN = acc_dw_KxN * (delta / sw_N)
   return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
 
 
 @_backward.defjvp
-def _backward_jvp(r, tp, x_dtype, w_dtype, primals, tangents):
+def _backward_jvp(recipe, tp, x_dtype, w_dtype, primals, tangents):
   del tp, x_dtype, w_dtype, primals, tangents
   raise NotImplementedError(
-    f"qmatmul: higher-order derivatives through recipe {r.name!r} are not defined: its backward pass "
+    f"qmatmul: higher-order derivatives through recipe {recipe.name!r} are not defined: its backward pass "
     "quantizes the gradient and is not differentiable (grad of grad, jax.hessian and jvp of a gradient "
     "all differentiate it). Use recipe='bf16' for the part differentiated twice, or wrap it in "
     "jax.lax.stop_gradient."
@@ -225,7 +225,7 @@ def _backward_jvp(r, tp, x_dtype, w_dtype, primals, tangents):
 
 
 def _dx(
-  r: Recipe,
+  recipe: Recipe,
   tp: TensorParallel | None,
   x_dtype: np.dtype,
   q_TxN: jax.Array,
@@ -238,7 +238,7 @@ def _dx(
   Under column tensor parallelism the GEMM's per-shard partial products are rounded and
   summed first, and the correction (built from small factors) is subtracted from that sum.
   """
-  fmt = formats.get_format(r.grad_format)
+  fmt = formats.get_format(recipe.grad_format)
   correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN, fmt).reshape(q_TxN.shape[0], -1)
   if tp is None or tp.kind != "column":
     acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
@@ -254,7 +254,7 @@ def _dx(
 
 
 def quantize_gradient(
-  r: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array, key: jax.Array | None
+  recipe: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array, key: jax.Array | None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(Δ, G'/Δ, Q for dX, Q for dW): the backward's quantization of the upstream gradient.
 
@@ -263,14 +263,14 @@ def quantize_gradient(
   one step Δ, then the recipe's rounding of G'/Δ into codes of its gradient format (one array
   returned twice unless the recipe splits). `key` is a typed key; stochastic recipes need it.
   """
-  r = arguments.check_recipe("quantize_gradient", r)
+  recipe = arguments.check_recipe("quantize_gradient", recipe)
   gp_BxSxN = sx_BxS[:, :, None] * g_BxSxN.astype(jnp.float32) * sw_N
-  delta, v_BxSxN = scale_gradient(r, gp_BxSxN)
-  q_dx, q_dw = round_gradient(r, v_BxSxN, key, _dense_draw(v_BxSxN.shape))
+  delta, v_BxSxN = scale_gradient(recipe, gp_BxSxN)
+  q_dx, q_dw = round_gradient(recipe, v_BxSxN, key, _dense_draw(v_BxSxN.shape))
   return delta, v_BxSxN, q_dx, q_dw
 
 
-def scale_gradient(r: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array]:
+def scale_gradient(recipe: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array]:
   """(Δ, G'/Δ): the per-tensor step of the scaled gradient `gp` = G' in the recipe's gradient
   format (Δ = max|G'|/Q for a uniform grid, 127 for int8; max|G'|/(6 · 448) for nvfp4; 1 for
   mxfp4, which has block scales only) and G' in units of it.
@@ -280,11 +280,11 @@ def scale_gradient(r: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) -> tupl
   (inside `shard_map`).
   """
   amax = jnp.max(jnp.abs(gp))
-  delta = formats.get_format(r.grad_format).scale(jax.lax.pmax(amax, axes) if axes else amax)
+  delta = formats.get_format(recipe.grad_format).scale(jax.lax.pmax(amax, axes) if axes else amax)
   return delta, gp * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
 
 
-def round_gradient(r: Recipe, v: jax.Array, key: jax.Array | None, draw: Draw) -> tuple[jax.Array, jax.Array]:
+def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Draw) -> tuple[jax.Array, jax.Array]:
   """Codes (Q for dX, Q for dW) of v = G'/Δ in the recipe's gradient format: one array, returned
   twice, unless the recipe splits (then two, from the two halves of `key`).
 
@@ -292,18 +292,18 @@ def round_gradient(r: Recipe, v: jax.Array, key: jax.Array | None, draw: Draw) -
   else those of the threshold topology `kind` ("token" or "example"). The key chain is the
   recipe's: none for RTNE, `key` itself for one shared Q, `jax.random.split(key)` for two.
   """
-  fmt = formats.get_format(r.grad_format)
-  if r.rounding == "rtne":
+  fmt = formats.get_format(recipe.grad_format)
+  if recipe.rounding == "rtne":
     q = fmt.round(v)
     return q, q
   if key is None:
-    raise ValueError(f"recipe {r.name!r} rounds the gradient stochastically and needs a key, got None")
-  if r.rounding == "sr":
+    raise ValueError(f"recipe {recipe.name!r} rounds the gradient stochastically and needs a key, got None")
+  if recipe.rounding == "sr":
     kind_dx, kind_dw = "sr", "sr"
   else:
-    kind_dx, kind_dw = r.dx_topology, r.dw_topology
+    kind_dx, kind_dw = recipe.dx_topology, recipe.dw_topology
     assert kind_dx is not None and kind_dw is not None  # rounding="shared": Recipe requires both
-  if r.split:
+  if recipe.split:
     key_dx, key_dw = jax.random.split(key)
     return fmt.round(v, draw(key_dx, kind_dx)), fmt.round(v, draw(key_dw, kind_dw))
   q = fmt.round(v, draw(key, kind_dx))
@@ -330,12 +330,12 @@ def gradient_codes(
   output). Same code path as the backward pass (for tests and diagnostics); one Q returned
   twice unless the recipe splits.
   """
-  r, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
-  if not r.int8_backward:
-    raise ValueError(f"gradient_codes: recipe {r.name!r} does not quantize the gradient")
+  recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
+  if not recipe.int8_backward:
+    raise ValueError(f"gradient_codes: recipe {recipe.name!r} does not quantize the gradient")
   sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
   sw_N = numerics.absmax_scale(w, axis=0)
-  delta, _, q_dx, q_dw = quantize_gradient(r, sx_BxS, sw_N, _as_examples(g), key)
+  delta, _, q_dx, q_dw = quantize_gradient(recipe, sx_BxS, sw_N, _as_examples(g), key)
   shape = x.shape[:-1] + (w.shape[1],)
   return q_dx.reshape(shape), q_dw.reshape(shape), delta
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -56,8 +57,9 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
 def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_overrides) -> Setup:
   """Model, shardings and the jitted init/train/eval functions of `cfg` on `mesh`.
 
-  `model_overrides` replace fields of the model config (e.g. n_layers=2 for `python -m benchmarks comm`)."""
-  model_cfg = dataclasses.replace(cfg.model_config(vocab_size), **model_overrides)
+  `model_overrides` replace fields of the model config as in `s3r.model.preset` (e.g. n_layers=2 for
+  `python -m benchmarks comm`; `python -m benchmarks step` also sets remat, attention_impl, d_model)."""
+  model_cfg = cfg.model_config(vocab_size, **model_overrides)
   batch_sh = sharding.batch_sharding(mesh, cfg.batch_shape)
   tx = make_optimizer(cfg.optimizer_config())
   graphdef = s3r_model.graphdef(model_cfg)
@@ -96,6 +98,13 @@ def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
   )
 
 
+def lower_train_step(setup: Setup, cfg: TrainConfig) -> jax.stages.Lowered:
+  """The train step lowered for `cfg`'s batch shape on the run's shardings (from abstract values:
+  nothing is allocated)."""
+  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
+  return setup.train_step.lower(setup.abstract_state, batch, setup.keys["train"])
+
+
 def compile_train_step(setup: Setup, cfg: TrainConfig, log):
   """The train step compiled ahead of time (so that step times exclude compilation), refused with a
   ResourceError when its memory estimate exceeds what one device has free: before compiling when the
@@ -107,8 +116,7 @@ def compile_train_step(setup: Setup, cfg: TrainConfig, log):
       f"the train step needs more than {floor / 2**30:.1f} GiB per device (the attention scores of one layer "
       f"at seq {cfg.seq_len}) and {free / 2**30:.1f} GiB is free; lower --batch or --seq, or add devices (--mesh)"
     )
-  batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
-  compiled = _compiled("train", setup.train_step, (setup.abstract_state, batch, setup.keys["train"]), log)
+  compiled = _compiled("train", lambda: lower_train_step(setup, cfg), log)
   need = step_memory_bytes(compiled)
   if need is not None and free is not None and need > free:
     raise ResourceError(
@@ -121,14 +129,14 @@ def compile_train_step(setup: Setup, cfg: TrainConfig, log):
 def compile_eval_step(setup: Setup, cfg: TrainConfig, log):
   """The eval step (params, batch, eval key) -> loss compiled ahead of time for batches of `cfg`."""
   batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
-  return _compiled("eval", setup.eval_step, (setup.abstract_state.params, batch, setup.keys["eval"]), log)
+  return _compiled("eval", lambda: setup.eval_step.lower(setup.abstract_state.params, batch, setup.keys["eval"]), log)
 
 
-def _compiled(name: str, fn: jax.stages.Wrapped, args: tuple, log):
-  """`fn` lowered for `args` and compiled, saying so before (a large model compiles for minutes) and after."""
+def _compiled(name: str, lower: Callable[[], jax.stages.Lowered], log):
+  """`lower()` compiled, saying so before (a large model compiles for minutes) and after."""
   log(f"compiling the {name} step ...")
   t0 = time.time()
-  compiled = fn.lower(*args).compile()
+  compiled = lower().compile()
   log(f"compiled the {name} step in {time.time() - t0:.1f}s")
   return compiled
 

@@ -196,16 +196,17 @@ class TrainConfig:
     """[batch, seq + 1]: the token windows of one step (inputs, and targets shifted by one)."""
     return self.batch, self.seq_len + 1
 
-  def model_config(self, vocab_size: int) -> ModelConfig:
-    """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens."""
+  def model_config(self, vocab_size: int, **overrides) -> ModelConfig:
+    """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens;
+    `overrides` replace further fields as in `s3r.model.preset` (e.g. n_layers=2, remat=True)."""
     base = PRESETS[self.preset]
-    return model_preset(
-      self.preset,
-      vocab_size=vocab_size,
-      recipe=self.recipe,
-      max_seq_len=max(base.max_seq_len, self.seq_len),
-      tp_partial_sums=self.tp_partial_sums,
-    )
+    fields = {
+      "vocab_size": vocab_size,
+      "recipe": self.recipe,
+      "max_seq_len": max(base.max_seq_len, self.seq_len),
+      "tp_partial_sums": self.tp_partial_sums,
+    }
+    return model_preset(self.preset, **{**fields, **overrides})
 
   def optimizer_config(self) -> OptimizerConfig:
     return OptimizerConfig(

@@ -11,7 +11,7 @@ import pytest
 
 import s3r
 from s3r.quant import grouped_gemm, quantize_gradient
-from s3r.quant.grouped import quantize_grouped_gradient
+from s3r.quant.grouped import GlobalRows, quantize_grouped_gradient
 from tests.quant.reference import np_rtne_codes, np_scale
 
 ALL = list(s3r.RECIPES)
@@ -214,6 +214,30 @@ def test_traced_negative_or_overflowing_sizes_are_clamped_the_same_by_both_paths
   for a, b, c in zip(f(bad, "tiled"), f(bad, "ragged"), f(jnp.asarray([4, 0, 9, 0], jnp.int32), "tiled")):
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, c)
+
+
+def test_global_rows_is_a_pytree_whose_leaves_are_its_arrays_and_whose_sizes_are_static():
+  rows = GlobalRows(index=jnp.arange(T, dtype=jnp.int32), expert0=jnp.int32(0), total=T, experts=E, axes=("expert",))
+  leaves, tree = jax.tree.flatten(rows)
+  assert len(leaves) == 2 and leaves[0] is rows.index and leaves[1] is rows.expert0
+  again = jax.tree.unflatten(tree, [jnp.zeros(T, jnp.int32), jnp.int32(1)])
+  assert (again.total, again.experts, again.axes) == (T, E, ("expert",))
+
+
+@pytest.mark.parametrize("recipe", ["int8_sr", "s3r", "s3r_bcast", "s3r_ec"])
+def test_global_rows_of_the_whole_product_passed_through_jit_give_the_unsharded_result(recipe):
+  x, w, g = _problem(seed=10)
+  key = jax.random.key(1)
+
+  @jax.jit
+  def fwd_bwd(x, w, gs, g, rows):
+    y, vjp = jax.vjp(lambda a, b: s3r.grouped_qmatmul(a, b, gs, key=key, recipe=recipe, rows=rows), x, w)
+    return (y, *vjp(g))
+
+  gs = jnp.asarray(SIZES, jnp.int32)
+  rows = GlobalRows(index=jnp.arange(T, dtype=jnp.int32), expert0=jnp.int32(0), total=T, experts=E, axes=())
+  for a, b in zip(fwd_bwd(x, w, gs, g, rows), fwd_bwd(x, w, gs, g, None)):
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize(
