@@ -80,3 +80,66 @@ def test_a_benchmark_run_from_the_readme_leaves_the_clone_clean(clone):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert list((clone / "runs" / "results").glob("bench_matmul_*.json"))
   assert _status(clone) == ""  # runs/ is ignored; results/ untouched
+
+
+# Every command of the README's command-line and models sections, at tiny sizes, in README order.
+# RUN is a 2-step training that the later commands resume, evaluate and diagnose; CORPUS is a
+# corpus outside the clone. Each must leave the clone's `git status` clean.
+TINY_RUN = ["--preset", "tiny", "--batch", "2", "--seq", "32", "--vocab", "300", "--eval-batches", "1", "--no-progress"]
+README_COMMANDS = {
+  "train": ["-m", "s3r.cli", "train", "--recipe", "s3r_ec_dx", "--steps", "2", "--data", "CORPUS", "--out", "RUN"]
+  + TINY_RUN,
+  "resume": ["-m", "s3r.cli", "train", "--out", "RUN", "--resume", "--steps", "3", "--no-progress"],
+  "eval": ["-m", "s3r.cli", "eval", "RUN", "--data", "CORPUS", "--eval-batches", "1"],
+  "recipes": ["-m", "s3r.cli", "recipes"],
+  "models": ["-m", "s3r.cli", "models", "--json"],
+  "bench-ffn": ["-m", "benchmarks", "ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1", "--warmup", "0"],
+  "bench-moe": ["-m", "benchmarks", "moe", "--shapes", "32x4x2x16+1", "--tokens", "16", "--repeats", "1"]
+  + ["--warmup", "0", "--prime", "0", "--recipes", "bf16,s3r_ec_dx"],
+  "bench-quantizer": ["-m", "benchmarks", "quantizer", "--shapes", "64x128", "--tokens", "32", "--repeats", "1"]
+  + ["--number", "1"],
+  "bench-static": ["-m", "benchmarks", "static", "--tokens", "24", "--k", "32", "--n", "40", "--memory-shapes", "none"],
+  "bench-peers": ["-m", "benchmarks", "peers", "--shapes", "64x128", "--tokens", "32", "--ours", "s3r_ec_dx"]
+  + ["--timed-ours", "s3r_ec_dx", "--repeats", "1", "--warmup", "0", "--keys", "1"],  # absent peers are skipped
+  "bench-step": ["-m", "benchmarks", "step", "--preset", "tiny", "--batch", "2", "--seq", "8", "--repeats", "1"]
+  + ["--warmup", "0", "--recipes", "bf16,s3r_ec_dx"],
+  "bench-profile": ["-m", "benchmarks", "profile", "--shape", "64x128", "--tokens", "32", "--iters", "1"],
+  "bench-comm": ["-m", "benchmarks", "comm", "--preset", "tiny", "--meshes", "data=2", "--recipes", "s3r"],
+  "diagnose": ["-m", "experiments", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
+  "family-train": ["-m", "s3r.cli", "train", "--preset", "qwen3-tiny", "--steps", "2", "--batch", "2", "--seq", "32"]
+  + ["--vocab", "300", "--eval-batches", "1", "--data", "CORPUS", "--out", "runs/qwen3-tiny", "--no-progress"],
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+  from tests.faults.conftest import write_corpus
+
+  return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(README_COMMANDS))
+def test_readme_commands_at_tiny_sizes_leave_the_clone_clean(clone, corpus, name):
+  argv = [{"CORPUS": str(corpus), "RUN": "runs/NAME"}.get(a, a) for a in README_COMMANDS[name]]
+  proc = _python(clone, *argv)
+  assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
+  assert _status(clone) == "", f"{name} changed the clone:\n{_status(clone)}"
+
+
+def test_the_readme_lists_the_commands_this_module_runs():
+  """Every `s3r`/`python -m` command of the README's command sections has an entry above."""
+  readme = (REPO / "README.md").read_text()
+  for word in (
+    "s3r train",
+    "--resume",
+    "s3r eval",
+    "s3r recipes",
+    "s3r models",
+    "python -m benchmarks ffn|moe|quantizer",
+  ):
+    assert word in readme, word
+  named = {n.removeprefix("bench-") for n in README_COMMANDS}
+  line = next(ln for ln in readme.splitlines() if ln.startswith("python -m benchmarks ffn|"))
+  listed = line.split()[3].split("|")
+  assert set(listed) - {"matmul"} <= named, set(listed) - named  # matmul: the test above
