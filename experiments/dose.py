@@ -130,6 +130,7 @@ def lockstep_config(cfg: DoseConfig, grid: str, seed: int, tokens: str) -> locks
     dose_keys=cfg.dose_keys,
     dose_batch=cfg.dose_batch,
     dose_params_of=recipe_at(cfg.baseline, grid),
+    tp_partial_sums="int32",  # one device: the same program as "bf16", and the FP4 grids accept it
   )
 
 

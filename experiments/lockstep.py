@@ -76,6 +76,9 @@ class LockstepConfig:
   time_budget: float = 420.0  # seconds from the start (compilation included) after which no step starts
   margin: float = 10.0  # seconds kept free for the last evaluation and the files
   attention: str = "auto"  # attention kernel: auto (cuDNN flash attention on GPUs if it compiles, else XLA), xla, cudnn
+  # ModelConfig.tp_partial_sums: on one device both give the same program; "int32" passes no split to the
+  # projections, which the FP4 gradient formats need (they refuse a column split)
+  tp_partial_sums: str = "bf16"
   compile_threads: int = 0  # parallel compilations (0: one per recipe)
   dose_keys: int = 4  # quantizer keys of the final gradient-error measurement (0: skip it)
   dose_batch: int = 2  # sequences of the batch it uses
@@ -95,6 +98,8 @@ class LockstepConfig:
     for field in ("lr", "time_budget"):
       if not getattr(self, field) > 0:
         raise ValueError(f"LockstepConfig.{field} must be > 0, got {getattr(self, field)!r}")
+    if self.tp_partial_sums not in ("bf16", "int32"):
+      raise ValueError(f"LockstepConfig.tp_partial_sums must be bf16 or int32, got {self.tp_partial_sums!r}")
     if self.attention not in ("auto", "xla", "cudnn"):
       raise ValueError(f"LockstepConfig.attention must be auto, xla or cudnn, got {self.attention!r}")
     if self.dose_params_of and self.dose_params_of not in self.recipes:
@@ -185,6 +190,7 @@ class _Models:
         recipe=r,
         max_seq_len=max(base.max_seq_len, cfg.seq),
         attention_impl=attention,
+        tp_partial_sums=cfg.tp_partial_sums,
       )
       for r in cfg.recipes
     }

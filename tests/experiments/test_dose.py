@@ -14,7 +14,7 @@ import pytest
 from experiments import dose, dose_report, lockstep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GRIDS = ("int8", "int6")
+GRIDS = ("int8", "nvfp4")  # a uniform grid and an emulated FP4 one
 RECIPES = ("int8_rtne", "int8_sr", "s3r")  # the baseline, a stochastic and a deterministic recipe
 
 
@@ -73,7 +73,7 @@ def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
     assert set(arm["dose_same_params"]["errors"]) == set(expected)
     assert arm["meta"]["loadavg_after"] is not None or arm["meta"]["loadavg_before"] is None
     assert {"git", "jax_version", "cpu_model", "date_utc"} <= set(arm["meta"])
-  assert _arm_summary(cfg, "int6")["config"]["recipes"] == ["int8_rtne@int6", "int8_sr@int6", "s3r@int6"]
+  assert _arm_summary(cfg, "nvfp4")["config"]["recipes"] == ["int8_rtne@nvfp4", "int8_sr@nvfp4", "s3r@nvfp4"]
 
 
 def test_paired_differences_are_the_differences_of_the_final_losses(finished):
