@@ -4,8 +4,8 @@
   diagnose  gradient errors per recipe on a trained run (Table II; `experiments/diagnose.py`)
 
 The other experiments are modules with their own `main`: `python -m experiments.lockstep`,
-`experiments.mechanism`, `experiments.section3`, `experiments.same_rate`, `experiments.evalsize`
-and `experiments.snapshot`. They import the `s3r` library; the library never imports them.
+`experiments.mechanism`, `experiments.section3`, `experiments.same_rate`, `experiments.evalsize`,
+`experiments.snapshot` and `experiments.dose`. They import the `s3r` library; the library never imports them.
 """
 
 import sys

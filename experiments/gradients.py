@@ -11,6 +11,7 @@ Dimension letters: B batch, S sequence, D model width.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -35,6 +36,7 @@ def _with_recipe(cfg: s3r_model.ModelConfig, recipe: str) -> s3r_model.ModelConf
   return dataclasses.replace(cfg, recipe=recipe)
 
 
+@functools.lru_cache(maxsize=16)  # one jitted function per (config, recipe): compiled once per batch shape
 def probe_gradients_fn(cfg: s3r_model.ModelConfig, recipe: str) -> Callable:
   """jit(params, batch_BxS1, key) -> dict of the four gradients that Table II compares."""
   graphdef = s3r_model.graphdef(_with_recipe(cfg, recipe))

@@ -15,7 +15,9 @@ Time on a borrowed device is the scarce thing, so:
   instead of a prefix of a longer one;
 - at the end, each recipe's relative gradient errors (dX and dW of block 0, dX of the last block,
   the embedding gradient, against the exact backward of the same INT8 forward) are measured on its
-  own final parameters: the dose of rounding noise the run applied (`dose` in the summary).
+  own final parameters: the dose of rounding noise the run applied (`dose` in the summary); with
+  `dose_params_of`, every recipe's errors are also measured on that one recipe's final parameters
+  (`dose_same_params`), so that a difference of two recipes' squared errors is an excess variance.
 
 Output folder:
   curves.jsonl   one line per evaluation: step, tokens, elapsed_s, per recipe val (and c4) loss
@@ -74,9 +76,13 @@ class LockstepConfig:
   time_budget: float = 420.0  # seconds from the start (compilation included) after which no step starts
   margin: float = 10.0  # seconds kept free for the last evaluation and the files
   attention: str = "auto"  # attention kernel: auto (cuDNN flash attention on GPUs if it compiles, else XLA), xla, cudnn
+  # ModelConfig.tp_partial_sums: on one device both give the same program; "int32" passes no split to the
+  # projections, which the FP4 gradient formats need (they refuse a column split)
+  tp_partial_sums: str = "bf16"
   compile_threads: int = 0  # parallel compilations (0: one per recipe)
   dose_keys: int = 4  # quantizer keys of the final gradient-error measurement (0: skip it)
   dose_batch: int = 2  # sequences of the batch it uses
+  dose_params_of: str = ""  # a recipe: also measure every recipe's errors on its final parameters ("": skip)
 
   def __post_init__(self):
     if self.preset not in s3r_model.PRESETS:
@@ -92,8 +98,15 @@ class LockstepConfig:
     for field in ("lr", "time_budget"):
       if not getattr(self, field) > 0:
         raise ValueError(f"LockstepConfig.{field} must be > 0, got {getattr(self, field)!r}")
+    if self.tp_partial_sums not in ("bf16", "int32"):
+      raise ValueError(f"LockstepConfig.tp_partial_sums must be bf16 or int32, got {self.tp_partial_sums!r}")
     if self.attention not in ("auto", "xla", "cudnn"):
       raise ValueError(f"LockstepConfig.attention must be auto, xla or cudnn, got {self.attention!r}")
+    if self.dose_params_of and self.dose_params_of not in self.recipes:
+      raise ValueError(
+        f"LockstepConfig.dose_params_of must be one of the recipes {list(self.recipes)} or empty, "
+        f"got {self.dose_params_of!r}"
+      )
     for field in ("compile_threads", "dose_keys"):
       if not isinstance(getattr(self, field), int) or getattr(self, field) < 0:
         raise ValueError(f"LockstepConfig.{field} must be an int >= 0, got {getattr(self, field)!r}")
@@ -177,6 +190,7 @@ class _Models:
         recipe=r,
         max_seq_len=max(base.max_seq_len, cfg.seq),
         attention_impl=attention,
+        tp_partial_sums=cfg.tp_partial_sums,
       )
       for r in cfg.recipes
     }
@@ -211,6 +225,7 @@ class _Models:
       )
       for r in cfg.recipes
     }
+    self._reference_fn = None
 
   def iteration_seconds(self, batch_BxS1: np.ndarray) -> float:
     """Seconds of one lockstep iteration, timed (after one untimed call) on copies of the states."""
@@ -238,16 +253,27 @@ class _Models:
       out[name] = {r: [float(x) for x in jax.device_get(v)] for r, v in per.items()}
     return out
 
+  def _reference(self):
+    if self._reference_fn is None:  # compiled once per batch shape, shared by every measurement
+      self._reference_fn = gradients.probe_gradients_fn(next(iter(self.cfgs.values())), gradients.REFERENCE)
+    return self._reference_fn
+
   def dose(self, batch_BxS1: np.ndarray, n_keys: int, log=print) -> dict:
     """{recipe: relative gradient errors} on each recipe's own current parameters."""
-    any_cfg = next(iter(self.cfgs.values()))
-    reference = gradients.probe_gradients_fn(any_cfg, gradients.REFERENCE)
     return {
       r: gradients.relative_errors(
-        self.cfgs[r], self.states[r].params, batch_BxS1, [r], n_keys=n_keys, log=log, reference_fn=reference
+        self.cfgs[r], self.states[r].params, batch_BxS1, [r], n_keys=n_keys, log=log, reference_fn=self._reference()
       )[r]
       for r in self.cfgs
     }
+
+  def dose_same_params(self, params_of: str, batch_BxS1: np.ndarray, n_keys: int, log=print) -> dict:
+    """{recipe: relative gradient errors} of every recipe on the current parameters of `params_of`."""
+    params = self.states[params_of].params
+    cfg = self.cfgs[params_of]
+    return gradients.relative_errors(
+      cfg, params, batch_BxS1, list(self.cfgs), n_keys=n_keys, log=log, reference_fn=self._reference()
+    )
 
 
 def _record(step: int, cfg: LockstepConfig, evals: dict, train_losses: dict) -> dict:
@@ -295,6 +321,7 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   iteration_s = models.iteration_seconds(val_sets["val"][0])
   eval_round_s = iteration_s / 3 * sum(len(v) for v in val_sets.values())  # a forward is about a third of a step
   dose_s = (cfg.dose_keys + 1) * iteration_s * cfg.dose_batch / cfg.batch if cfg.dose_keys else 0.0
+  dose_s *= 2 if cfg.dose_params_of else 1
   steps, warmup = cfg.steps, cfg.warmup
   if cfg.fit_budget:
     steps, warmup = fitted_schedule(cfg, cfg.time_budget - elapsed() - dose_s, iteration_s, eval_round_s)
@@ -312,8 +339,17 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   }
   records, iter_times, step, train_sum = [], [], 0, dict.fromkeys(cfg.recipes, 0.0)
   curves = (out / "curves.jsonl").open("w")
-  write = lambda complete, stopped_by, dose=None: write_summary(
-    out, summary, records, cfg.recipes, step, iter_times, complete=complete, stopped_by=stopped_by, dose=dose
+  write = lambda complete, stopped_by, dose=None, dose_same=None: write_summary(
+    out,
+    summary,
+    records,
+    cfg.recipes,
+    step,
+    iter_times,
+    complete=complete,
+    stopped_by=stopped_by,
+    dose=dose,
+    dose_same_params=dose_same,
   )
 
   def evaluate_now(reason: str):
@@ -348,14 +384,19 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     evaluate_now("stop")
   curves.close()
   log(f"stopped by {stopped_by} at step {step} of {steps} after {elapsed():.0f}s")
-  dose = None
+  dose = dose_same = None
   if cfg.dose_keys and step > 0 and elapsed() + dose_s + cfg.margin / 2 <= cfg.time_budget + cfg.margin:
     log(f"gradient errors on the final parameters ({cfg.dose_keys} keys, {cfg.dose_batch} sequences):")
     dose = models.dose(dose_batch, cfg.dose_keys, log=log)
+    if cfg.dose_params_of:
+      log(f"gradient errors of every recipe on the final parameters of {cfg.dose_params_of}:")
+      errors = models.dose_same_params(cfg.dose_params_of, dose_batch, cfg.dose_keys, log=log)
+      dose_same = {"params_of": cfg.dose_params_of, "errors": errors}
   elif cfg.dose_keys:
     log("gradient errors skipped: no time left in the budget")
   models.pool.shutdown(wait=False, cancel_futures=True)
-  return write(True, stopped_by, dose)
+  summary["meta"]["loadavg_after"] = provenance.loadavg()
+  return write(True, stopped_by, dose, dose_same)
 
 
 # --- command line -------------------------------------------------------------------------------
@@ -402,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = run(LockstepConfig(**values), log=log, t_start=t_start)
   for name, d in summary["paired"].items():
-    print(f"{name}: {d['final']} (eval se {d['eval_se']}) at step {d['final_step']}; paper {d['paper']:+.3f}")
+    paper = "–" if d["paper"] is None else f"{d['paper']:+.3f}"
+    print(f"{name}: {d['final']} (eval se {d['eval_se']}) at step {d['final_step']}; paper {paper}")
   print(f"report: {out / 'summary.md'}")
   return 0
 

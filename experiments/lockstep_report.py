@@ -33,13 +33,23 @@ def finite(x: float) -> float | None:
   return x if math.isfinite(x) else None
 
 
+def _pairs_present(recipes: tuple[str, ...]) -> list[tuple[str, str, bool]]:
+  """(a, b, at INT8) for each pair of PAIRS whose two recipes ran at one gradient format: plain
+  names, or both NAME@FORMAT with the same FORMAT (recipes A@F and B@F)."""
+  out = []
+  for fmt in dict.fromkeys(r.partition("@")[2] for r in recipes):
+    suffix = f"@{fmt}" if fmt else ""
+    out += [(a + suffix, b + suffix, not fmt) for a, b in PAIRS if a + suffix in recipes and b + suffix in recipes]
+  return out
+
+
 def paired(records: list[dict], recipes: tuple[str, ...], steps_done: int) -> dict:
-  """Per pair (a, b) of PAIRS present in the run: a - b at every evaluation, the final difference
-  with its eval-sampling standard error (paired over the fixed batches) and the mean over the last
-  quarter of the evaluated steps."""
+  """Per pair (a, b) of PAIRS present in the run (at one gradient format): a - b at every evaluation,
+  the final difference with its eval-sampling standard error (paired over the fixed batches) and the
+  mean over the last quarter of the evaluated steps; the paper's difference only at INT8."""
   out = {}
-  for a, b in PAIRS:
-    if a not in recipes or b not in recipes or not records:
+  for a, b, at_int8 in _pairs_present(recipes):
+    if not records:
       continue
     diffs = [r["val"][a] - r["val"][b] if None not in (r["val"][a], r["val"][b]) else None for r in records]
     last = records[-1]["val_batches"]
@@ -52,12 +62,14 @@ def paired(records: list[dict], recipes: tuple[str, ...], steps_done: int) -> di
       "eval_se": finite(se) if se is not None else None,
       "last_quarter_mean": float(np.mean(late)) if late else None,
       "curve": diffs,
-      "paper": round(PAPER_LOSS[a] - PAPER_LOSS[b], 3),
+      "paper": round(PAPER_LOSS[a] - PAPER_LOSS[b], 3) if at_int8 else None,
     }
   return out
 
 
-def write_summary(out, summary, records, recipes, step, iter_times, *, complete, stopped_by, dose=None) -> dict:
+def write_summary(
+  out, summary, records, recipes, step, iter_times, *, complete, stopped_by, dose=None, dose_same_params=None
+) -> dict:
   """Writes summary.json and summary.md in `out`; returns the summary."""
   summary = {
     **summary,
@@ -77,6 +89,7 @@ def write_summary(out, summary, records, recipes, step, iter_times, *, complete,
     },
     "paired": paired(records, recipes, step),
     "dose": dose,
+    "dose_same_params": dose_same_params,
   }
   provenance.write_json(pathlib.Path(out) / "summary.json", summary)
   (pathlib.Path(out) / "summary.md").write_text(markdown(summary))
@@ -117,12 +130,20 @@ def markdown(summary: dict) -> str:
     lines += ["| --- | --- | --- | --- | --- |"]
     for name, d in summary["paired"].items():
       se = _fmt(d["eval_se"], ".4f")
-      lines.append(f"| {name} | {_fmt(d['final'])} | {se} | {_fmt(d['last_quarter_mean'])} | {d['paper']:+.3f} |")
+      paper = _fmt(d["paper"], "+.3f")
+      lines.append(f"| {name} | {_fmt(d['final'])} | {se} | {_fmt(d['last_quarter_mean'])} | {paper} |")
     lines += ["", summary["one_seed"], ""]
   if summary["dose"]:
     lines += ["## Dose: relative gradient errors on the final parameters", ""]
-    lines += ["| recipe | " + " | ".join(METRIC_LABELS[m] for m in METRICS) + " |", "| --- |" + " --- |" * len(METRICS)]
-    for r, errs in summary["dose"].items():
-      lines.append(f"| `{r}` | " + " | ".join(f"{errs[m]:.4f}" for m in METRICS) + " |")
-    lines.append("")
+    lines += _error_table(summary["dose"])
+  same = summary.get("dose_same_params")
+  if same:
+    lines += [f"## Dose: every recipe's relative gradient errors on the final parameters of `{same['params_of']}`", ""]
+    lines += _error_table(same["errors"])
   return "\n".join(lines)
+
+
+def _error_table(errors: dict) -> list[str]:
+  lines = ["| recipe | " + " | ".join(METRIC_LABELS[m] for m in METRICS) + " |", "| --- |" + " --- |" * len(METRICS)]
+  lines += [f"| `{r}` | " + " | ".join(f"{errs[m]:.4f}" for m in METRICS) + " |" for r, errs in errors.items()]
+  return lines + [""]

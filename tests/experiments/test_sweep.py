@@ -177,8 +177,9 @@ def test_every_committed_sweep_config_parses(tmp_path):
   import pathlib
 
   configs = sorted(pathlib.Path(__file__).resolve().parents[2].joinpath("configs").glob("*.json"))
-  assert configs
-  for path in configs:
+  sweeps = [p for p in configs if "grids" not in json.loads(p.read_text())]  # the others: experiments.dose
+  assert sweeps
+  for path in sweeps:
     cfg = sweep.config_from_args(_args(config=str(path)))
     assert cfg.recipes and all(isinstance(v, float) for v in (cfg.fixed_lrs or {}).values())
 

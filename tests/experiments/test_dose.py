@@ -1,0 +1,229 @@
+"""The dose-response study at the `tiny` preset: complete arms per grid and seed, resumption by
+skipping finished arms, the summary's paired differences and excesses against the arms' own
+numbers, where its files go, and the report built from a hand-made summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from experiments import dose, dose_report, lockstep
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GRIDS = ("int8", "nvfp4")  # a uniform grid and an emulated FP4 one
+RECIPES = ("int8_rtne", "int8_sr", "s3r")  # the baseline, a stochastic and a deterministic recipe
+
+
+@pytest.fixture(scope="module")
+def token_folder(tmp_path_factory):
+  rng = np.random.default_rng(0)
+  folder = tmp_path_factory.mktemp("tokens")
+  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
+  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
+  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
+  return folder
+
+
+def _cfg(token_folder, root: pathlib.Path, **kw) -> dose.DoseConfig:
+  base = dict(
+    grids=GRIDS,
+    seeds=1,
+    recipes=RECIPES,
+    preset="tiny",
+    steps=3,
+    warmup=1,
+    batch=2,
+    seq=16,
+    eval_every=2,
+    eval_batches=2,
+    dose_keys=1,
+    dose_batch=2,
+    tokens=str(token_folder),
+    runs_dir=str(root / "runs"),
+    results_dir=str(root / "results_out"),
+  )
+  return dose.DoseConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def finished(token_folder, tmp_path_factory):
+  """(config, study summary) of a 2-grid x 1-seed x 3-step study, run once for the module."""
+  root = tmp_path_factory.mktemp("dose")
+  cfg = _cfg(token_folder, root)
+  return cfg, dose.study(cfg, log=lambda _: None)
+
+
+def _arm_summary(cfg, grid, seed=0) -> dict:
+  return json.loads((pathlib.Path(cfg.runs_dir) / dose.arm_name(grid, seed) / "summary.json").read_text())
+
+
+def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
+  cfg, summary = finished
+  assert summary["missing_arms"] == [] and [(a["grid"], a["seed"]) for a in summary["arms"]] == [(g, 0) for g in GRIDS]
+  for grid in GRIDS:
+    arm = _arm_summary(cfg, grid)
+    expected = [dose.recipe_at(r, grid) for r in cfg.recipes]
+    assert arm["complete"] and arm["stopped_by"] == "steps" and arm["steps_done"] == 3
+    assert arm["config"]["recipes"] == expected and set(arm["dose"]) == set(expected)
+    assert arm["dose_same_params"]["params_of"] == dose.recipe_at("int8_sr", grid)
+    assert set(arm["dose_same_params"]["errors"]) == set(expected)
+    assert arm["meta"]["loadavg_after"] is not None or arm["meta"]["loadavg_before"] is None
+    assert {"git", "jax_version", "cpu_model", "date_utc"} <= set(arm["meta"])
+  assert _arm_summary(cfg, "nvfp4")["config"]["recipes"] == ["int8_rtne@nvfp4", "int8_sr@nvfp4", "s3r@nvfp4"]
+
+
+def test_paired_differences_are_the_differences_of_the_final_losses(finished):
+  cfg, summary = finished
+  for arm in summary["arms"]:
+    val = _arm_summary(cfg, arm["grid"])["curves"]["val"]
+    base = val[dose.recipe_at("int8_sr", arm["grid"])][-1]
+    assert set(arm["gap"]) == {"int8_rtne", "s3r"}
+    for recipe, gap in arm["gap"].items():
+      assert gap == pytest.approx(val[dose.recipe_at(recipe, arm["grid"])][-1] - base)
+  for grid, rows in summary["grids"].items():
+    for recipe, row in rows.items():
+      gaps = [a["gap"][recipe] for a in summary["arms"] if a["grid"] == grid]
+      assert row["gap"] == gaps and row["gap_mean"] == pytest.approx(np.mean(gaps)) and row["gap_sd"] is None
+
+
+def test_the_excess_is_the_difference_of_squared_errors_on_the_same_parameters(finished):
+  cfg, summary = finished
+  for arm in summary["arms"]:
+    errors = _arm_summary(cfg, arm["grid"])["dose_same_params"]["errors"]
+    e2 = {r.partition("@")[0]: e["dw_first"] ** 2 for r, e in errors.items()}
+    assert arm["excess"] == pytest.approx({r: e2[r] - e2["int8_sr"] for r in ("int8_rtne", "s3r")})
+    assert (
+      arm["e2_baseline"] == pytest.approx(e2["int8_sr"]) and arm["excess_own_params"].keys() == arm["excess"].keys()
+    )
+  assert {(p["recipe"], p["grid"]) for p in summary["points"]} == {(r, g) for r in ("int8_rtne", "s3r") for g in GRIDS}
+
+
+def test_a_second_call_skips_the_finished_arms(finished, monkeypatch):
+  cfg, summary = finished
+  stamps = {g: (pathlib.Path(cfg.runs_dir) / dose.arm_name(g, 0) / "summary.json").stat().st_mtime_ns for g in GRIDS}
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished arm was trained again")
+
+  monkeypatch.setattr(lockstep, "run", no_training)
+  lines = []
+  again = dose.study(cfg, log=lines.append)
+  assert [line for line in lines if "skipped" in line] == [f"arm {g}-s0: finished, skipped" for g in GRIDS]
+  assert again["arms"] == json.loads(json.dumps(summary["arms"]))
+  assert stamps == {
+    g: (pathlib.Path(cfg.runs_dir) / dose.arm_name(g, 0) / "summary.json").stat().st_mtime_ns for g in GRIDS
+  }
+
+
+def test_an_unfinished_arm_is_trained_again_and_a_finished_one_of_other_settings_refused(finished, tmp_path):
+  cfg, _ = finished
+  partial = dose.lockstep_config(cfg, "int8", 0, cfg.tokens)
+  summary = json.loads((pathlib.Path(partial.out) / "summary.json").read_text())
+  other = dose.lockstep_config(dataclasses.replace(cfg, runs_dir=str(tmp_path)), "int8", 0, cfg.tokens)
+  pathlib.Path(other.out).mkdir(parents=True)
+  (pathlib.Path(other.out) / "summary.json").write_text(json.dumps({**summary, "complete": False}))
+  assert dose.finished_arm(other) is None
+  (pathlib.Path(other.out) / "summary.json").write_text(
+    json.dumps({**summary, "config": {**summary["config"], "lr": 1.0}})
+  )
+  with pytest.raises(ValueError, match="other settings.*lr"):
+    dose.finished_arm(other)
+
+
+def test_the_committed_results_are_written_only_with_results_dir_results(finished, monkeypatch, tmp_path):
+  cfg, _ = finished
+  monkeypatch.chdir(tmp_path)
+  settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "results_dir"}  # the default results_dir
+  (tmp_path / "study.json").write_text(json.dumps(settings))
+  common = ["--config", str(tmp_path / "study.json"), "--report-only"]
+  assert dose.main(common) == 0
+  assert (tmp_path / "runs/results/dose.json").is_file() and (tmp_path / "runs/results/dose.md").is_file()
+  assert not (tmp_path / "results").exists()
+  assert dose.main([*common, "--results-dir", "results"]) == 0
+  doc = json.loads((tmp_path / "results/dose.json").read_text())
+  assert len(doc["arms"]) == 2 and doc["missing_arms"] == []
+
+
+def test_without_a_corpus_the_study_stops_with_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
+  (tmp_path / "empty-root").mkdir()
+  monkeypatch.setenv("S3R_DATA", str(tmp_path / "empty-root"))
+  assert dose.main(["--preset", "tiny", "--runs-dir", str(tmp_path / "runs")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "no enwiki corpus" in err[0] and "--data" in err[0]
+
+
+def test_the_committed_config_is_the_documented_study():
+  cfg = dose.config_from_args(dose.parser().parse_args(["--config", str(ROOT / "configs/dose.json")]))
+  assert cfg.grids == ("int8", "int6", "int4", "nvfp4") and cfg.seeds == 2 and cfg.preset == "cpu-small"
+  assert (cfg.steps, cfg.warmup, cfg.lr, cfg.batch, cfg.seq) == (800, 80, 4e-3, 8, 256)
+  assert (cfg.eval_every, cfg.eval_batches) == (100, 64)
+  arm = dose.lockstep_config(cfg, "nvfp4", 1, "tokens")
+  assert arm.recipes == ("int8_rtne@nvfp4", "int8_sr@nvfp4", "s3r@nvfp4", "s3r_ec_dx@nvfp4") and arm.seed == 1
+  assert arm.dose_params_of == "int8_sr@nvfp4" and arm.out.endswith("nvfp4-s1")
+
+
+def test_the_config_names_the_field_it_rejects():
+  for bad, field in ((dict(grids=("int5",)), "grids"), (dict(baseline="bf16"), "baseline"), (dict(seeds=0), "seeds")):
+    with pytest.raises(ValueError, match=f"DoseConfig.{field}"):
+      dose.DoseConfig(**bad)
+  with pytest.raises(ValueError, match="DoseConfig.warmup"):
+    dose.DoseConfig(steps=10, warmup=20)
+
+
+def _hand_made_summary() -> dict:
+  arm = lambda grid, seed, gap, excess: {
+    "grid": grid,
+    "seed": seed,
+    "steps_done": 800,
+    "val": {"int8_sr": 5.0, "s3r": 5.0 + gap},
+    "gap": {"s3r": gap},
+    "excess": {"s3r": excess},
+    "e2_baseline": 0.03,
+    "iteration_s_median": 2.8,
+    "meta": {"revision": "abc", "dirty_paths": [], "loadavg_before": [1, 1, 1], "loadavg_after": [2, 2, 2]}
+    | {"date_utc": "D", "jax_version": "0", "cpu_model": "cpu"},
+  }
+  arms = [arm("int8", 0, 0.004, 0.01), arm("int8", 1, -0.002, 0.012), arm("int6", 0, 0.09, 0.15)]
+  pts = dose_report.points(arms)
+  return {
+    "meta": {"command": "python -m experiments.dose"},
+    "config": {**dataclasses.asdict(dose.DoseConfig()), "recipes": ["int8_sr", "s3r"]},
+    "baseline": "int8_sr",
+    "excess_definition": "e² difference",
+    "arms": arms,
+    "missing_arms": ["int6-s1"],
+    "grids": dose_report.by_grid(arms),
+    "points": pts,
+    "slope": dose_report.slope_through_origin(pts),
+    "reference_points": [{"recipe": "s3r", "source": "paper (Tables I and II)", "excess": 0.27, "gap": 0.126}],
+  }
+
+
+def test_the_report_builds_its_tables_and_plot_from_a_summary(tmp_path):
+  summary = _hand_made_summary()
+  assert summary["grids"]["int8"]["s3r"]["gap_mean"] == pytest.approx(0.001)
+  assert summary["slope"]["k"] == pytest.approx(
+    (0.004 * 0.01 - 0.002 * 0.012 + 0.09 * 0.15) / (0.01**2 + 0.012**2 + 0.15**2)
+  )
+  paths = dose_report.write(tmp_path, summary, log=lambda _: None)
+  md = paths["md"].read_text()
+  assert "### int8 (Q = 127)" in md and "### int6 (Q = 31)" in md and "Not finished yet: int6-s1" in md
+  assert "| 0 | +0.004 | +0.0100 | 0.0300 |" in md and "| mean ± sd | +0.001 ± 0.004 | +0.0110 ± 0.001 | |" in md
+  assert "| `s3r` | paper (Tables I and II) | 0.270 | +0.126 |" in md
+  pytest.importorskip("matplotlib")
+  assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_reference_points_come_from_the_paper_and_the_committed_sweep():
+  points = {p["recipe"]: p for p in dose_report.reference_points(ROOT / "results")}
+  assert points["s3r"]["excess"] == pytest.approx(0.270, abs=1e-3) and points["s3r"]["gap"] == pytest.approx(0.126)
+  assert points["s3r_ec_bcast"]["excess"] == pytest.approx(0.096, abs=1e-3)
+  assert points["s3r_bcast"]["excess"] == pytest.approx(0.584, abs=1e-3) and points["s3r_bcast"][
+    "gap"
+  ] == pytest.approx(0.313, abs=1e-3)
+  assert points["s3r_ec_dx_bcast"]["excess"] == pytest.approx(0.148, abs=1e-3)
+  assert points["s3r_ec_dx_bcast"]["gap"] == pytest.approx(0.070, abs=1e-3)
