@@ -79,12 +79,13 @@ def qmatmul(
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
-  if tp == "column" and recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
-    raise ValueError(
-      f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
-      "tp='column': the dX GEMM's per-shard partial sums run on integer codes only"
-    )
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
+  if tp_split is not None and tp_split.kind == "column" and recipe.int8_backward:
+    if formats.get_format(recipe.grad_format).emulated:  # without a split (one device), nothing to refuse
+      raise ValueError(
+        f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
+        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only"
+      )
   if not recipe.quantized:
     if tp_split is not None:  # bf16 partial sums per shard for the baseline too
       y = tensor_parallel.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
