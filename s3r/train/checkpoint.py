@@ -65,10 +65,15 @@ class Checkpointer:
     keep = ocp.checkpoint_managers.AnyPreservationPolicy(
       [ocp.checkpoint_managers.LatestN(max_to_keep), _KeepKnownGood(self)]
     )
+    if create:  # temporary folders of a save cut short; removed here, synchronously (Orbax's own clean-up runs in
+      # a background thread, which fails noisily when a failed run's directory is removed under it)
+      for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(tmp, ignore_errors=True)
     options = ocp.CheckpointManagerOptions(
-      create=create, enable_async_checkpointing=False, cleanup_tmp_directories=create, preservation_policy=keep
+      create=create, enable_async_checkpointing=False, cleanup_tmp_directories=False, preservation_policy=keep
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._failed: set[int] = set()  # steps whose save failed: their debris is removed again on close
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -102,9 +107,13 @@ class Checkpointer:
     except Exception:  # the same failure, reported again by the writes still in flight
       pass
     _cancel_pending_writes()
+    self._failed.add(step)
+    self._remove_debris(step)
+    self._manager.reload()
+
+  def _remove_debris(self, step: int) -> None:
     for path in [self.directory / str(step), *self.directory.glob(f"{step}.orbax-checkpoint-tmp*")]:
       shutil.rmtree(path, ignore_errors=True)
-    self._manager.reload()
 
   def known_good(self) -> dict | None:
     """{"step": N, ...} of the checkpoint recorded as known good (see `mark_good`), or None."""
@@ -191,6 +200,8 @@ class Checkpointer:
 
   def close(self):
     self._manager.close()
+    for step in self._failed:  # a write of a failed save still in flight may have recreated its folder
+      self._remove_debris(step)
 
 
 def _cancel_pending_writes() -> None:

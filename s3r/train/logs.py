@@ -20,13 +20,13 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 @contextlib.contextmanager
 def library_logs(path: pathlib.Path, *, verbose: bool):
-  """Within the block, records of level INFO and above go to `path` (appended); the root logger's own
+  """Within the block, records of level WARNING and above go to `path` (appended); the root logger's own
   handlers (the console) keep theirs only when `verbose`. Restored afterwards, but for the unraisable-
   exception hook (see `_UnraisableToFile`)."""
   root = logging.getLogger()
   handler = logging.FileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(logging.Formatter(FORMAT))
-  handler.setLevel(logging.INFO)
+  handler.setLevel(logging.WARNING)
   previous_handlers, previous_level = list(root.handlers), root.level
   if not verbose:
     for h in previous_handlers:

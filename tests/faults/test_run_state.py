@@ -33,7 +33,19 @@ def _damage(step_dir: pathlib.Path, how: str) -> None:
 
 
 # what a resume prints on stdout, line by line (the library logs go to <out>/train.log)
-RUN_LINES = ("data:", "tokenizer:", "tokens:", "checkpoint:", "resume:", "compiled", "model:", "step ", "final", "loss")
+RUN_LINES = (
+  "data:",
+  "tokenizer:",
+  "tokens:",
+  "checkpoint:",
+  "resume:",
+  "compiling",
+  "compiled",
+  "model:",
+  "step ",
+  "final",
+  "loss",
+)
 
 
 def test_resume_falls_back_past_a_truncated_latest_checkpoint_quietly_says_so_and_reproduces_the_run(
