@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -123,3 +124,14 @@ def metrics_lines(out: pathlib.Path) -> list[str]:
 def snapshot(out: pathlib.Path) -> dict[str, bytes]:
   """Every file of a run directory but the lock, by relative path."""
   return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def wait_for_step(out: pathlib.Path, step: int, proc, timeout: float = 180) -> None:
+  """Waits until the training `proc` writing into `out` has logged step `step` (it must stay alive)."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    if (out / "metrics.jsonl").exists() and len(metrics_lines(out)) > step:
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"no step {step} within {timeout}s")

@@ -10,24 +10,14 @@ import time
 
 import pytest
 
-from tests.faults.conftest import assert_one_line_error, metrics_lines
-
-
-def _wait_for_step(out, step: int, proc, timeout: float = 180) -> None:
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    if (out / "metrics.jsonl").exists() and len(metrics_lines(out)) > step:
-      return
-    time.sleep(0.05)
-  raise AssertionError(f"no step {step} within {timeout}s")
+from tests.faults.conftest import assert_one_line_error, wait_for_step
 
 
 def test_a_second_ctrl_c_right_after_the_first_names_an_intact_checkpoint_and_leaves_no_debris(cli, tmp_path):
   out = tmp_path / "run"
   proc = cli.start(*cli.train_args(out, "--steps", "100000", "--eval-every", "50000"))  # a checkpoint every 2 steps
   try:
-    _wait_for_step(out, 5, proc)
+    wait_for_step(out, 5, proc)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)

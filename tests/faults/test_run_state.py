@@ -6,11 +6,10 @@ import json
 import pathlib
 import shutil
 import signal
-import time
 
 import pytest
 
-from tests.faults.conftest import assert_one_line_error, metrics_lines, snapshot
+from tests.faults.conftest import assert_one_line_error, metrics_lines, snapshot, wait_for_step
 
 STEADY = ("step", "loss", "grad_norm", "lr", "val_loss")  # what a rerun must reproduce bit for bit
 
@@ -98,21 +97,11 @@ def test_a_non_finite_loss_stops_with_exit_1_naming_the_checkpoint_and_keeps_met
   assert metrics_lines(run_copy) == kept and (run_copy / "loss.png").exists()
 
 
-def _wait_for_step(out: pathlib.Path, step: int, proc, timeout: float = 180) -> None:
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    if (out / "metrics.jsonl").exists() and len(metrics_lines(out)) > step:
-      return
-    time.sleep(0.05)
-  raise AssertionError(f"no step {step} within {timeout}s")
-
-
 def test_a_second_training_on_the_same_out_is_refused_and_ctrl_c_saves_and_exits_cleanly(cli, tmp_path):
   out = tmp_path / "run"
   first = cli.start(*cli.train_args(out, "--steps", "100000", "--ckpt-every", "50000", "--eval-every", "50000"))
   try:
-    _wait_for_step(out, 3, first)
+    wait_for_step(out, 3, first)
     second = cli("train", "--out", out, "--resume")
     assert_one_line_error(second, 2, "another training is running on", f"pid {first.pid}")
     first.send_signal(signal.SIGINT)
@@ -134,7 +123,7 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_metrics(cli, t
   out = tmp_path / "run"
   proc = cli.start(*cli.train_args(out, *args))
   try:
-    _wait_for_step(out, 120, proc)
+    wait_for_step(out, 120, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
   finally:
