@@ -34,6 +34,15 @@ def test_recipes_lists_every_recipe_with_its_description(capsys):
   assert lines[-1].startswith("gradient formats") and all(f in lines[-1] for f in FORMATS)
 
 
+@pytest.mark.parametrize("argv, level", [(["train", "--help"], "2"), (["train", "--verbose", "--help"], None)])
+def test_xla_warnings_stay_off_the_console_unless_verbose(monkeypatch, capsys, argv, level):
+  """XLA's C++ log lines bypass Python logging: main() quiets them (before JAX loads) unless --verbose."""
+  monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+  with pytest.raises(SystemExit):
+    cli.main(argv)
+  assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == level
+
+
 def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_from_elsewhere(
   tmp_path, capsys, monkeypatch
 ):

@@ -389,5 +389,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  if "--verbose" not in argv:
+    # XLA's C++ warnings (an allocation that failed before s3r reports it in one line, say) reach
+    # stderr directly, not through Python logging: keep them out unless asked for. Set before JAX loads.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   args = build_parser(argv).parse_args(argv)
   return args.func(args) or 0

@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant import recipe as get_recipe
+from s3r.quant.formats import get_format
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
@@ -232,6 +233,12 @@ class MoeFields(ModelConfig):
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
     check_dispatch(name, self.expert_dispatch, self.capacity_factor)
+    recipe = get_recipe(self.recipe)
+    if self.dense_layers < self.n_layers and recipe.int8_backward and get_format(recipe.grad_format).emulated:
+      raise ValueError(
+        f"{name}.recipe {self.recipe!r}: the expert GEMMs take integer gradient codes only, so the "
+        f"{recipe.grad_format} format (emulated in float32) works only in dense models; use int8, int6 or int4"
+      )
 
   def is_moe(self, layer: int) -> bool:
     return layer >= self.dense_layers

@@ -132,6 +132,19 @@ def compile_eval_step(setup: Setup, cfg: TrainConfig, log):
   return _compiled("eval", lambda: setup.eval_step.lower(setup.abstract_state.params, batch, setup.keys["eval"]), log)
 
 
+def compile_eval_step_on_first_use(setup: Setup, cfg: TrainConfig, log) -> Callable:
+  """The eval step, compiled by `compile_eval_step` (which says so) when it is first called: a run that
+  never evaluates never compiles it."""
+  compiled = []
+
+  def eval_step(params, batch, key):
+    if not compiled:
+      compiled.append(compile_eval_step(setup, cfg, log))
+    return compiled[0](params, batch, key)
+
+  return eval_step
+
+
 def _compiled(name: str, lower: Callable[[], jax.stages.Lowered], log):
   """`lower()` compiled, saying so before (a large model compiles for minutes) and after."""
   log(f"compiling the {name} step ...")

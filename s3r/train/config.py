@@ -143,6 +143,10 @@ class TrainConfig:
     except (TypeError, ValueError) as e:
       raise _error("recipe", f"a recipe of `s3r recipes` (NAME or NAME@FORMAT): {e}", self.recipe) from None
     base = PRESETS[self.preset]
+    try:
+      dataclasses.replace(base, recipe=self.recipe)
+    except ValueError as e:
+      raise _error("recipe", f"a recipe the {self.preset} model can run ({e})", self.recipe) from None
     for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
       if getattr(self, field) is None:
         object.__setattr__(self, field, default)

@@ -55,7 +55,15 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.train import checkpoint, logs, recovery, report, resume
-from s3r.train.builder import ResourceError, Setup, build, compile_train_step, make_mesh, prepare_data  # noqa: F401
+from s3r.train.builder import (  # noqa: F401
+  ResourceError,
+  Setup,
+  build,
+  compile_eval_step_on_first_use,
+  compile_train_step,
+  make_mesh,
+  prepare_data,
+)
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, tokenizer_change, validation_batches  # noqa: F401
 from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted
@@ -151,6 +159,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     batches = Batches(setup.batch_sharding, cfg.batch_shape)
     loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
     val_sets = validation_batches(corpus.val_tokens, cfg, log)
+    eval_step = compile_eval_step_on_first_use(setup, cfg, log)
     state, wall_before = _initial_state(setup, ckpt, loader, resume_step, log)
     start = int(state.step)
     if train_step is None and start < cfg.steps:  # resumed from before a damaged final checkpoint
@@ -176,13 +185,13 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     wall = lambda: wall_before + time.time() - t_start
     history, initial_val = [], None
     if start == 0:
-      initial_loss, record = _step_zero(setup, state, batches, loader, val_sets)
+      initial_loss, record = _step_zero(setup, state, batches, loader, val_sets, eval_step)
       history, initial_val = [initial_loss], record.get("val_loss")
       if writer is not None:
         writer.write({**record, "wall_s": wall()})
-    elif main:
-      history = [r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] <= start]
-    run = _Run(cfg, setup, ckpt, batches, loader, val_sets, writer, meta, wall, main, log, initial_val)
+    else:
+      history = _loss_history(out, start, main)
+    run = _Run(cfg, setup, ckpt, batches, loader, val_sets, eval_step, writer, meta, wall, main, log, initial_val)
     val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor.following(history))
   except (TrainingDiverged, TrainingInterrupted):
     if main:
@@ -210,6 +219,7 @@ class _Run:
   batches: Batches
   loader: s3r_data.BatchLoader
   val_sets: dict
+  eval_step: Callable  # (params, batch, key) -> loss, compiled on first use
   writer: report.MetricsWriter | None
   meta: Callable[[], dict]  # () -> checkpoint meta
   wall: Callable[[], float]  # () -> wall-clock seconds of the run so far
@@ -268,7 +278,7 @@ class _Run:
 
   def _validate(self, bar, step: int, state, metrics: dict, record: dict) -> dict:
     """The validation losses of `state` (added to `record`, and printed)."""
-    val_losses = evaluate(self.setup, state.params, self.val_sets)
+    val_losses = evaluate(self.setup, state.params, self.val_sets, eval_step=self.eval_step)
     record.update({report.val_key(k): v for k, v in val_losses.items()})
     if self.main:
       bar.write(
@@ -343,19 +353,33 @@ def _initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):
   return state, float(meta.get("wall_s", 0.0))
 
 
-def _step_zero(setup: Setup, state, batches: Batches, loader, val_sets) -> tuple[float, dict]:
+def _step_zero(setup: Setup, state, batches: Batches, loader, val_sets, eval_step) -> tuple[float, dict]:
   """(initial loss, the step-0 metrics record): the loss of the initial parameters on the first training
   batch (the loader is rewound, so training sees the same batches) and the validation losses."""
   position = loader.state()
   first = batches.from_local(loader.next())
   loader.restore(position)
-  loss = float(jax.device_get(setup.eval_step(state.params, first, setup.keys["eval"])))
-  val = evaluate(setup, state.params, val_sets)
+  loss = float(jax.device_get(eval_step(state.params, first, setup.keys["eval"])))
+  val = evaluate(setup, state.params, val_sets, eval_step=eval_step)
   return loss, {"step": 0, "loss": loss, "lr": 0.0, **{report.val_key(k): v for k, v in val.items()}}
 
 
 def _quiet(*_):
   pass
+
+
+def _loss_history(out: pathlib.Path, start: int, main: bool) -> list[float]:
+  """The training losses of steps 0..start from the run's metrics, which process 0 writes and reads; with
+  several processes it sends them to all, so that every process's divergence guard decides alike."""
+  history = [r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] <= start] if main else []
+  if jax.process_count() == 1:
+    return history
+  from jax.experimental import multihost_utils
+
+  n = int(multihost_utils.broadcast_one_to_all(np.int32(len(history))))
+  losses = np.zeros(n, np.float32)
+  losses[: len(history)] = history
+  return [float(v) for v in multihost_utils.broadcast_one_to_all(losses)]
 
 
 def _prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:

@@ -1,5 +1,7 @@
 """Shared helpers for the quantized-matmul tests: float64 NumPy references of docs/algorithm.md §1."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,3 +47,21 @@ def grads(recipe, x, w, g, key):
 
   _, vjp = jax.vjp(lambda a, b: qmatmul(a, b, key=key, recipe=recipe), x, w)
   return vjp(jnp.asarray(g, x.dtype))
+
+
+@functools.cache
+def gradient_problem(b: int, s: int, k: int, n: int):
+  """(x [b,s,k], w [k,n], heavy-tailed upstream g [b,s,n], its Reference): the unbiasedness tests' problem."""
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((b, s, k)).astype(np.float32)
+  w = (rng.standard_normal((k, n)) * 0.3).astype(np.float32)
+  g = heavy_tailed(rng, (b, s, n), decades=4)
+  return x, w, g, Reference(x, w, g)
+
+
+def gradient_samples(recipe: str, problem, draws: int) -> tuple[np.ndarray, np.ndarray]:
+  """(dX, dW) of `recipe` on `problem` under `draws` independent keys, stacked along axis 0 (float64)."""
+  x, w, g, _ = problem
+  keys = jax.random.split(jax.random.key(123), draws)
+  dx, dw = jax.jit(jax.vmap(lambda k: grads(recipe, jnp.asarray(x), jnp.asarray(w), g, k)))(keys)
+  return np.asarray(dx, np.float64), np.asarray(dw, np.float64)

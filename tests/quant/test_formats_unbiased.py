@@ -8,9 +8,6 @@ is the 7-bit threshold bias of each code, (hi - lo)/256 in units of Δ (1/256 on
 largest per-code bias.
 """
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,7 +15,7 @@ from scipy import stats
 
 import s3r
 from tests.quant import format_reference
-from tests.quant.reference import Reference, grads, heavy_tailed
+from tests.quant.reference import gradient_problem, gradient_samples, grads
 
 B, S, K, N = 2, 16, 24, 40  # T = 32, N = 40: the 32 x 32 mxfp4 blocks and 16 x 16 nvfp4 blocks end partial along N
 DRAWS = 512
@@ -29,21 +26,12 @@ DEFAULT = ["int8_sr", "s3r", "s3r_ec", "s3r_ec_dx_bcast"]  # every threshold kin
 CASES = [pytest.param(r, f, marks=() if r in DEFAULT else pytest.mark.slow) for f in FORMATS for r in STOCHASTIC]
 
 
-@functools.cache
 def _problem():
-  rng = np.random.default_rng(1)
-  x = rng.standard_normal((B, S, K)).astype(np.float32)
-  w = (rng.standard_normal((K, N)) * 0.3).astype(np.float32)
-  g = heavy_tailed(rng, (B, S, N), decades=4)
-  return x, w, g, Reference(x, w, g)
+  return gradient_problem(B, S, K, N)
 
 
 def _samples(recipe):
-  x, w, g, _ = _problem()
-  keys = jax.random.split(jax.random.key(123), DRAWS)
-  f = jax.jit(jax.vmap(lambda k: grads(recipe, jnp.asarray(x), jnp.asarray(w), g, k)))
-  dx, dw = f(keys)
-  return np.asarray(dx, np.float64), np.asarray(dw, np.float64)
+  return gradient_samples(recipe, _problem(), DRAWS)
 
 
 def _bounds(recipe, fmt, dx_s, dw_s, ref):

@@ -11,14 +11,13 @@ docs/algorithm.md §1; 4x that after S3R-EC's projection) and f32 slack for the 
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
 import s3r
-from tests.quant.reference import Reference, grads, heavy_tailed
+from tests.quant.reference import gradient_problem, gradient_samples, grads
 
 B, S, K, N = 2, 16, 24, 20
 DRAWS = 512
@@ -26,22 +25,13 @@ FAMILY_ALPHA = 1e-3
 STOCHASTIC = [n for n, r in s3r.RECIPES.items() if r.stochastic]
 
 
-@functools.cache
 def _problem():
-  rng = np.random.default_rng(1)
-  x = rng.standard_normal((B, S, K)).astype(np.float32)
-  w = (rng.standard_normal((K, N)) * 0.3).astype(np.float32)
-  g = heavy_tailed(rng, (B, S, N), decades=4)
-  return x, w, g, Reference(x, w, g)
+  return gradient_problem(B, S, K, N)
 
 
 @functools.cache
 def _samples(recipe):
-  x, w, g, _ = _problem()
-  keys = jax.random.split(jax.random.key(123), DRAWS)
-  f = jax.jit(jax.vmap(lambda k: grads(recipe, jnp.asarray(x), jnp.asarray(w), g, k)))
-  dx, dw = f(keys)
-  return np.asarray(dx, np.float64), np.asarray(dw, np.float64)
+  return gradient_samples(recipe, _problem(), DRAWS)
 
 
 def _bounds(recipe, dx_s, dw_s, ref):

@@ -65,6 +65,15 @@ def test_a_recipe_at_a_gradient_format_is_accepted_and_reaches_the_model():
   assert cfg.model_config(cfg.vocab_size).recipe == "s3r_ec_dx@nvfp4"
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_an_fp4_gradient_format_is_refused_up_front_for_a_model_with_experts(fmt):
+  """The grouped (expert) GEMMs take integer codes only: refused at the flag, before any tracing."""
+  with pytest.raises(ConfigError) as e:
+    TrainConfig(out="run", steps=20, preset="moe-tiny", recipe=f"s3r@{fmt}")
+  assert str(e.value).startswith("--recipe ") and fmt in str(e.value) and "dense models" in str(e.value)
+  assert TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r@int4").recipe == "s3r@int4"
+
+
 def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():
   saved = TrainConfig(out="run", preset="tiny", steps=60)
   assert saved.resume_mismatches(saved, at_step=60) == []
