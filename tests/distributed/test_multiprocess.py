@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.distributed.conftest import REPO, device_env
 from tests.distributed.workers import cli_flags
@@ -22,9 +23,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_path):
-  out, port = tmp_path / "run", _free_port()
-  procs = []
+def _two_processes(sharded_cli_run, out, *extra: str) -> list[str]:
+  """Runs `s3r train` as processes 0 and 1 of one job on a 4x2 mesh; their logs (each must exit 0)."""
+  port, procs = _free_port(), []
   for i in range(2):
     argv = cli_flags(
       str(sharded_cli_run["corpus"]),
@@ -38,6 +39,7 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
       "2",
       "--process-id",
       str(i),
+      *extra,
     )
     procs.append(
       subprocess.Popen(
@@ -60,6 +62,12 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
         p.wait()
   for i, (p, log) in enumerate(zip(procs, logs)):
     assert p.returncode == 0, f"process {i}:\n{log[-3000:]}"
+  return logs
+
+
+def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_path):
+  out = tmp_path / "run"
+  logs = _two_processes(sharded_cli_run, out)
   assert "final validation loss" in logs[0] and "final validation loss" not in logs[1]  # process 0 reports
 
   ours = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -74,3 +82,15 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
       [r[key] for r in ours if key in r], [r[key] for r in ref if key in r], rtol=1e-6, err_msg=key
     )
   np.testing.assert_allclose(ours[-1]["val_loss"], ref[-1]["val_loss"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_together_with_the_same_loss_history(sharded_cli_run, tmp_path):
+  """On resume only process 0 reads the metrics; it sends the loss history to process 1, so both
+  processes' divergence guards start alike and the job finishes (a disagreement would hang it)."""
+  out = tmp_path / "run"
+  _two_processes(sharded_cli_run, out)
+  logs = _two_processes(sharded_cli_run, out, "--steps", "6", "--resume")
+  assert "resume: restored step 4" in logs[0] and "final validation loss" in logs[0]
+  ours = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in ours] == list(range(7))
