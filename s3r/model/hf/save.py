@@ -80,9 +80,7 @@ def save_hf(
     (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
     _write_weights(tmp, params, entries, np_dtype, max_shard_bytes)
     if isinstance(tokenizer, str | pathlib.Path):
-      for name in TOKENIZER_FILES:
-        if (pathlib.Path(tokenizer) / name).is_file():
-          shutil.copyfile(pathlib.Path(tokenizer) / name, tmp / name)
+      copy_tokenizer_files(tokenizer, tmp)
     elif tok is not None:
       _write_tokenizer(tmp, tok, config.max_seq_len)
     if path.exists():
@@ -92,6 +90,14 @@ def save_hf(
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return path
+
+
+def copy_tokenizer_files(source: str | pathlib.Path, destination: pathlib.Path) -> None:
+  """Copies the TOKENIZER_FILES that the checkpoint folder `source` has into `destination` (created)."""
+  destination.mkdir(parents=True, exist_ok=True)
+  for name in TOKENIZER_FILES:
+    if (pathlib.Path(source) / name).is_file():
+      shutil.copyfile(pathlib.Path(source) / name, destination / name)
 
 
 def _hub_order(entries: list[Entry]) -> list[Entry]:
