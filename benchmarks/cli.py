@@ -1,6 +1,6 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm. Each module
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load. Each module
 defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
 when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
@@ -24,6 +24,7 @@ COMMANDS = {
   "profile": ("benchmarks.profile", "per-fusion CPU time of the FFN block fwd+bwd (jax.profiler + compiled HLO)"),
   "merge": ("benchmarks.merge", "join ffn or quantizer results files that cover different shapes into one"),
   "comm": ("benchmarks.comm", "bytes moved by collectives in one compiled train step, per recipe"),
+  "hf_load": ("benchmarks.hf_load", "time and peak host memory of loading a Hugging Face checkpoint (load_hf)"),
 }
 PROG = "python -m benchmarks"
 

@@ -1,4 +1,4 @@
-"""The `s3r` command line: train, eval, models and recipes.
+"""The `s3r` command line: train, eval, models, recipes and export.
 
 Each entry of COMMANDS names a sub-command and "module:function"; the function,
 `register(subparsers)`, adds the sub-command's parser and sets `func` (args -> exit code
@@ -10,7 +10,8 @@ NAME's module, for `s3r --help` all of them. To add a command, add one line here
 Exit codes (EXIT_CODES; every error but a crash is one line on stderr, without a traceback):
   0    success
   1    training diverged (non-finite or blown-up loss, or a gradient norm of exactly 0)
-  2    bad input: flags, data, run directory (including a run another training holds)
+  2    bad input: flags, data, run directory (including a run another training holds), a Hugging Face
+       checkpoint that cannot be imported
   3    resources: not enough memory for the train step, disk full
   130  interrupted (Ctrl-C / SIGTERM; `train` saves a checkpoint first)
   70   internal error (a bug: the traceback is printed)
@@ -28,6 +29,7 @@ COMMANDS: dict[str, str] = {
   "eval": "s3r.cli:register_eval",
   "recipes": "s3r.cli:register_recipes",
   "models": "s3r.cli.models:register",
+  "export": "s3r.cli.export:register",
 }
 
 
@@ -67,13 +69,14 @@ def _fail(message: str, code: int = 2) -> int:
 def _guarded(run, args) -> int:
   """Runs a command, turning expected failures into one line and an exit code (EXIT_CODES)."""
   from s3r.data import DataError
+  from s3r.model.hf.errors import HFError
   from s3r.train.builder import ResourceError
   from s3r.train.config import ConfigError
   from s3r.train.guard import TrainingDiverged, TrainingInterrupted
 
   try:
     return run(args) or 0
-  except (DataError, ConfigError) as e:
+  except (DataError, ConfigError, HFError) as e:
     return _fail(str(e), EXIT_CODES["bad_input"])
   except TrainingDiverged as e:
     return _fail(str(e), EXIT_CODES["diverged"])
@@ -284,15 +287,23 @@ def register_eval(subparsers) -> None:
     description=_paragraphs(
       "Validation loss and perplexity of the newest readable checkpoint of a run (a "
       "damaged newest checkpoint is reported and the one before it used), or of the checkpoint of one "
-      "step: `s3r eval RUN/checkpoints/25` or `s3r eval RUN --step 25`."
+      "step: `s3r eval RUN/checkpoints/25` or `s3r eval RUN --step 25`. `s3r eval --init-from HF_DIR --data "
+      "PATH` evaluates a Hugging Face checkpoint on the validation documents `s3r train --init-from HF_DIR "
+      "--data PATH` holds out (with the same --batch, --seq and --eval-batches: that run's step-0 numbers)."
     ),
     epilog=_paragraphs(EXIT_HELP + "."),
   )
   p.add_argument(
     "checkpoint_dir",
     metavar="CHECKPOINT_DIR",
+    nargs="?",
     help="a run directory, its checkpoints/ folder, or one checkpoint's folder (RUN/checkpoints/25)",
   )
+  g = p.add_argument_group("a Hugging Face checkpoint instead of a run")
+  g.add_argument("--init-from", metavar="HF_DIR", help="the checkpoint folder (config.json, safetensors, tokenizer)")
+  g.add_argument("--init-layers", type=int, metavar="N", help="keep only the first N decoder layers")
+  g.add_argument("--batch", type=int, help="sequences per batch (default: as s3r train)")
+  g.add_argument("--seq", type=int, help="tokens per sequence (default: as s3r train)")
   p.add_argument(
     "--step",
     type=int,
@@ -315,13 +326,24 @@ def run_eval(args) -> int:
   import math
 
   from s3r.train.config import ConfigError
-  from s3r.train.evaluate import evaluate_checkpoint
+  from s3r.train.evaluate import evaluate_checkpoint, evaluate_pretrained
 
   if args.eval_batches is not None and args.eval_batches < 1:
     raise ConfigError(f"--eval-batches must be an integer >= 1, got {args.eval_batches}")
   if args.step is not None and args.step < 0:
     raise ConfigError(f"--step must be an integer >= 0, got {args.step}")
-  losses = evaluate_checkpoint(args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches)
+  if (args.checkpoint_dir is None) == (args.init_from is None):
+    raise ConfigError("give a run (CHECKPOINT_DIR) or --init-from HF_DIR, not both")
+  if args.init_from is None:
+    given = [f"--{k.replace('_', '-')}" for k in ("init_layers", "batch", "seq") if getattr(args, k) is not None]
+    if given:
+      raise ConfigError(f"{', '.join(given)}: only with --init-from (a run evaluates with its own)")
+    losses = evaluate_checkpoint(args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches)
+  else:
+    if args.step is not None:
+      raise ConfigError("--step: only with a run (CHECKPOINT_DIR)")
+    fields = {"init_layers": args.init_layers, "batch": args.batch, "seq": args.seq, "eval_batches": args.eval_batches}
+    losses = evaluate_pretrained(args.init_from, data=args.data, **{k: v for k, v in fields.items() if v is not None})
   for name, loss in losses.items():
     print(f"{name}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
   return 0

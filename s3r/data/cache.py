@@ -119,6 +119,12 @@ def cached_tokenizer(
   return tok, {**info, "cached": False}
 
 
+def given_tokenizer_info(tok: Tokenizer) -> dict:
+  """The description of a tokenizer that was given rather than trained (keyed by its JSON and end-of-text token)."""
+  key = hashlib.sha256(f"{tok.hf.to_str()}\0{tok.eot}".encode()).hexdigest()
+  return {"cache_key": key, "version": "given", "eot": tok.eot, "cached": True}
+
+
 def cached_tokens(
   split: str, docs: Sequence[str], tok: Tokenizer, tok_key: str, cache_dir: pathlib.Path, log: Log
 ) -> tuple[np.ndarray, dict]:

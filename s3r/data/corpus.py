@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from s3r.data import sources
-from s3r.data.cache import cached_tokenizer, cached_tokens
+from s3r.data.cache import cached_tokenizer, cached_tokens, given_tokenizer_info
 from s3r.data.errors import DataError
 from s3r.data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
@@ -83,16 +83,19 @@ def prepare(
   cache_dir: str | os.PathLike = ".cache/s3r",
   val_fraction: float = 0.05,
   max_train_docs: int | None = None,
+  tokenizer: Tokenizer | None = None,
   log: Callable[[str], None] = print,
 ) -> Corpus:
   """Read a corpus, train (or reuse) its tokenizer, and encode every split.
 
   See the module docstring for how ``data`` is interpreted. ``max_train_docs``
   keeps only the first that many training documents (for quick runs); the
-  validation sets are unaffected. The tokenizer and every token array are
-  cached in ``cache_dir`` under a hash of their inputs, so a second call on
-  the same corpus only reads and hashes the text. Raises :class:`DataError`
-  for problems with the data and ``ValueError`` for invalid arguments.
+  validation sets are unaffected. ``tokenizer`` (e.g. a released model's):
+  encode with it instead of training one (``vocab_size`` is then unused). The
+  tokenizer and every token array are cached in ``cache_dir`` under a hash of
+  their inputs, so a second call on the same corpus only reads and hashes the
+  text. Raises :class:`DataError` for problems with the data and
+  ``ValueError`` for invalid arguments.
   """
   if not 0.0 < val_fraction < 1.0:
     raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
@@ -104,7 +107,10 @@ def prepare(
   cache = pathlib.Path(cache_dir)
   root, how = sources.locate_data_root()
   src = _select_source(data, root, how, val_fraction, max_train_docs, log)
-  tok, tok_info = cached_tokenizer(src.train, vocab_size, cache, log)
+  if tokenizer is None:
+    tok, tok_info = cached_tokenizer(src.train, vocab_size, cache, log)
+  else:
+    tok, tok_info = tokenizer, given_tokenizer_info(tokenizer)
   splits = {"train": src.train, **src.val}
   arrays, cache_info = {}, {}
   for split, docs in splits.items():

@@ -31,13 +31,15 @@ class Tokenizer:
 
   Attributes:
       vocab_size: number of token ids (ids are ``0 .. vocab_size - 1``).
-      eot_id: id of ``<|endoftext|>``, placed after every document.
+      eot_id: id of ``<|endoftext|>`` (or of the token ``eot`` names: a released
+          model's EOS token), placed after every document.
   """
 
-  def __init__(self, hf: tokenizers.Tokenizer):
-    eot_id = hf.token_to_id(EOT)
+  def __init__(self, hf: tokenizers.Tokenizer, eot: str = EOT):
+    eot_id = hf.token_to_id(eot)
     if eot_id is None:
-      raise DataError(f"tokenizer has no {EOT} token")
+      raise DataError(f"tokenizer has no {eot} token")
+    self.eot = eot
     # Text that happens to contain "<|endoftext|>" is encoded as ordinary
     # characters; only the pipeline itself inserts the special token.
     hf.encode_special_tokens = True
@@ -92,10 +94,10 @@ class Tokenizer:
     os.replace(tmp, path)
 
   @classmethod
-  def load(cls, path: str | os.PathLike) -> Tokenizer:
-    """Read a tokenizer written by :meth:`save`."""
+  def load(cls, path: str | os.PathLike, eot: str = EOT) -> Tokenizer:
+    """Read a tokenizer written by :meth:`save` (or a ``tokenizer.json`` whose end-of-text token is ``eot``)."""
     try:
-      return cls(tokenizers.Tokenizer.from_file(os.fspath(path)))
+      return cls(tokenizers.Tokenizer.from_file(os.fspath(path)), eot)
     except Exception as e:  # the Rust side raises a plain Exception
       raise DataError(f"cannot load tokenizer {path}: {e}") from None
 

@@ -1,9 +1,9 @@
 """The compiled pieces of a run: mesh, model, shardings, jitted init/train/eval steps, and the
 ahead-of-time compiled train step with its memory estimate.
 
-PRNG keys: key(seed) is split into init (parameters), train (quantizer randomness, folded
-with the step number) and eval (forward-only passes need a key for stochastic recipes but
-draw nothing from it).
+PRNG keys: key(seed) is split into init (parameters; unused when they are imported, --init-from),
+train (quantizer randomness, folded with the step number) and eval (forward-only passes need a key
+for stochastic recipes but draw nothing from it).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Setup:
   mesh: jax.sharding.Mesh
   batch_sharding: NamedSharding
   abstract_state: TrainState  # ShapeDtypeStructs with shardings
-  init_state: jax.stages.Wrapped  # init_key -> TrainState
+  init_state: Callable[[jax.Array], TrainState]  # init_key -> TrainState
   train_step: jax.stages.Wrapped  # (state, batch, train_key) -> (state, metrics); donates state
   eval_step: jax.stages.Wrapped  # (params, batch, eval_key) -> loss
   keys: dict  # "init", "train", "eval"
@@ -80,21 +80,48 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
     out_shardings=replicated,
   )
   init_key, train_key, eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
+  if cfg.init_from is None:
+    init = jax.jit(fresh, out_shardings=state_sh)
+  else:  # the imported parameters (placed on their shardings as they are read) around a fresh optimizer state
+    around = jax.jit(lambda params: init_state(params, tx), out_shardings=state_sh, donate_argnums=0)
+    init = lambda _key: around(imported_params(cfg, state_sh.params))
   return Setup(
     model_cfg=model_cfg,
     mesh=mesh,
     batch_sharding=batch_sh,
     abstract_state=checkpoint.abstract_like(shapes, state_sh),
-    init_state=jax.jit(fresh, out_shardings=state_sh),
+    init_state=init,
     train_step=train_step,
     eval_step=eval_step,
     keys={"init": init_key, "train": train_key, "eval": eval_key},
   )
 
 
+def imported_params(cfg: TrainConfig, shardings) -> dict:
+  """The parameters of the --init-from checkpoint, each placed on its sharding as it is read."""
+  assert cfg.init_from is not None
+  return s3r_model.load_hf(cfg.init_from, shardings=shardings, **cfg.import_overrides())[1]
+
+
+def hf_tokenizer(cfg: TrainConfig) -> s3r_data.Tokenizer:
+  """The --init-from checkpoint's tokenizer, its EOS token ending every document; ConfigError if it names none."""
+  assert cfg.init_from is not None
+  tok = s3r_model.load_hf_tokenizer(cfg.init_from)
+  eos = None if tok.eos_id is None else tok.hf.id_to_token(tok.eos_id)
+  if eos is None:
+    raise ConfigError(f"{cfg.init_from}: tokenizer_config.json names no eos_token (it ends every document)")
+  return s3r_data.Tokenizer(tok.hf, eos)
+
+
 def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
+  """The run's corpus, encoded with its tokenizer: trained on it, or --init-from's."""
   return s3r_data.prepare(
-    cfg.data, vocab_size=cfg.vocab_size, cache_dir=cfg.cache_dir, max_train_docs=cfg.max_train_docs, log=log
+    cfg.data,
+    vocab_size=cfg.vocab_size,
+    cache_dir=cfg.cache_dir,
+    max_train_docs=cfg.max_train_docs,
+    tokenizer=None if cfg.init_from is None else hf_tokenizer(cfg),
+    log=log,
   )
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from s3r.data.tokenizer import MIN_VOCAB_SIZE
-from s3r.model import PRESETS, ModelConfig
+from s3r.model import PRESETS, ModelConfig, hf_config
 from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import DEFAULT_RECIPE
@@ -101,6 +102,16 @@ class TrainConfig:
   warmup: int | None = _flag(None, "linear warm-up steps", default_help=f"min({DEFAULT_WARMUP}, steps // 10)")
   batch: int = _flag(8, "sequences per step")
   seq: int | None = _flag(None, "tokens per sequence", default_help="the preset's maximum sequence length")
+  init_from: str | None = _flag(
+    None,
+    "a Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json) to continue training: the model "
+    "(--preset and --vocab are unused) and the tokenizer that encodes --data come from it; recorded in the run, "
+    "so --resume reads only its config.json and tokenizer again",
+    metavar="HF_DIR",
+  )
+  init_layers: int | None = _flag(
+    None, "with --init-from, keep only the first N decoder layers (e.g. for a smoke test)", metavar="N"
+  )
   data: str | None = _flag(
     None,
     "corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
@@ -164,8 +175,12 @@ class TrainConfig:
       raise _error("seq", f"<= {MAX_SEQ:,}", self.seq)
     if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
       raise _error("lr", f"a finite number in (0, {MAX_LR:g}]", self.lr)
-    if self.max_train_docs is not None and (not isinstance(self.max_train_docs, int) or self.max_train_docs < 1):
-      raise _error("max_train_docs", "an integer >= 1 (or unset)", self.max_train_docs)
+    for field in ("max_train_docs", "init_layers"):
+      value = getattr(self, field)
+      if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise _error(field, "an integer >= 1 (or unset)", value)
+    if self.init_layers is not None and self.init_from is None:
+      raise _error("init_layers", f"unset without {flag('init_from')}", self.init_layers)
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
     object.__setattr__(self, "lr_changes", _lr_changes(self.lr_changes, self.steps))
@@ -200,9 +215,27 @@ class TrainConfig:
     """[batch, seq + 1]: the token windows of one step (inputs, and targets shifted by one)."""
     return self.batch, self.seq_len + 1
 
+  @property
+  def model_name(self) -> str:
+    """What the run trains, for logs and plots: the preset, or the folder name of --init-from."""
+    return self.preset if self.init_from is None else f"{os.path.basename(os.path.normpath(self.init_from))} (imported)"
+
+  def import_overrides(self) -> dict:
+    """The fields of the --init-from checkpoint's config that this run replaces (s3r.model.hf_config)."""
+    fields: dict[str, Any] = {"recipe": self.recipe, "tp_partial_sums": self.tp_partial_sums}
+    if self.init_layers is not None:
+      fields["n_layers"] = self.init_layers
+    return fields
+
   def model_config(self, vocab_size: int, **overrides) -> ModelConfig:
     """The preset with the tokenizer's vocabulary, this run's recipe and room for `seq` tokens;
-    `overrides` replace further fields as in `s3r.model.preset` (e.g. n_layers=2, remat=True)."""
+    `overrides` replace further fields as in `s3r.model.preset` (e.g. n_layers=2, remat=True).
+    With --init-from: the checkpoint's config (its own vocabulary, which must hold the tokenizer's)."""
+    if self.init_from is not None:
+      cfg = hf_config(self.init_from, **{**self.import_overrides(), **overrides})
+      if vocab_size > cfg.vocab_size:
+        raise ConfigError(f"{self.init_from}: the tokenizer has {vocab_size} ids, the model {cfg.vocab_size}")
+      return dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, self.seq_len))
     base = PRESETS[self.preset]
     fields = {
       "vocab_size": vocab_size,

@@ -4,7 +4,8 @@
 past damaged ones, and saying so), or the one of a given step (`step=`, or `path` naming one
 checkpoint's folder), and computes its validation losses: on the run's own
 validation sets, or on another corpus, named exactly as `s3r train --data` names it, with
-a warning when that corpus holds training documents of the run.
+a warning when that corpus holds training documents of the run. `evaluate_pretrained(HF_DIR)` does
+the same for a Hugging Face checkpoint (`s3r eval --init-from`), before any fine-tuning.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import os
 import pathlib
 import sys
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -23,7 +25,7 @@ from s3r import data as s3r_data
 from s3r.data import cache as s3r_cache
 from s3r.data import corpus as s3r_corpus
 from s3r.train import checkpoint
-from s3r.train.builder import Setup, build, compile_eval_step, make_mesh, prepare_data
+from s3r.train.builder import Setup, build, compile_eval_step, imported_params, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.placement import Batches
 from s3r.train.step import TrainState
@@ -165,16 +167,10 @@ def evaluate_checkpoint(
   resolved as `s3r train --data` does), encoded with the run's tokenizer; `warn` reports how many
   of them are training documents of the run.
   """
-  directory, step = checkpoint_location(path, step)
-  ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
+  restored = restore_run(path, step=step, log=log)
+  cfg, setup, step, state, meta, tok, _ = restored
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
-  try:
-    tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
-    setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
-    step, state, meta = _restore(ckpt, setup, step, log)
-  finally:
-    ckpt.close()
   if data is None or _same_corpus(data, cfg):
     corpus = prepare_data(cfg, log)
     if changed := tokenizer_change(corpus, cfg, meta):
@@ -190,8 +186,47 @@ def evaluate_checkpoint(
     ids = s3r_cache.encode_long(tok, docs)
     val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
   val_sets = validation_batches(val, cfg, log)
-  log(f"eval: step {step} of {ckpt.directory}")
+  log(f"eval: step {step} of {restored.directory}")
   return evaluate(setup, state.params, val_sets, eval_step=compile_eval_step(setup, cfg, log))
+
+
+class Restored(NamedTuple):
+  """A run's checkpoint restored (`restore_run`) on one device."""
+
+  config: TrainConfig
+  setup: Setup
+  step: int
+  state: TrainState
+  meta: dict
+  tokenizer: s3r_data.Tokenizer
+  directory: pathlib.Path  # the checkpoints/ folder
+
+
+def restore_run(path: str, *, step: int | None = None, log=print) -> Restored:
+  """Checkpoint `step` (default: the newest readable) under `path` (a run, its checkpoints/ folder, or one
+  checkpoint's folder) with its config, compiled pieces and tokenizer."""
+  directory, step = checkpoint_location(path, step)
+  ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
+  try:
+    tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]), meta.get("eot", s3r_data.EOT))
+    setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
+    step, state, meta = _restore(ckpt, setup, step, log)
+  finally:
+    ckpt.close()
+  return Restored(cfg, setup, step, state, meta, tok, ckpt.directory)
+
+
+def evaluate_pretrained(init_from: str, *, data: str | None = None, log=print, **fields) -> dict[str, float]:
+  """Validation losses of the Hugging Face checkpoint folder `init_from` on the validation sets that
+  `s3r train --init-from init_from --data data` holds out (the same numbers as that run's step-0 validation
+  with the same `fields`: batch, seq, eval_batches, init_layers, cache_dir, mesh)."""
+  cfg = TrainConfig(out=init_from, init_from=init_from, data=data, **fields)
+  corpus = prepare_data(cfg, log)
+  setup = build(cfg, corpus.tokenizer.vocab_size, make_mesh(cfg))
+  params = imported_params(cfg, jax.tree.map(lambda x: x.sharding, setup.abstract_state.params))
+  val_sets = validation_batches(corpus.val_tokens, cfg, log)
+  log(f"eval: {init_from} ({type(setup.model_cfg).__name__}, {setup.model_cfg.n_layers} layers)")
+  return evaluate(setup, params, val_sets, eval_step=compile_eval_step(setup, cfg, log))
 
 
 def _restore(ckpt: checkpoint.Checkpointer, setup: Setup, step: int | None, log) -> tuple[int, TrainState, dict]:

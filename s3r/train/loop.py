@@ -9,6 +9,7 @@
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
+  tokenizer/       with --init-from: the checkpoint's tokenizer files (what `s3r export` writes beside the weights)
   checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C (the last two,
                    and the newest known-good one: s3r.train.recovery)
   train.log        the libraries' logs (s3r.train.logs)
@@ -54,6 +55,7 @@ from tqdm.auto import tqdm
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
+from s3r.model.hf.save import copy_tokenizer_files
 from s3r.train import checkpoint, logs, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
@@ -69,6 +71,8 @@ from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, tokenize
 from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted
 from s3r.train.placement import Batches, is_main_process
 
+TOKENIZER_DIR = "tokenizer"  # <out>/tokenizer/: the tokenizer files of the --init-from checkpoint
+
 __all__ = [
   "ResourceError",
   "TrainingDiverged",
@@ -83,12 +87,15 @@ __all__ = [
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
-  """`cfg` with `cache_dir`, and `data` when it is an existing path, made absolute, so that a saved
-  config finds its token cache and corpus from any directory (`s3r eval`)."""
-  data = cfg.data
+  """`cfg` with `cache_dir` and `init_from`, and `data` when it is an existing path, made absolute, so that a
+  saved config finds its token cache, corpus and imported checkpoint from any directory (`s3r eval`)."""
+  data, init_from = cfg.data, cfg.init_from
   if data is not None and not s3r_data.sources.has_glob(data) and os.path.exists(os.path.expanduser(data)):
     data = os.path.abspath(os.path.expanduser(data))
-  return dataclasses.replace(cfg, data=data, cache_dir=os.path.abspath(os.path.expanduser(cfg.cache_dir)))
+  if init_from is not None:
+    init_from = os.path.abspath(os.path.expanduser(init_from))
+  cache_dir = os.path.abspath(os.path.expanduser(cfg.cache_dir))
+  return dataclasses.replace(cfg, data=data, cache_dir=cache_dir, init_from=init_from)
 
 
 def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) -> dict:
@@ -169,6 +176,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       "model_config": setup.model_cfg.to_dict(),
       "loader": loader.state(),
       "tokenizer": corpus.tokenizer.hf.to_str(),
+      "eot": corpus.tokenizer.eot,
       "mesh": dict(setup.mesh.shape),
       "process_count": jax.process_count(),
       "wall_s": wall_before + time.time() - t_start,
@@ -179,7 +187,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
     processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
     log(
-      f"model: {cfg.preset} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
+      f"model: {cfg.model_name} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
       f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
     )
     wall = lambda: wall_before + time.time() - t_start
@@ -406,6 +414,9 @@ def _prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:
 
 
 def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r_data.Corpus) -> None:
+  """config.json; with --init-from, the checkpoint's tokenizer files in tokenizer/ too (for `s3r export`)."""
+  if cfg.init_from is not None:
+    copy_tokenizer_files(cfg.init_from, out / TOKENIZER_DIR)
   data = {k: corpus.info[k] for k in ("name", "split", "n_docs", "n_tokens", "vocab_size")}
   (out / "config.json").write_text(
     json.dumps(
@@ -426,7 +437,7 @@ def _plot(cfg: TrainConfig, out: pathlib.Path) -> pathlib.Path | None:
   if not report.can_plot():
     return None
   records = report.read_metrics(out / report.METRICS_FILE, tolerant=True)
-  return report.plot_losses(records, out / report.PLOT_FILE, title=f"{cfg.preset} / {cfg.recipe}")
+  return report.plot_losses(records, out / report.PLOT_FILE, title=f"{cfg.model_name} / {cfg.recipe}")
 
 
 def _finish(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,7 @@ def load_hf(
   ckpt = Checkpoint(path)
   cfg = hf_config(path, **overrides)
   entries = tensor_map(cfg, ckpt.names)
-  shapes = _param_shapes(cfg)
+  shapes = param_shapes(cfg)
   _check_entries(ckpt, entries, shapes)
   _check_unused(ckpt, cfg, entries, sliced="n_layers" in overrides)
   np_dtype = np.dtype(dtype)
@@ -67,7 +68,8 @@ def load_hf(
   return cfg, params
 
 
-def _param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
+def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
+  """{path in the params tree: shape} of the parameters of `cfg` (from abstract values: nothing is allocated)."""
   abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in leaves}
@@ -107,7 +109,7 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def _get(tree: dict, path: tuple):
+def _get(tree: dict, path: tuple) -> Any:
   for key in path:
     tree = tree[key]
   return tree

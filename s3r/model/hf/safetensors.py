@@ -1,10 +1,12 @@
-"""A memory-mapped reader of the safetensors format (8-byte little-endian header length, a JSON
+"""A memory-mapped reader and a streaming writer of the safetensors format (8-byte little-endian header length, a JSON
 header of {name: {dtype, shape, data_offsets}}, then the raw little-endian tensor bytes).
 
 Reading a tensor maps its bytes without copying them (`numpy.memmap`); bfloat16 and the float8
 types are JAX's numpy dtypes, so a bf16 checkpoint is read on the host as is (no `safetensors`
 package needed).
 A file whose header or data ends early is refused when it is opened, naming the file and tensor.
+`SafetensorsWriter` lays a file out as the `safetensors` package does (names sorted, the same header
+bytes) and writes it one tensor at a time.
 """
 
 from __future__ import annotations
@@ -95,3 +97,57 @@ def _check_entry(path: pathlib.Path, name: str, entry, data: int) -> None:
     raise HFError(f"{path}: tensor {name}: data offsets {begin}..{end} do not hold shape {shape} of {entry['dtype']}")
   if end > data:
     raise HFError(f"{path}: truncated: tensor {name} ends at byte {end} of the data, the file holds {data}")
+
+
+CODES = {dtype: code for code, dtype in DTYPES.items()}
+
+
+Specs = dict[str, tuple[tuple[int, ...], np.dtype]]  # {tensor name: (shape, dtype)}
+
+
+def header_bytes(specs: Specs, metadata: dict | None = None) -> tuple[bytes, dict]:
+  """(the 8-byte length and JSON header, {name: (begin, end)} data offsets) of a file holding the tensors
+  `specs` ({name: (shape, dtype)}) in name order, as the `safetensors` package lays it out (compact JSON,
+  `__metadata__` first, padded with spaces to a multiple of 8 bytes)."""
+  header: dict = {"__metadata__": metadata} if metadata else {}
+  offsets, pos = {}, 0
+  for name in sorted(specs):
+    shape, dtype = specs[name]
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    offsets[name] = (pos, pos + size)
+    header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [pos, pos + size]}
+    pos += size
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-len(text) % 8)
+  return struct.pack("<Q", len(text)) + text, offsets
+
+
+class SafetensorsWriter:
+  """Writes one .safetensors file tensor by tensor in any order (`write(name, array)`, each at the offset its
+  name has in the header), so that only one tensor is held at a time; `finish()` checks that every one was.
+  A writer that is not finished should be closed (`close()`)."""
+
+  def __init__(self, path: str | pathlib.Path, specs: Specs):
+    self.path, self._specs = pathlib.Path(path), dict(specs)
+    head, self._offsets = header_bytes(self._specs, {"format": "pt"})
+    self._start, self._left = len(head), set(self._specs)
+    self._file = self.path.open("wb")
+    self._file.write(head)
+
+  def write(self, name: str, array: np.ndarray) -> None:
+    shape, dtype = self._specs[name]
+    if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
+      raise ValueError(f"{self.path}: tensor {name} is {array.dtype}{list(array.shape)}, declared {dtype}{list(shape)}")
+    self._file.seek(self._start + self._offsets[name][0])
+    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    self._file.write(little.reshape(-1).view(np.uint8).data)  # no copy of a contiguous little-endian array
+    self._left.discard(name)
+
+  def close(self) -> None:
+    self._file.close()
+
+  def finish(self) -> None:
+    """Closes the file; RuntimeError if a declared tensor was not written."""
+    self.close()
+    if self._left:
+      raise RuntimeError(f"{self.path}: tensors {sorted(self._left)} were declared but never written")
