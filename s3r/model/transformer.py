@@ -9,8 +9,9 @@ Dimension letters in tensor names:
 Numerics (docs/algorithm.md §2): every projection of every block (Llama: q, k, v, o, gate, up,
 down) goes through `s3r.quant.qmatmul` with the config's recipe; the token embedding, the
 logits projection, the attention score and probability-value products, RMSNorm, RoPE and
-softmax stay in bf16 (norm, RoPE and softmax math in f32). Parameters are f32 master
-weights; activations are bf16; logits are f32.
+softmax stay in the activation dtype (norm, RoPE and softmax math in f32). Parameters are f32
+master weights; activations are bf16, or f32 with `act_dtype="float32"` (every float matmul then
+at full f32 precision); logits are f32.
 
 Randomness: one step key enters `Transformer.__call__`; the key of projection j of layer l
 is `fold_in(fold_in(step_key, l), j)` (j: index in the block's PROJECTIONS), so every
