@@ -1,4 +1,4 @@
-"""The `s3r` command line: train, eval, models, recipes and export.
+"""The `s3r` command line: train, eval, generate, export, models and recipes.
 
 Each entry of COMMANDS names a sub-command and "module:function"; the function,
 `register(subparsers)`, adds the sub-command's parser and sets `func` (args -> exit code
@@ -27,6 +27,7 @@ import sys
 COMMANDS: dict[str, str] = {
   "train": "s3r.cli:register_train",
   "eval": "s3r.cli:register_eval",
+  "generate": "s3r.cli.generate:register",
   "recipes": "s3r.cli:register_recipes",
   "models": "s3r.cli.models:register",
   "export": "s3r.cli.export:register",

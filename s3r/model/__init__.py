@@ -10,6 +10,7 @@ from s3r.model.config import (
   Qwen3MoeConfig,
   RopeScaling,
 )
+from s3r.model.generation import Decoder, generate
 from s3r.model.hf import HFConfigError, HFError, HFTokenizer, hf_config, load_hf, load_hf_tokenizer, save_hf
 from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections
 from s3r.model.presets import PRESETS, active_param_count, param_count, preset

@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from s3r.model.config import Gemma3Config, ModelConfig, MoeFields, Qwen3MoeConfig
-from s3r.model.layers import Block, RMSNorm, rope
+from s3r.model.layers import Block, RMSNorm, attend, rope
 
 MOE_KEY = len(Block.PROJECTIONS)  # fold-in index of the MoE feed-forward's key (after the attention projections)
 
@@ -44,26 +44,18 @@ class Gemma3Block(Qwen3Block[Gemma3Config]):
     self.post_mlp_norm = self._norm(cfg.d_model)
 
   def _norm(self, dim: int) -> RMSNorm:
-    return RMSNorm(dim, self.cfg.norm_eps, offset=self.cfg.norm_offset)
+    return RMSNorm(dim, self.cfg.norm_eps, offset=self.cfg.norm_offset, dtype=self.cfg.act_dtype)
 
-  def _rope(self, x_BxSxNxH):
+  def _rope(self, x_BxSxNxH, positions_BxS=None):
     cfg = self.cfg
     if cfg.is_global(self.layer):
-      return rope(x_BxSxNxH, cfg.rope_theta, cfg.rope_scaling)
-    return rope(x_BxSxNxH, cfg.local_rope_theta)
+      return rope(x_BxSxNxH, cfg.rope_theta, cfg.rope_scaling, positions_BxS)
+    return rope(x_BxSxNxH, cfg.local_rope_theta, None, positions_BxS)
 
-  def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
+  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None):
     cfg = self.cfg
-    window = None if cfg.is_global(self.layer) else (cfg.sliding_window - 1, 0)
-    return jax.nn.dot_product_attention(
-      q_BxSxNxH,
-      k_BxSxKxH,
-      v_BxSxKxH,
-      is_causal=True,
-      scale=cfg.query_pre_attn_scalar**-0.5,
-      local_window_size=window,
-      implementation=cfg.attention_impl,
-    )
+    window = None if cfg.is_global(self.layer) else cfg.sliding_window
+    return attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cfg, cache, scale=cfg.query_pre_attn_scalar**-0.5, window=window)
 
   def _act(self, gate_BxSxF):
     return jax.nn.gelu(gate_BxSxF, approximate=True)
@@ -89,6 +81,7 @@ def moe_feed_forward(cfg: MoeFields, key: jax.Array) -> nnx.Module:
     expert_dispatch=cfg.expert_dispatch,
     aux_loss_weight=cfg.aux_loss_weight,
     recipe=cfg.recipe,
+    compute_dtype=cfg.act_dtype,
     act="silu",
     rngs=nnx.Rngs(key),
   )

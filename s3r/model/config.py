@@ -28,6 +28,7 @@ ROPE_SCALINGS = ("llama3", "linear", "yarn")
 EXPERT_DISPATCHES = ("gspmd", "all_to_all")  # MoE token exchange under expert parallelism (see MoeFields)
 ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
 AttentionImpl = Literal["xla", "cudnn"]
+ACT_DTYPES = ("bfloat16", "float32")  # activation dtypes (see ModelConfig.act_dtype)
 
 AUX_LOSS_WEIGHT = 0.001  # default weight of the MoE load-balancing loss (configs and MoEFeedForward)
 
@@ -93,6 +94,7 @@ class ModelConfig:
     "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
   )
   attention_impl: AttentionImpl = "xla"  # attention kernel: "xla" (any platform) or "cudnn" (fused, NVIDIA GPUs)
+  act_dtype: str = "bfloat16"  # activations (and the bf16 recipe's operands): "bfloat16" or "float32" (evaluation)
 
   def __post_init__(self):
     name = type(self).__name__
@@ -123,6 +125,8 @@ class ModelConfig:
       raise ValueError(
         f"{name}.attention_impl must be one of {', '.join(ATTENTION_IMPLS)}; got {self.attention_impl!r}"
       )
+    if self.act_dtype not in ACT_DTYPES:
+      raise ValueError(f"{name}.act_dtype must be one of {', '.join(ACT_DTYPES)}; got {self.act_dtype!r}")
 
   @property
   def head_dim(self) -> int:

@@ -6,8 +6,13 @@ Dimension letters in tensor names:
 
 Numerics (docs/algorithm.md §2): every block projection (Llama: q, k, v, o, gate, up, down) goes
 through `s3r.quant.qmatmul` with the config's recipe; attention scores and probability-value
-products, RMSNorm, RoPE and softmax stay in bf16 (norm, RoPE and softmax math in f32).
-Parameters are f32 master weights; activations are bf16.
+products, RMSNorm, RoPE and softmax stay in the activation dtype (norm, RoPE and softmax math in
+f32). Parameters are f32 master weights; activations are bf16, or f32 with `act_dtype="float32"`
+(evaluation, generation), where the `bf16` recipe's projections multiply in f32 too.
+
+Generation (s3r.model.generation) passes a `cache.Step` through every block: RoPE then takes the
+new tokens' positions from it, and attention writes the new keys and values into it and attends
+over the cached ones under its mask.
 
 Two tracing contexts reach into every block without threading arguments through the model:
 `activation_sharding` (how `constrain` tags activations for the mesh) and
@@ -29,7 +34,6 @@ from flax import nnx
 from s3r.model.config import ModelConfig, RopeScaling
 from s3r.quant import qmatmul
 
-ACT_DTYPE = jnp.bfloat16
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # index j of the per-projection key
 # Megatron-style split of each projection's weight over the "tensor" mesh axis (s3r.train.sharding
 # RULES): column-parallel W [D, F] split along its outputs, row-parallel along its inputs.
@@ -74,18 +78,18 @@ def param(key, shape, std, axes) -> nnx.Param:
 
 class RMSNorm(nnx.Module):
   """RMSNorm over the last axis in f32: x / rms(x) * scale, or * (1 + scale) with `offset` (Gemma;
-  the scale then starts at 0)."""
+  the scale then starts at 0). The output has `dtype` (the activation dtype)."""
 
-  def __init__(self, dim: int, eps: float, offset: bool = False):
+  def __init__(self, dim: int, eps: float, offset: bool = False, dtype: str = "bfloat16"):
     init = jnp.zeros if offset else jnp.ones
     self.scale = nnx.Param(init((dim,), jnp.float32), logical_axes=("norm",))
-    self.eps, self.offset = eps, offset
+    self.eps, self.offset, self.dtype = eps, offset, dtype
 
   def __call__(self, x_BxSxD):
     x = x_BxSxD.astype(jnp.float32)
     x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
     scale = 1.0 + self.scale[...] if self.offset else self.scale[...]
-    return (x * scale).astype(ACT_DTYPE)
+    return (x * scale).astype(self.dtype)
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -120,17 +124,38 @@ def rope_frequencies(h: int, theta: float, scaling: RopeScaling | None):
   return inv_freq, yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(scaling.factor, scaling.mscale_all_dim)
 
 
-def rope(x_BxSxNxH, theta: float, scaling: RopeScaling | None = None):
-  """Rotary position embedding (rotate-half form), computed in f32."""
+def rope(x_BxSxNxH, theta: float, scaling: RopeScaling | None = None, positions_BxS: jax.Array | None = None):
+  """Rotary position embedding (rotate-half form), computed in f32, at positions 0..S-1 or `positions_BxS`."""
   s, h = x_BxSxNxH.shape[1], x_BxSxNxH.shape[-1]
   inv_freq, magnitude = rope_frequencies(h, theta, scaling)
-  angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  cos, sin = jnp.cos(angle_SxH2)[None, :, None, :], jnp.sin(angle_SxH2)[None, :, None, :]
+  if positions_BxS is None:
+    angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angle_SxH2)[None, :, None, :], jnp.sin(angle_SxH2)[None, :, None, :]
+  else:
+    angle_BxSxH2 = positions_BxS.astype(jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angle_BxSxH2)[:, :, None, :], jnp.sin(angle_BxSxH2)[:, :, None, :]
   if magnitude != 1.0:
     cos, sin = cos * magnitude, sin * magnitude
   x = x_BxSxNxH.astype(jnp.float32)
   x1, x2 = x[..., : h // 2], x[..., h // 2 :]
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxSxNxH.dtype)
+
+
+def attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cfg: ModelConfig, cache, *, scale=None, window=None):
+  """Causal attention (within `window` positions, self included, when given): over the S new
+  positions themselves, or with a `cache.Step` over the L cached ones under its mask (XLA kernel)."""
+  if cache is None:
+    return jax.nn.dot_product_attention(
+      q_BxSxNxH,
+      k_BxLxKxH,
+      v_BxLxKxH,
+      is_causal=True,
+      scale=scale,
+      local_window_size=None if window is None else (window - 1, 0),
+      implementation=cfg.attention_impl,
+    )
+  mask = cache.mask(window)
+  return jax.nn.dot_product_attention(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, mask=mask, scale=scale, implementation="xla")
 
 
 class Block[C: ModelConfig](nnx.Module):
@@ -158,7 +183,7 @@ class Block[C: ModelConfig](nnx.Module):
     self._init_ffn(k, std, out_std)
 
   def _norm(self, dim: int) -> RMSNorm:
-    return RMSNorm(dim, self.cfg.norm_eps)
+    return RMSNorm(dim, self.cfg.norm_eps, dtype=self.cfg.act_dtype)
 
   def _init_ffn(self, k: dict, std: float, out_std: float):
     d, f = self.cfg.d_model, self.cfg.d_ff
@@ -172,34 +197,41 @@ class Block[C: ModelConfig](nnx.Module):
     if override is not None:
       return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
     tp = self.TP_SPLIT[name] if self.cfg.tp_partial_sums == "bf16" else None
-    return qmatmul(x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe, tp=tp)
+    w = getattr(self, name)[...]
+    return qmatmul(x, w, key=key, recipe=self.cfg.recipe, tp=tp, compute_dtype=self.cfg.act_dtype)
 
   def _qk(self, q_BxSxNxH, k_BxSxKxH):
     return q_BxSxNxH, k_BxSxKxH
 
-  def _rope(self, x_BxSxNxH):
-    return rope(x_BxSxNxH, self.cfg.rope_theta, self.cfg.rope_scaling)
+  def _rope(self, x_BxSxNxH, positions_BxS=None):
+    return rope(x_BxSxNxH, self.cfg.rope_theta, self.cfg.rope_scaling, positions_BxS)
 
-  def _attend(self, q_BxSxNxH, k_BxSxKxH, v_BxSxKxH):
-    # bf16 scores and probability-value products (f32 softmax); attention_impl="cudnn": fused flash attention.
-    return jax.nn.dot_product_attention(
-      q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True, implementation=self.cfg.attention_impl
-    )
+  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None):
+    # scores and probability-value products in the activation dtype (f32 softmax); "cudnn": fused flash attention.
+    return attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, self.cfg, cache)
 
   def _after(self, name: str, y_BxSxD):
     return y_BxSxD
 
-  def _attention(self, h_BxSxD, layer_key):
+  @classmethod
+  def cache_shapes(cls, cfg: C) -> dict[str, tuple[int, ...]]:
+    """What generation caches per position of one layer (s3r.model.cache): name -> trailing shape."""
+    return {"k": (cfg.n_kv_heads, cfg.head_dim), "v": (cfg.n_kv_heads, cfg.head_dim)}
+
+  def _attention(self, h_BxSxD, layer_key, cache=None):
     cfg = self.cfg
     b, s, _ = h_BxSxD.shape
+    positions = None if cache is None else cache.positions_BxS
     q_BxSxNxH = self._proj("q", h_BxSxD, layer_key).reshape(b, s, cfg.n_heads, cfg.head_dim)
     k_BxSxKxH = self._proj("k", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
     v_BxSxKxH = self._proj("v", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
     q_BxSxNxH, k_BxSxKxH = self._qk(q_BxSxNxH, k_BxSxKxH)
-    q_BxSxNxH = constrain(self._rope(q_BxSxNxH), ("batch", "seq", "act_heads", None))
-    k_BxSxKxH = constrain(self._rope(k_BxSxKxH), ("batch", "seq", "act_kv_heads", None))
+    q_BxSxNxH = constrain(self._rope(q_BxSxNxH, positions), ("batch", "seq", "act_heads", None))
+    k_BxSxKxH = constrain(self._rope(k_BxSxKxH, positions), ("batch", "seq", "act_kv_heads", None))
     v_BxSxKxH = constrain(v_BxSxKxH, ("batch", "seq", "act_kv_heads", None))
-    a_BxSxNxH = self._attend(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH)
+    if cache is not None:  # the new keys and values join the cached ones: [B, L, K, H]
+      k_BxSxKxH, v_BxSxKxH = cache.write(self.layer, "k", k_BxSxKxH), cache.write(self.layer, "v", v_BxSxKxH)
+    a_BxSxNxH = self._attend(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, cache)
     return self._proj("o", a_BxSxNxH.reshape(b, s, -1), layer_key)
 
   def _act(self, gate_BxSxF):
@@ -211,9 +243,10 @@ class Block[C: ModelConfig](nnx.Module):
     hidden_BxSxF = constrain(self._act(gate_BxSxF) * up_BxSxF, ("batch", "seq", "act_mlp"))
     return self._proj("down", hidden_BxSxF, layer_key), {}
 
-  def __call__(self, x_BxSxD, layer_key):
-    """(the block's output [B, S, D], MoE auxiliary terms: {} for a dense block)."""
-    y_BxSxD = self._after("attn", self._attention(self.attn_norm(x_BxSxD), layer_key))
+  def __call__(self, x_BxSxD, layer_key, cache=None):
+    """(the block's output [B, S, D], MoE auxiliary terms: {} for a dense block). `cache`: a
+    `cache.Step` during generation (the block attends over the cached positions and adds its own)."""
+    y_BxSxD = self._after("attn", self._attention(self.attn_norm(x_BxSxD), layer_key, cache))
     x_BxSxD = constrain(x_BxSxD + y_BxSxD, ("batch", "seq", "act_embed"))
     y_BxSxD, aux = self._ffn(self.mlp_norm(x_BxSxD), layer_key)
     return constrain(x_BxSxD + self._after("mlp", y_BxSxD), ("batch", "seq", "act_embed")), aux

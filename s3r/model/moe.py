@@ -63,6 +63,7 @@ class MoEFeedForward(nnx.Module):
     init_std: float = 0.02,
     impl: str | None = None,
     expert_dispatch: str = "gspmd",
+    compute_dtype=None,
   ):
     if not 1 <= top_k <= n_experts:
       raise ValueError(f"MoEFeedForward: top_k must be in [1, n_experts={n_experts}], got {top_k}")
@@ -75,6 +76,7 @@ class MoEFeedForward(nnx.Module):
     check_dispatch("MoEFeedForward", expert_dispatch, capacity_factor)
     self.expert_dispatch = expert_dispatch
     self.recipe = get_recipe(recipe)
+    self.compute_dtype = compute_dtype  # the bf16 recipe's operand dtype (s3r.qmatmul); None: bf16
     self.impl = impl  # grouped GEMM implementation of the expert GEMMs (see s3r.grouped_qmatmul); None: default
     if not routed_scaling_factor > 0:
       raise ValueError(f"MoEFeedForward: routed_scaling_factor must be > 0, got {routed_scaling_factor}")
@@ -165,7 +167,13 @@ class MoEFeedForward(nnx.Module):
 
     x_RxD = x_TxD[token_R]
     gq = lambda a, name: grouped_qmatmul(
-      a, getattr(self, name)[...], group_sizes, key=self._key(key, name), recipe=self.recipe, impl=self.impl
+      a,
+      getattr(self, name)[...],
+      group_sizes,
+      key=self._key(key, name),
+      recipe=self.recipe,
+      impl=self.impl,
+      compute_dtype=self.compute_dtype,
     )
     h_RxF = _ACTS[self.act](gq(x_RxD, "gate")) * gq(x_RxD, "up")
     out_RxD = gq(h_RxF, "down")  # rows past sum(group_sizes) are exactly zero
@@ -173,6 +181,8 @@ class MoEFeedForward(nnx.Module):
     return y_TxD, jnp.sum(group_sizes).astype(jnp.float32)
 
   def _shared(self, x_BxSxD, key):
-    q = lambda a, name: qmatmul(a, getattr(self, name)[...], key=self._key(key, name), recipe=self.recipe)
+    q = lambda a, name: qmatmul(
+      a, getattr(self, name)[...], key=self._key(key, name), recipe=self.recipe, compute_dtype=self.compute_dtype
+    )
     h = _ACTS[self.act](q(x_BxSxD, "shared_gate")) * q(x_BxSxD, "shared_up")
     return q(h, "shared_down")

@@ -9,8 +9,9 @@ Dimension letters in tensor names:
 Numerics (docs/algorithm.md §2): every projection of every block (Llama: q, k, v, o, gate, up,
 down) goes through `s3r.quant.qmatmul` with the config's recipe; the token embedding, the
 logits projection, the attention score and probability-value products, RMSNorm, RoPE and
-softmax stay in bf16 (norm, RoPE and softmax math in f32). Parameters are f32 master
-weights; activations are bf16; logits are f32.
+softmax stay in the activation dtype (norm, RoPE and softmax math in f32). Parameters are f32
+master weights; activations are bf16, or f32 with `act_dtype="float32"` (every float matmul then
+at full f32 precision); logits are f32.
 
 Randomness: one step key enters `Transformer.__call__`; the key of projection j of layer l
 is `fold_in(fold_in(step_key, l), j)` (j: index in the block's PROJECTIONS), so every
@@ -25,6 +26,7 @@ cross-shard sum, as the paper's TPU runs do; "int32" keeps XLA's exact int32 par
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -33,7 +35,7 @@ from flax import nnx
 
 from s3r.model import blocks, mla
 from s3r.model.config import DeepSeekV2Config, Gemma3Config, ModelConfig, Qwen3Config, Qwen3MoeConfig
-from s3r.model.layers import ACT_DTYPE, Block, RMSNorm, constrain, param
+from s3r.model.layers import Block, RMSNorm, constrain, param
 from s3r.quant import recipe as get_recipe
 
 # The block of each family, keyed by its config class: the one place a family's config picks code.
@@ -63,34 +65,49 @@ class Transformer(nnx.Module):
     self.embed = param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
     block = block_class(cfg)
     self.blocks = nnx.List([block(cfg, k, layer) for layer, k in enumerate(jax.random.split(blocks_key, cfg.n_layers))])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset)
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset, dtype=cfg.act_dtype)
     if not cfg.tie_embeddings:
       self.out = param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
     self.cfg = cfg
 
   def __call__(
-    self, tokens_BxS: jax.Array, *, key: jax.Array | None = None, probes: list | None = None, aux: list | None = None
+    self,
+    tokens_BxS: jax.Array,
+    *,
+    key: jax.Array | None = None,
+    probes: list | None = None,
+    aux: list | None = None,
+    cache=None,
   ) -> jax.Array:
     """Returns f32 logits [B, S, V]. `key` (one per step) is required by stochastic recipes.
 
     `probes` (diagnostics): one [B, S, D] array per block, added to the block's input; the
     gradient with respect to a zero probe is the activation gradient entering that block.
     `aux`: a list that receives each MoE layer's auxiliary dict (load_balance_loss, dropped_fraction).
+    `cache`: a `s3r.model.cache.Step` (generation): the tokens sit at its positions and attend
+    over its cached keys and values, which it receives (see s3r.model.generation).
     """
     cfg = self.cfg
     if tokens_BxS.shape[1] > cfg.max_seq_len:
       raise ValueError(f"sequence length {tokens_BxS.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
     if key is None and get_recipe(cfg.recipe).stochastic:
       raise ValueError(f"recipe {cfg.recipe!r} is stochastic: pass a step key")
-    x_BxSxD = self.embed[...].astype(ACT_DTYPE)[tokens_BxS]
+    with float32_matmuls(cfg):
+      return self._forward(tokens_BxS, key, probes, aux, cache)
+
+  def _forward(self, tokens_BxS, key, probes, aux, cache):
+    cfg, dt = self.cfg, self.cfg.act_dtype
+    x_BxSxD = self.embed[...].astype(dt)[tokens_BxS]
     if cfg.embed_scale:
-      x_BxSxD = x_BxSxD * jnp.asarray(math.sqrt(cfg.d_model), ACT_DTYPE)
+      x_BxSxD = x_BxSxD * jnp.asarray(math.sqrt(cfg.d_model), dt)
     x_BxSxD = constrain(x_BxSxD, ("batch", "seq", "act_embed"))
     for layer, block in enumerate(self.blocks):
       layer_key = None if key is None else jax.random.fold_in(key, layer)
       if probes is not None:
         x_BxSxD = x_BxSxD + probes[layer].astype(x_BxSxD.dtype)
-      if cfg.remat:
+      if cache is not None:
+        x_BxSxD, block_aux = block(x_BxSxD, layer_key, cache)
+      elif cfg.remat:
         x_BxSxD, block_aux = nnx.remat(lambda blk, x, k: blk(x, k))(block, x_BxSxD, layer_key)
       else:
         x_BxSxD, block_aux = block(x_BxSxD, layer_key)
@@ -98,8 +115,14 @@ class Transformer(nnx.Module):
         aux.append(block_aux)
     h_BxSxD = self.final_norm(x_BxSxD)
     w_DxV = self.embed[...].T if cfg.tie_embeddings else self.out[...]
-    logits_BxSxV = jnp.dot(h_BxSxD, w_DxV.astype(ACT_DTYPE), preferred_element_type=jnp.float32)
+    logits_BxSxV = jnp.dot(h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32)
     return constrain(logits_BxSxV, ("batch", "seq", "act_vocab"))
+
+
+def float32_matmuls(cfg: ModelConfig):
+  """With float32 activations, a context in which every float matmul traced runs at full f32
+  precision (no TF32 or bf16 passes on accelerators); a no-op with bf16 activations."""
+  return jax.default_matmul_precision("highest") if cfg.act_dtype == "float32" else contextlib.nullcontext()
 
 
 # Functional interface: parameters as a plain nested dict of f32 arrays (what the trainer,

@@ -39,6 +39,27 @@ def check(fn: str, recipe, key, x, w, group_sizes=None, *, key_required: bool) -
   return recipe, _key(fn, key, recipe, required=key_required)
 
 
+COMPUTE_DTYPES = ("bfloat16", "float32")  # operand dtypes of the unquantized (bf16) recipe's product
+
+
+def compute_dtype(fn: str, dtype) -> np.dtype:
+  """The operand dtype of the unquantized recipe's product: bfloat16 for None, else `dtype` (one of COMPUTE_DTYPES)."""
+  if dtype is None:
+    return np.dtype(jnp.bfloat16)
+  try:
+    resolved = np.dtype(jnp.dtype(dtype))
+  except TypeError:
+    resolved = None
+  if resolved is None or resolved.name not in COMPUTE_DTYPES:
+    raise ValueError(f"{fn}: compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} or None, got {dtype!r}")
+  return resolved
+
+
+def float_precision(dtype: np.dtype):
+  """The dot precision of an unquantized product in `dtype`: full f32 for float32 (no TF32), the default for bf16."""
+  return jax.lax.Precision.HIGHEST if dtype == np.float32 else None
+
+
 def describe(a) -> str:
   return f"shape {tuple(a.shape)} dtype {a.dtype}"
 

@@ -81,6 +81,7 @@ def grouped_qmatmul(
   recipe: str | Recipe = DEFAULT_RECIPE,
   impl: str | None = None,
   rows: GlobalRows | None = None,
+  compute_dtype=None,
 ) -> jax.Array:
   """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's INT8 forward and backward.
 
@@ -100,10 +101,13 @@ def grouped_qmatmul(
     rows: None (the rows are the whole product), or, inside `shard_map`, where the rows sit in
       the global product (`GlobalRows`): the backward then quantizes each row as the global
       product does (thresholds by global row or expert index, Δ a max over `rows.axes`).
+    compute_dtype: the operand dtype of the unquantized recipe (`bf16`), as in `qmatmul`: None or
+      bfloat16, or float32 (full precision). The INT8 recipes ignore it.
 
   Returns [T, N] in x's dtype; rows past sum(group_sizes) are zero.
   """
   recipe, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
+  operands = arguments.compute_dtype(_NAME, compute_dtype)
   impl = _check_impl(impl)
   if recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
     raise ValueError(
@@ -112,45 +116,47 @@ def grouped_qmatmul(
       f"{', '.join(n for n, f in formats.FORMATS.items() if not f.emulated)}"
     )
   if not recipe.quantized:
-    return _bf16_gmm(impl, x, w, group_sizes).astype(x.dtype)
+    return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
   rows = None if rows is None else _normalized(rows)
   return _gqmatmul(recipe, impl, np.dtype(x.dtype), np.dtype(w.dtype), x, w, group_sizes, key, rows)
 
 
-# --- the unquantized (bf16) product: _bf16_gmm, _fwd, _bwd, defvjp ---------------------------
+# --- the unquantized (bf16) product: _float_gmm, _fwd, _bwd, defvjp --------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _bf16_gmm(impl: str, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array) -> jax.Array:
-  """[T, N] f32: bf16 operands, f32 accumulation. The VJP is two more bf16 grouped GEMMs with
-  f32 accumulation, dX = G W_eᵀ and dW[e] = X_eᵀ G_e, each rounded to bf16 once (G enters in
-  bf16: lossless for bf16 activations, whose output gradient is bf16), so no gathered weight
-  copy or f32 weight copy is kept or differentiated."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _float_gmm(impl: str, dt: np.dtype, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array) -> jax.Array:
+  """[T, N] f32: operands in `dt` (bf16, or f32 at full precision), f32 accumulation. The VJP is two
+  more grouped GEMMs in `dt` with f32 accumulation, dX = G W_eᵀ and dW[e] = X_eᵀ G_e, each rounded
+  to `dt` once (G enters in `dt`: lossless for activations in `dt`, whose output gradient is in
+  `dt`), so no gathered weight copy or f32 weight copy is kept or differentiated."""
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
-  return grouped_gemm.gmm(x_TxK.astype(jnp.bfloat16), w_ExKxN.astype(jnp.bfloat16), lay, impl, out=jnp.float32)
+  precision = arguments.float_precision(dt)
+  return grouped_gemm.gmm(x_TxK.astype(dt), w_ExKxN.astype(dt), lay, impl, out=jnp.float32, precision=precision)
 
 
-def _bf16_fwd(
-  impl: str, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array
+def _float_fwd(
+  impl: str, dt: np.dtype, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-  return _bf16_gmm(impl, x_TxK, w_ExKxN, group_sizes), (x_TxK, w_ExKxN, group_sizes)
+  return _float_gmm(impl, dt, x_TxK, w_ExKxN, group_sizes), (x_TxK, w_ExKxN, group_sizes)
 
 
-def _bf16_bwd(
-  impl: str, res: tuple[jax.Array, jax.Array, jax.Array], g_TxN: jax.Array
+def _float_bwd(
+  impl: str, dt: np.dtype, res: tuple[jax.Array, jax.Array, jax.Array], g_TxN: jax.Array
 ) -> tuple[jax.Array, jax.Array, None]:
   x_TxK, w_ExKxN, group_sizes = res
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
-  g_TxN = jnp.where(_valid(lay)[:, None], g_TxN, 0.0).astype(jnp.bfloat16)  # a NaN padding row stays out of dW
-  xb_TxK, wb_ExKxN = x_TxK.astype(jnp.bfloat16), w_ExKxN.astype(jnp.bfloat16)
-  dx_TxK = grouped_gemm.gmm_nt(g_TxN, wb_ExKxN, lay, impl, out=jnp.float32)
-  dw_ExKxN = grouped_gemm.tgmm(xb_TxK, g_TxN, lay, impl, out=jnp.float32)
-  dx_TxK = dx_TxK.astype(jnp.bfloat16).astype(x_TxK.dtype)
-  dw_ExKxN = dw_ExKxN.astype(jnp.bfloat16).astype(w_ExKxN.dtype)
+  g_TxN = jnp.where(_valid(lay)[:, None], g_TxN, 0.0).astype(dt)  # a NaN padding row stays out of dW
+  xb_TxK, wb_ExKxN = x_TxK.astype(dt), w_ExKxN.astype(dt)
+  precision = arguments.float_precision(dt)
+  dx_TxK = grouped_gemm.gmm_nt(g_TxN, wb_ExKxN, lay, impl, out=jnp.float32, precision=precision)
+  dw_ExKxN = grouped_gemm.tgmm(xb_TxK, g_TxN, lay, impl, out=jnp.float32, precision=precision)
+  dx_TxK = dx_TxK.astype(dt).astype(x_TxK.dtype)
+  dw_ExKxN = dw_ExKxN.astype(dt).astype(w_ExKxN.dtype)
   return dx_TxK, dw_ExKxN, None
 
 
-_bf16_gmm.defvjp(_bf16_fwd, _bf16_bwd)
+_float_gmm.defvjp(_float_fwd, _float_bwd)
 
 
 # --- custom VJP: _gqmatmul, _fwd, _bwd, defvjp -----------------------------------------------

@@ -54,6 +54,7 @@ def qmatmul(
   recipe: str | Recipe = DEFAULT_RECIPE,
   tp: str | None = None,
   tp_axis: str = "tensor",
+  compute_dtype=None,
 ) -> jax.Array:
   """x @ w with the recipe's INT8 forward and backward; returns [..., N] in x's dtype.
 
@@ -72,11 +73,15 @@ def qmatmul(
       has t > 1 shards dividing the split dimension, that GEMM rounds each shard's partial
       product to the output dtype and sums the t partials in it, as the paper's TPU runs do;
       otherwise (and always with None) the partial sums stay exact int32 accumulators.
+    compute_dtype: the operand dtype of the unquantized recipe (`bf16`): None or bfloat16 (bf16
+      operands, f32 accumulation), or float32 (f32 operands at full precision, e.g. a float32
+      evaluation; its partial sums under `tp` stay exact). The INT8 recipes ignore it.
 
   A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
   """
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
+  operands = arguments.compute_dtype("qmatmul", compute_dtype)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
@@ -86,6 +91,9 @@ def qmatmul(
         f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
         "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only"
       )
+  if not recipe.quantized and operands == np.float32:
+    y = jnp.matmul(x.astype(operands), w.astype(operands), precision=arguments.float_precision(operands))
+    return y.astype(x.dtype)
   if not recipe.quantized:
     if tp_split is not None:  # bf16 partial sums per shard for the baseline too
       y = tensor_parallel.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))

@@ -147,11 +147,11 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
   cfg = M.preset(name, recipe="s3r")
   seen = []
 
-  def recording_qmatmul(x, w, *, key, recipe, tp=None):
+  def recording_qmatmul(x, w, *, key, recipe, tp=None, compute_dtype=None):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
-  def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe, impl=None):
+  def recording_grouped_qmatmul(x, w, group_sizes, *, key, recipe, impl=None, compute_dtype=None):
     return recording_qmatmul(x, w[0], key=key, recipe=recipe)
 
   monkeypatch.setattr(layers, "qmatmul", recording_qmatmul)

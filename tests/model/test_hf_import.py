@@ -3,9 +3,10 @@
 Each fixture under tests/model/fixtures_hf/ is a tiny random checkpoint written by `transformers`'
 `save_pretrained` (scripts/make_hf_fixtures.py) with the float32 logits `transformers` computes from
 it (eager attention). The import is checked exactly with the independent float64 forward of
-tests/model/reference.py on the imported parameters (1e-5 relative: the fixtures agree to ~1e-6).
-s3r's own forward runs its activations in bf16 (docs/models.md), so its logits are checked to bf16
-rounding: 3e-2 relative, about 8 units of bf16 rounding (2^-8) accumulated over the 2-3 layers.
+tests/model/reference.py on the imported parameters (1e-5 relative: the fixtures agree to ~1e-6),
+and so is s3r's own forward with float32 activations (act_dtype="float32", the `bf16` recipe then
+multiplying in f32). With its default bf16 activations (docs/models.md) the logits are checked to
+bf16 rounding: 3e-2 relative, about 8 units of bf16 rounding (2^-8) accumulated over the 2-3 layers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.model import reference
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures_hf"
 NAMES = ["llama", "qwen3", "gemma3", "gemma3_multimodal", "qwen3_moe", "deepseek_v2", "deepseek_v2_qlora"]
-EXACT = 1e-5  # float64 reference on the imported weights vs transformers' float32 logits
+EXACT = 1e-5  # float64 reference, or s3r's float32 forward, on the imported weights vs transformers' float32 logits
 BF16 = 3e-2  # s3r's bf16 forward vs transformers' float32 logits
 ROUTING_TIE = 0.002  # router-probability gap below which bf16 activations may flip a top-k choice
 
@@ -50,7 +51,22 @@ def test_imported_weights_give_the_recorded_logits_in_an_independent_float64_for
   assert _reference_error(cfg, params, name) < EXACT
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "gemma3_multimodal"])  # same weights as gemma3
+def _s3r_error(cfg, params, name: str) -> float:
+  tokens, want = _recorded(name)
+  got = np.asarray(jax.jit(M.apply, static_argnums=0)(M.graphdef(cfg), params, jnp.asarray(tokens), key=None))
+  return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+TEXT = [n for n in NAMES if n != "gemma3_multimodal"]  # gemma3_multimodal: the same weights as gemma3
+
+
+@pytest.mark.parametrize("name", TEXT)
+def test_s3r_float32_forward_of_the_import_gives_the_recorded_logits_exactly(name):
+  cfg, params = M.load_hf(FIXTURES / name, recipe="bf16", act_dtype="float32")
+  assert _s3r_error(cfg, params, name) < EXACT
+
+
+@pytest.mark.parametrize("name", TEXT)
 def test_s3r_forward_of_the_import_gives_the_recorded_logits_to_bf16_rounding(name):
   cfg, params = M.load_hf(FIXTURES / name, recipe="bf16")
   tokens, want = _recorded(name)
@@ -83,8 +99,10 @@ CHANGED = [  # (fixture, field, value): one feature of the fixture changed
 
 @pytest.mark.parametrize("name, field, value", CHANGED)
 def test_the_logits_comparison_fails_when_one_feature_is_changed(name, field, value):
-  cfg, params = M.load_hf(FIXTURES / name)
-  assert _reference_error(dataclasses.replace(cfg, **{field: value}), params, name) > 100 * EXACT
+  cfg, params = M.load_hf(FIXTURES / name, recipe="bf16", act_dtype="float32")
+  changed = dataclasses.replace(cfg, **{field: value})
+  assert _reference_error(changed, params, name) > 100 * EXACT
+  assert _s3r_error(changed, params, name) > 100 * EXACT
 
 
 def test_the_text_tower_of_gemma3_for_conditional_generation_imports_as_the_causal_lm():

@@ -66,9 +66,9 @@ def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
   graphdef, params = M.graphdef(cfg), M.init_params(cfg, jax.random.key(0))
   seen = []
 
-  def recording_qmatmul(x, w, *, key, recipe, tp):
+  def recording_qmatmul(x, w, *, key, recipe, tp, compute_dtype):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
-    assert recipe == "s3r" and tp in ("row", "column")
+    assert recipe == "s3r" and tp in ("row", "column") and compute_dtype == "bfloat16"
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
   monkeypatch.setattr(layers, "qmatmul", recording_qmatmul)
@@ -93,6 +93,7 @@ def test_stochastic_recipe_without_key_is_rejected(tiny_model):
     ({"n_kv_heads": 3}, "n_kv_heads"),
     ({"recipe": "fp4"}, "recipe"),
     ({"rope_theta": 0.0}, "rope_theta"),
+    ({"act_dtype": "float16"}, "act_dtype"),
   ],
 )
 def test_invalid_config_is_rejected_naming_the_field(overrides, field):

@@ -1,0 +1,123 @@
+"""`s3r generate RUN_OR_HF_DIR --prompt TEXT [--prompt TEXT ...]`: text continuing each prompt.
+
+The model is a run's newest readable checkpoint with the run's tokenizer (a prompt then starts after
+<|endoftext|>, as every training document does, and generation stops at it), or a Hugging Face
+checkpoint folder (`s3r.model.load_hf`, its tokenizer.json; BOS as its tokenizer adds it, stopping
+at its EOS). All prompts are generated together (left-padded) with s3r.model.generate: greedy, or
+sampled with --temperature and --top-k from --seed. Activations are float32 unless --dtype says
+bfloat16; the projections use the run's recipe (a Hugging Face checkpoint: `bf16`) or --recipe.
+Bad input (a missing folder, an empty prompt, --max-new-tokens <= 0, a prompt too long for the
+model) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what makes a folder a Hugging Face checkpoint
+
+
+def register(subparsers) -> None:
+  from s3r.cli import EXIT_HELP, _guarded, _Help, _paragraphs, _recipe_name
+  from s3r.model.config import ACT_DTYPES
+
+  p = subparsers.add_parser(
+    "generate",
+    help="continue prompts with a run's model or a Hugging Face checkpoint (KV-cached decoding)",
+    formatter_class=_Help,
+    description=_paragraphs(__doc__.split("\n\n")[1].replace("\n", " ")),
+    epilog=_paragraphs(EXIT_HELP + "."),
+  )
+  p.add_argument("model_dir", metavar="RUN_OR_HF_DIR", help="a run directory, or a Hugging Face checkpoint folder")
+  p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several, generated together)")
+  p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
+  p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
+  p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens only (default: all)")
+  p.add_argument("--seed", type=int, default=0, help="seed of the sampling key")
+  p.add_argument("--dtype", choices=ACT_DTYPES, default="float32", help="activation dtype")
+  p.add_argument(
+    "--recipe", type=_recipe_name, default=None, help="recipe of the projections (default: the run's; HF: bf16)"
+  )
+  p.add_argument("--json", action="store_true", help="print one JSON object per prompt (prompt, tokens, text)")
+  p.set_defaults(func=lambda args: _guarded(run_generate, args))
+
+
+def run_generate(args) -> int:
+  import jax
+
+  from s3r.model import generate
+  from s3r.train.config import ConfigError
+
+  if any(not p for p in args.prompt):
+    raise ConfigError("--prompt is empty")
+  if args.max_new_tokens <= 0:
+    raise ConfigError(f"--max-new-tokens must be an integer >= 1, got {args.max_new_tokens}")
+  if args.temperature < 0:
+    raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+  if args.top_k is not None and args.top_k < 1:
+    raise ConfigError(f"--top-k must be an integer >= 1, got {args.top_k}")
+  folder = pathlib.Path(args.model_dir)
+  if not folder.is_dir():
+    raise ConfigError(f"{args.model_dir}: no such folder")
+  cfg, params, encode, decode, stop = _load(folder, args.recipe)
+  cfg = dataclasses.replace(cfg, act_dtype=args.dtype)
+  prompts = [encode(p) for p in args.prompt]
+  try:
+    out = generate(
+      cfg,
+      params,
+      prompts,
+      max_new_tokens=args.max_new_tokens,
+      temperature=args.temperature,
+      top_k=args.top_k,
+      key=jax.random.key(args.seed),
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  for text, row in zip(args.prompt, out.tolist()):
+    tokens = row[: row.index(stop) + 1] if stop in row else row
+    shown = decode([t for t in tokens if t != stop])
+    print(json.dumps({"prompt": text, "tokens": tokens, "text": shown}) if args.json else text + shown + "\n")
+  return 0
+
+
+def _load(folder: pathlib.Path, recipe: str | None):
+  """(model config, params, encode, decode, stop token) of a Hugging Face folder or a run."""
+  if any((folder / name).is_file() for name in HF_WEIGHTS):
+    from s3r.model import HFError, load_hf, load_hf_tokenizer
+    from s3r.train.config import ConfigError
+
+    try:
+      tok = load_hf_tokenizer(folder)
+      cfg, params = load_hf(folder, recipe=recipe or "bf16")
+    except HFError as e:  # HFConfigError too
+      raise ConfigError(str(e)) from None
+    return cfg, params, tok.encode, tok.decode, tok.eos_id
+  cfg, params, tok = _load_run(folder)
+  cfg = cfg if recipe is None else dataclasses.replace(cfg, recipe=recipe)
+  return cfg, params, lambda text: [tok.eot_id, *tok.encode(text)], tok.decode, tok.eot_id
+
+
+def _load_run(folder: pathlib.Path):
+  """(model config, params, tokenizer) of the newest readable checkpoint of the run in `folder`."""
+  import tokenizers
+
+  from s3r import data as s3r_data
+  from s3r.train import checkpoint
+  from s3r.train.builder import build, make_mesh
+  from s3r.train.config import ConfigError
+  from s3r.train.evaluate import open_run
+
+  ckpt, run_cfg, meta = open_run(str(folder), log=lambda *_: None)
+  try:
+    tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
+    setup = build(run_cfg, tok.vocab_size, make_mesh(dataclasses.replace(run_cfg, mesh=None)))
+    try:
+      _, state, _ = ckpt.restore_latest(setup.abstract_state, lambda *_: None)
+    except checkpoint.CorruptCheckpoint as e:
+      raise ConfigError(str(e)) from None
+  finally:
+    ckpt.close()
+  return setup.model_cfg, state.params, tok
