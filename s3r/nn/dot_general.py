@@ -30,6 +30,7 @@ Key plumbing (stochastic recipes need a fresh key per layer and step, in the bac
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as linen
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from s3r.quant import explicit
 from s3r.quant.matmul import qmatmul
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.recipes import recipe as get_recipe
@@ -64,7 +66,14 @@ def _to_front(a, dims):
   return moved.reshape((math.prod(a.shape[d] for d in dims),) + tuple(a.shape[d] for d in rest)), rest
 
 
-def _quantized_dot(lhs, rhs, dimension_numbers, *, key, recipe, tp=None, tp_axis="tensor"):
+def _quantized_dot(lhs, rhs, dimension_numbers, *, key, recipe, tp=None, tp_axis="tensor", out_sharding=None):
+  """`lax.dot_general(lhs, rhs, dimension_numbers)` through qmatmul. Under a mesh with Explicit axes it
+  runs with Auto axes inside (the reshapes of lhs and rhs merge sharded dims), its result sharded as
+  `out_sharding` or, if None, as `lax.dot_general`'s (see s3r/quant/explicit.py)."""
+  if explicit.explicit_axes():
+    out = out_sharding if out_sharding is not None else explicit.dot_general_spec(lhs, rhs, dimension_numbers)
+    body = functools.partial(_quantized_dot, dimension_numbers=dimension_numbers, recipe=recipe, tp=tp, tp_axis=tp_axis)
+    return explicit.run_auto(lambda lhs, rhs, key: body(lhs, rhs, key=key), out, lhs, rhs, key)
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   lhs_contract, rhs_contract = (
     tuple(d % a.ndim for d in dims) for a, dims in ((lhs, lhs_contract), (rhs, rhs_contract))
@@ -103,7 +112,11 @@ def kernel_fingerprint(w: jax.Array) -> jax.Array:
   run = min(_FINGERPRINT_RUN, w.shape[-1])
   lead = [np.array([0] * run + [d - 1] * run) for d in w.shape[:-1]]
   last = np.concatenate([np.arange(run), np.arange(w.shape[-1] - run, w.shape[-1])])
-  v = jax.lax.stop_gradient(w[(*lead, last)])
+  index = (*lead, last)
+  # under Explicit axes the gather states its (replicated) result; the same gather otherwise
+  v = jax.lax.stop_gradient(
+    w.at[index].get(out_sharding=jax.sharding.PartitionSpec()) if explicit.explicit_axes() else w[index]
+  )
   if jnp.issubdtype(v.dtype, jnp.floating):  # exact for bf16/f16/f32 (float64: rounded to float32 first)
     bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
   else:
@@ -128,14 +141,17 @@ def dot_general(
   adapters do, so that layers handed one key by an unsplit RNG stream still differ).
   `tp` ("row" or "column") and `tp_axis` describe the kernel's tensor-parallel split, as in
   `s3r.qmatmul`: under a mesh with that axis, partial sums are rounded per shard.
-  The output has lhs's dtype, or `preferred_element_type` when the caller asks for one.
+  The output has lhs's dtype, or `preferred_element_type` when the caller asks for one. Its sharding: under
+  a mesh with Explicit axes, the caller's `out_sharding`, else that of `lax.dot_general`; under Auto axes
+  `out_sharding` is ignored (the partitioner places the result).
   """
   recipe = get_recipe(recipe)
 
-  def fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
-    del precision, unused  # the recipe fixes the numerics (out_sharding: left to the partitioner)
+  def fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None, **unused):
+    del precision, unused  # the recipe fixes the numerics
     k = jax.random.fold_in(key, kernel_fingerprint(rhs)) if fold_kernel and key is not None else key
-    y = _quantized_dot(lhs, rhs, dimension_numbers, key=k, recipe=recipe, tp=tp, tp_axis=tp_axis)
+    kw = dict(recipe=recipe, tp=tp, tp_axis=tp_axis, out_sharding=out_sharding)
+    y = _quantized_dot(lhs, rhs, dimension_numbers, key=k, **kw)
     return y if preferred_element_type is None else y.astype(preferred_element_type)
 
   return fn
@@ -153,11 +169,11 @@ class LinenDotGeneral(linen.Module):
   tp_axis: str = "tensor"  # mesh axis of that split
 
   @linen.compact
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
     recipe = get_recipe(self.recipe)
     key = self.make_rng(self.rng_collection) if recipe.stochastic and self.has_rng(self.rng_collection) else None
     return dot_general(recipe, key, tp=self.tp, tp_axis=self.tp_axis, fold_kernel=True)(
-      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
+      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type, **kwargs
     )
 
 
@@ -204,9 +220,9 @@ class NnxDotGeneral(nnx.Module):
   def next_key(self) -> jax.Array | None:
     return None if self.rngs is None else self.rngs[self.stream]()
 
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **unused):
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
     return dot_general(self.recipe, self.next_key(), tp=self.tp, tp_axis=self.tp_axis)(
-      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type
+      lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type, **kwargs
     )
 
 

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
+from s3r.quant import arguments, explicit, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
@@ -109,6 +109,10 @@ def grouped_qmatmul(
   recipe, key = arguments.check(_NAME, recipe, key, x, w, group_sizes, key_required=True)
   operands = arguments.compute_dtype(_NAME, compute_dtype)
   impl = _check_impl(impl)
+  if explicit.explicit_axes():  # sharding in types: the internals run with Auto axes (see explicit.py)
+    body = functools.partial(grouped_qmatmul, recipe=recipe, impl=impl, rows=rows, compute_dtype=compute_dtype)
+    out = explicit.matmul_spec(x, w)
+    return explicit.run_auto(lambda x, w, g, key: body(x, w, g, key=key), out, x, w, group_sizes, key)
   if recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
     raise ValueError(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "

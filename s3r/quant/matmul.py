@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, ec, formats, numerics, tensor_parallel, thresholds
+from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_parallel, thresholds
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
@@ -77,10 +77,16 @@ def qmatmul(
       operands, f32 accumulation), or float32 (f32 operands at full precision, e.g. a float32
       evaluation; its partial sums under `tp` stay exact). The INT8 recipes ignore it.
 
+  Under a mesh with Explicit axes (`jax.set_mesh`), the result is sharded as `x @ w` would be
+  (x's leading dims, w's N unless x uses its mesh axis) and the gradients as x and w.
+
   A non-finite upstream gradient makes the step Δ non-finite, so dX and dW come out
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
   """
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
+  if explicit.explicit_axes():  # sharding in types: the internals run with Auto axes (see explicit.py)
+    body = functools.partial(qmatmul, recipe=recipe, tp=tp, tp_axis=tp_axis, compute_dtype=compute_dtype)
+    return explicit.run_auto(lambda x, w, key: body(x, w, key=key), explicit.matmul_spec(x, w), x, w, key)
   operands = arguments.compute_dtype("qmatmul", compute_dtype)
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)

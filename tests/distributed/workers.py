@@ -17,6 +17,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.distributed.explicit_workers import explicit_minigpt_worker, explicit_ops_worker
+
 # (fsdp, tensor) factorizations of 8 devices: pure FSDP, mixed, pure TP; None = one device.
 QMATMUL_MESHES = (None, (8, 1), (4, 2), (2, 4), (1, 8))
 QMATMUL_RECIPES = ("s3r", "s3r_bcast", "int8_sr", "s3r_ec", "int8_rtne")
@@ -428,6 +430,8 @@ def moe_a2a_worker(out: pathlib.Path) -> None:
 
 
 WORKERS = {
+  "explicit_ops": explicit_ops_worker,
+  "explicit_minigpt": explicit_minigpt_worker,
   "moe": moe_worker,
   "moe_a2a": moe_a2a_worker,
   "comm": comm_worker,
