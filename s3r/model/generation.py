@@ -69,6 +69,7 @@ class Decoder:
   """A prefill over left-padded prompts, then one decode step per token (all examples together)."""
 
   def __init__(self, cfg: ModelConfig, params: dict, prompts: Sequence[Sequence[int]], *, max_new_tokens: int):
+    check_count(max_new_tokens)
     prompts = check_prompts(prompts, cfg.vocab_size)
     self.cfg = inference_config(cfg)
     self.length = max(len(p) for p in prompts) + max_new_tokens
@@ -164,10 +165,14 @@ def check_prompts(prompts, vocab_size: int) -> list[list[int]]:
   return rows
 
 
-def check_sampling(cfg: ModelConfig, max_new_tokens, temperature, top_k, key) -> None:
-  """ValueError (one line, naming the argument) for a bad sampling argument."""
+def check_count(max_new_tokens) -> None:
   if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
     raise ValueError(f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+
+
+def check_sampling(cfg: ModelConfig, max_new_tokens, temperature, top_k, key) -> None:
+  """ValueError (one line, naming the argument) for a bad sampling argument."""
+  check_count(max_new_tokens)
   if not isinstance(temperature, (int, float)) or not temperature >= 0:
     raise ValueError(f"generate: temperature must be >= 0, got {temperature!r}")
   if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= cfg.vocab_size):
