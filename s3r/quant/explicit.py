@@ -73,4 +73,5 @@ def dot_general_spec(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> P:
 
 def run_auto(fn: Callable[..., jax.Array], out_sharding, *args) -> jax.Array:
   """fn(*args) with the mesh's Explicit axes made Auto inside, the result resharded to `out_sharding`."""
-  return jax.sharding.auto_axes(fn, out_sharding=out_sharding)(*args)
+  auto = jax.sharding.auto_axes(fn, out_sharding=out_sharding)
+  return auto(*args)  # pyrefly: ignore[bad-return]
