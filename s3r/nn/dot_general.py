@@ -114,9 +114,8 @@ def kernel_fingerprint(w: jax.Array) -> jax.Array:
   last = np.concatenate([np.arange(run), np.arange(w.shape[-1] - run, w.shape[-1])])
   index = (*lead, last)
   # under Explicit axes the gather states its (replicated) result; the same gather otherwise
-  v = jax.lax.stop_gradient(
-    w.at[index].get(out_sharding=jax.sharding.PartitionSpec()) if explicit.explicit_axes() else w[index]
-  )
+  v = w.at[index].get(out_sharding=jax.sharding.PartitionSpec()) if explicit.explicit_axes() else w[index]
+  v = jax.lax.stop_gradient(v)
   if jnp.issubdtype(v.dtype, jnp.floating):  # exact for bf16/f16/f32 (float64: rounded to float32 first)
     bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
   else:

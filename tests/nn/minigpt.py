@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (the model as the Flax example writes it, one layer per line)
 """A miniGPT test fixture written the way Flax NNX's miniGPT tutorial writes its model.
 
 Token and position embeddings, post-norm transformer blocks of `nnx.MultiHeadAttention` with a causal
@@ -33,7 +32,9 @@ def _sharded(init, *names):
 
 class TransformerBlock(nnx.Module):
   def __init__(self, *, rngs: nnx.Rngs):
-    xavier, zeros, ones = nnx.initializers.xavier_uniform(), nnx.initializers.zeros_init(), nnx.initializers.ones_init()
+    xavier, zeros = nnx.initializers.xavier_uniform(), nnx.initializers.zeros_init()
+    norm = dict(epsilon=1e-6, scale_init=_sharded(nnx.initializers.ones_init(), None), bias_init=_sharded(zeros, None))
+    column = dict(kernel_init=_sharded(xavier, None, "model"), bias_init=_sharded(zeros, "model"))
     self.mha = nnx.MultiHeadAttention(
       num_heads=HEADS,
       in_features=EMBED,
@@ -42,18 +43,11 @@ class TransformerBlock(nnx.Module):
       decode=False,
       rngs=rngs,
     )
-    self.layer_norm1 = nnx.LayerNorm(
-      EMBED, epsilon=1e-6, scale_init=_sharded(ones, None), bias_init=_sharded(zeros, None), rngs=rngs
-    )
-    self.linear1 = nnx.Linear(
-      EMBED, FF, kernel_init=_sharded(xavier, None, "model"), bias_init=_sharded(zeros, "model"), rngs=rngs
-    )
-    self.linear2 = nnx.Linear(
-      FF, EMBED, kernel_init=_sharded(xavier, "model", None), bias_init=_sharded(zeros, None), rngs=rngs
-    )
-    self.layer_norm2 = nnx.LayerNorm(
-      EMBED, epsilon=1e-6, scale_init=_sharded(ones, None), bias_init=_sharded(zeros, None), rngs=rngs
-    )
+    self.layer_norm1 = nnx.LayerNorm(EMBED, **norm, rngs=rngs)
+    self.linear1 = nnx.Linear(EMBED, FF, **column, rngs=rngs)
+    row = dict(kernel_init=_sharded(xavier, "model", None), bias_init=_sharded(zeros, None))
+    self.linear2 = nnx.Linear(FF, EMBED, **row, rngs=rngs)
+    self.layer_norm2 = nnx.LayerNorm(EMBED, **norm, rngs=rngs)
 
   def __call__(self, inputs):
     seq = inputs.shape[1]
@@ -65,12 +59,9 @@ class TransformerBlock(nnx.Module):
 
 class MiniGPT(nnx.Module):
   def __init__(self, *, rngs: nnx.Rngs):
-    self.token_emb = nnx.Embed(
-      VOCAB, EMBED, embedding_init=_sharded(nnx.initializers.normal(1.0), None, "model"), rngs=rngs
-    )
-    self.pos_emb = nnx.Embed(
-      MAXLEN, EMBED, embedding_init=_sharded(nnx.initializers.normal(1.0), None, "model"), rngs=rngs
-    )
+    table = _sharded(nnx.initializers.normal(1.0), None, "model")
+    self.token_emb = nnx.Embed(VOCAB, EMBED, embedding_init=table, rngs=rngs)
+    self.pos_emb = nnx.Embed(MAXLEN, EMBED, embedding_init=table, rngs=rngs)
     self.blocks = nnx.List([TransformerBlock(rngs=rngs) for _ in range(BLOCKS)])
     self.output_layer = nnx.Linear(
       EMBED,
