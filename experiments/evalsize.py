@@ -11,19 +11,16 @@ Dimension letters: B batch, S sequence.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import time
 
 import jax
 import numpy as np
-import tokenizers
 
 from experiments import results as provenance
 from s3r import data as s3r_data
 from s3r.train import checkpoint
-from s3r.train.config import TrainConfig
-from s3r.train.loop import build, make_mesh
+from s3r.train.evaluate import restore_run
 
 
 def shard9_tokens(tok: s3r_data.Tokenizer) -> np.ndarray:
@@ -72,15 +69,7 @@ def paired_checkpoints(checkpoints: list[dict], eval_batches: int = 16) -> list[
 
 
 def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches: int = 16, log=print) -> dict:
-  directory = checkpoint.find_checkpoint_dir(path)
-  ckpt = checkpoint.Checkpointer(directory, create=False)
-  step = ckpt.latest_step() if step is None else step
-  meta = ckpt.read_meta(step)
-  cfg = dataclasses.replace(TrainConfig.from_dict(meta["train_config"]), mesh=None)
-  tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
-  setup = build(cfg, tok.vocab_size, make_mesh(cfg))
-  state, _ = ckpt.restore(setup.abstract_state, step)
-  ckpt.close()
+  cfg, setup, step, state, _, tok, _ = restore_run(path, step=step, log=log)
   tokens = shard9_tokens(tok)
   batches = list(s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq))
   n = len(batches)

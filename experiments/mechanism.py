@@ -231,10 +231,9 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
   """Measures every checkpoint of each run folder in `paths` (read-only) on a batch of enwiki shard 9
   encoded with the run's own tokenizer: the local errors per projection and, with the `python -m experiments diagnose`
   machinery (experiments.gradients, `n_keys` keys), the errors propagated to the block inputs."""
-  import tokenizers
-
   from s3r.train import checkpoint
   from s3r.train.config import TrainConfig
+  from s3r.train.evaluate import checkpoint_tokenizer
   from s3r.train.loop import build, make_mesh
 
   for path in paths:
@@ -246,7 +245,7 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
         continue
       meta = ckpt.read_meta(step)
       cfg = dataclasses.replace(TrainConfig.from_dict(meta["train_config"]), mesh=None)
-      tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
+      tok = checkpoint_tokenizer(meta)
       setup = build(cfg, tok.vocab_size, make_mesh(cfg))
       state, _ = ckpt.restore(setup.abstract_state, step)
       batch = _shard9_batch(tok, cfg.batch, cfg.seq)

@@ -86,38 +86,14 @@ def run_generate(args) -> int:
 def _load(folder: pathlib.Path, recipe: str | None):
   """(model config, params, encode, decode, stop token) of a Hugging Face folder or a run."""
   if any((folder / name).is_file() for name in HF_WEIGHTS):
-    from s3r.model import HFError, load_hf, load_hf_tokenizer
-    from s3r.train.config import ConfigError
+    from s3r.model import load_hf, load_hf_tokenizer
 
-    try:
-      tok = load_hf_tokenizer(folder)
-      cfg, params = load_hf(folder, recipe=recipe or "bf16")
-    except HFError as e:  # HFConfigError too
-      raise ConfigError(str(e)) from None
+    tok = load_hf_tokenizer(folder)  # an HFError is one line, exit 2 (s3r.cli._guarded)
+    cfg, params = load_hf(folder, recipe=recipe or "bf16")
     return cfg, params, tok.encode, tok.decode, tok.eos_id
-  cfg, params, tok = _load_run(folder)
-  cfg = cfg if recipe is None else dataclasses.replace(cfg, recipe=recipe)
-  return cfg, params, lambda text: [tok.eot_id, *tok.encode(text)], tok.decode, tok.eot_id
+  from s3r.train.evaluate import restore_run
 
-
-def _load_run(folder: pathlib.Path):
-  """(model config, params, tokenizer) of the newest readable checkpoint of the run in `folder`."""
-  import tokenizers
-
-  from s3r import data as s3r_data
-  from s3r.train import checkpoint
-  from s3r.train.builder import build, make_mesh
-  from s3r.train.config import ConfigError
-  from s3r.train.evaluate import open_run
-
-  ckpt, run_cfg, meta = open_run(str(folder), log=lambda *_: None)
-  try:
-    tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]))
-    setup = build(run_cfg, tok.vocab_size, make_mesh(dataclasses.replace(run_cfg, mesh=None)))
-    try:
-      _, state, _ = ckpt.restore_latest(setup.abstract_state, lambda *_: None)
-    except checkpoint.CorruptCheckpoint as e:
-      raise ConfigError(str(e)) from None
-  finally:
-    ckpt.close()
-  return setup.model_cfg, state.params, tok
+  run = restore_run(str(folder), log=lambda *_: None)
+  cfg = run.setup.model_cfg if recipe is None else dataclasses.replace(run.setup.model_cfg, recipe=recipe)
+  tok = run.tokenizer
+  return cfg, run.state.params, lambda text: [tok.eot_id, *tok.encode(text)], tok.decode, tok.eot_id

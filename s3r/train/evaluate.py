@@ -208,12 +208,17 @@ def restore_run(path: str, *, step: int | None = None, log=print) -> Restored:
   directory, step = checkpoint_location(path, step)
   ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
   try:
-    tok = s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]), meta.get("eot", s3r_data.EOT))
+    tok = checkpoint_tokenizer(meta)
     setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
     step, state, meta = _restore(ckpt, setup, step, log)
   finally:
     ckpt.close()
   return Restored(cfg, setup, step, state, meta, tok, ckpt.directory)
+
+
+def checkpoint_tokenizer(meta: dict) -> s3r_data.Tokenizer:
+  """The tokenizer a checkpoint's meta records (with its end-of-text token; `<|endoftext|>` when none is named)."""
+  return s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]), meta.get("eot", s3r_data.EOT))
 
 
 def evaluate_pretrained(init_from: str, *, data: str | None = None, log=print, **fields) -> dict[str, float]:

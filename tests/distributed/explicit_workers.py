@@ -29,7 +29,8 @@ OPS_LAYOUTS = {
 B, S, K, N, E = 8, 16, 64, 48, 4
 
 
-def _operands():
+def operands():
+  """x [B, S, K] with per-token scales, w [K, N], an upstream g [B, S, N]: the mesh workers' qmatmul operands."""
   rng = np.random.default_rng(0)
   x = rng.normal(size=(B, S, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(B, S, 1)).astype(np.float32)
   w = rng.normal(size=(K, N)).astype(np.float32) * 0.1
@@ -48,7 +49,7 @@ def explicit_ops_worker(out: pathlib.Path) -> None:
 
   import s3r
 
-  x, w, g = _operands()
+  x, w, g = operands()
   key = jax.random.key(7)
   sizes = np.array([40, 0, 56, 24], np.int32)  # 120 of the 128 rows, one empty expert
   we = np.stack([w * (1 + e) for e in range(E)])

@@ -17,24 +17,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.distributed.explicit_workers import explicit_minigpt_worker, explicit_ops_worker
+from tests.distributed.explicit_workers import B, S, explicit_minigpt_worker, explicit_ops_worker, operands
 
 # (fsdp, tensor) factorizations of 8 devices: pure FSDP, mixed, pure TP; None = one device.
 QMATMUL_MESHES = (None, (8, 1), (4, 2), (2, 4), (1, 8))
 QMATMUL_RECIPES = ("s3r", "s3r_bcast", "int8_sr", "s3r_ec", "int8_rtne")
-B, S, K, N = 8, 16, 64, 48
 
 
 def _mesh_name(shape) -> str:
   return "1" if shape is None else f"{shape[0]}x{shape[1]}"
-
-
-def _operands():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(B, S, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(B, S, 1)).astype(np.float32)
-  w = rng.normal(size=(K, N)).astype(np.float32) * 0.1
-  g = rng.normal(size=(B, S, N)).astype(np.float32) * rng.uniform(0.01, 1, size=(B, S, 1)).astype(np.float32)
-  return x, w, g
 
 
 def qmatmul_worker(out: pathlib.Path) -> None:
@@ -44,7 +35,7 @@ def qmatmul_worker(out: pathlib.Path) -> None:
   from s3r.quant import qmatmul, thresholds
   from s3r.quant.matmul import gradient_codes
 
-  x, w, g = _operands()
+  x, w, g = operands()
   key = jax.random.key(7)
   result = {}
   for shape in QMATMUL_MESHES:
@@ -89,7 +80,7 @@ def tp_worker(out: pathlib.Path) -> None:
   from s3r.quant import qmatmul
   from s3r.quant.matmul import gradient_codes
 
-  x, w, g = _operands()
+  x, w, g = operands()
   x, g = x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
   key = jax.random.key(7)
   mesh = Mesh(np.asarray(jax.devices()), ("tensor",))
