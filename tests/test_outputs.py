@@ -91,6 +91,8 @@ README_COMMANDS = {
   + TINY_RUN,
   "resume": ["-m", "s3r.cli", "train", "--out", "RUN", "--resume", "--steps", "3", "--no-progress"],
   "eval": ["-m", "s3r.cli", "eval", "RUN", "--data", "CORPUS", "--eval-batches", "1"],
+  "export": ["-m", "s3r.cli", "export", "RUN", "--out", "runs/export"],
+  "generate": ["-m", "s3r.cli", "generate", "RUN", "--prompt", "Once upon a time", "--max-new-tokens", "2"],
   "recipes": ["-m", "s3r.cli", "recipes"],
   "models": ["-m", "s3r.cli", "models", "--json"],
   "bench-ffn": ["-m", "benchmarks", "ffn", "--shapes", "64x128", "--tokens", "32", "--repeats", "1", "--warmup", "0"],
@@ -103,6 +105,7 @@ README_COMMANDS = {
   + ["--timed-ours", "s3r_ec_dx", "--repeats", "1", "--warmup", "0", "--keys", "1"],  # absent peers are skipped
   "bench-step": ["-m", "benchmarks", "step", "--preset", "tiny", "--batch", "2", "--seq", "8", "--repeats", "1"]
   + ["--warmup", "0", "--recipes", "bf16,s3r_ec_dx"],
+  "bench-hf_load": ["-m", "benchmarks", "hf_load", "--preset", "llama-tiny", "--layers", "1", "--repeats", "1"],
   "bench-profile": ["-m", "benchmarks", "profile", "--shape", "64x128", "--tokens", "32", "--iters", "1"],
   "bench-comm": ["-m", "benchmarks", "comm", "--preset", "tiny", "--meshes", "data=2", "--recipes", "s3r"],
   "diagnose": ["-m", "experiments", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
