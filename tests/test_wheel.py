@@ -72,6 +72,7 @@ def test_installed_package_imports_from_the_wheel_not_the_checkout(fresh_env):
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr, tooling
 
 
+@pytest.mark.slow
 def test_installed_s3r_trains_three_steps_outside_the_repository(fresh_env, tmp_path):
   corpus = tmp_path / "corpus.txt"
   documents = (" ".join(f"Sentence {j} of document {i}: the cat sat on the mat." for j in range(60)) for i in range(40))

@@ -8,7 +8,8 @@
   (KeyboardInterrupt), except inside `Interrupts.deferred()` (a checkpoint being written):
   there every signal waits until the block ends, so a save is never cut short.
 * `DivergenceMonitor`: stops on a non-finite loss or gradient norm, on a loss far above its
-  running level (a blow-up), on a loss that rose fast over consecutive steps and on a gradient
+  running level (a blow-up), on a loss that rose fast over consecutive steps, on a loss that stays
+  well above the initial one (worse than the model training started from) and on a gradient
   norm of exactly 0 (dead training).
 """
 
@@ -110,9 +111,12 @@ class DivergenceMonitor:
   The running level is an exponential moving average (decay `decay`) of the accepted losses, started
   at the initial (step-0) loss. A blow-up is a loss more than `blowup` times that level and more than
   `blowup_nats` above it; a fast rise is a loss that went up on each of the last `rise_steps` steps by
-  more than `rise_nats` and `rise_fraction` of the level in all. The absolute margins keep the noise of
-  a low, overfitting loss (0.75 -> 1.2 between steps of a 60-document corpus) from counting; the
-  tests (tests/train/test_guard.py) replay committed healthy curves through these defaults.
+  more than `rise_nats` and `rise_fraction` of the level in all. A loss more than `above_start_nats`
+  above the initial loss on `above_start_steps` consecutive steps is a model worse than the one training
+  started from: a slow blow-up that the running level follows up (5.7 -> 10 -> 8 -> 10). The
+  absolute margins keep the noise of a low, overfitting loss (0.75 -> 1.2 between steps of a
+  60-document corpus) from counting; the tests (tests/train/test_guard.py) replay committed healthy
+  curves through these defaults.
   """
 
   def __init__(
@@ -125,8 +129,13 @@ class DivergenceMonitor:
     rise_nats: float = 1.5,
     rise_fraction: float = 0.25,
     decay: float = 0.9,
+    above_start_nats: float = 1.0,
+    above_start_steps: int = 2,
   ):
     self.level = initial_loss if initial_loss is not None and math.isfinite(initial_loss) else None
+    self.initial = self.level
+    self.above_start_nats, self.above_start_steps = above_start_nats, above_start_steps
+    self._above_start = 0  # consecutive accepted losses above initial + above_start_nats
     self.blowup, self.blowup_nats, self.decay = blowup, blowup_nats, decay
     self.rise_steps, self.rise_nats, self.rise_fraction = rise_steps, rise_nats, rise_fraction
     self._recent: deque[float] = deque([self.level] if self.level is not None else [], maxlen=rise_steps + 1)
@@ -147,7 +156,9 @@ class DivergenceMonitor:
       return f"non-finite {what} at step {step} (loss {loss}, grad_norm {grad_norm})"
     if grad_norm == 0.0:
       return f"dead training at step {step}: gradient norm exactly 0 (loss {loss:.4f})"
-    if why := self._blown_up(step, loss, grad_norm) or self._rising(step, loss, grad_norm):
+    if why := (
+      self._blown_up(step, loss, grad_norm) or self._rising(step, loss, grad_norm) or self._above_initial(step, loss)
+    ):
       return why
     self._accept(loss)
     return None
@@ -155,6 +166,8 @@ class DivergenceMonitor:
   def _accept(self, loss: float) -> None:
     self.level = loss if self.level is None else self.decay * self.level + (1 - self.decay) * loss
     self._recent.append(loss)
+    above = self.initial is not None and loss - self.initial > self.above_start_nats
+    self._above_start = self._above_start + 1 if above else 0
 
   def _blown_up(self, step: int, loss: float, grad_norm: float) -> str | None:
     level = self.level
@@ -163,6 +176,16 @@ class DivergenceMonitor:
     return (
       f"loss blew up at step {step}: {loss:.4g}, more than {self.blowup:g}x its running level "
       f"{level:.4g} (grad_norm {grad_norm:.4g})"
+    )
+
+  def _above_initial(self, step: int, loss: float) -> str | None:
+    if self.initial is None or loss - self.initial <= self.above_start_nats:
+      return None
+    if self._above_start + 1 < self.above_start_steps:
+      return None
+    return (
+      f"loss stayed above the initial loss {self.initial:.4g} at step {step}: {loss:.4g}, more than "
+      f"{self.above_start_nats:g} nat above it on {self.above_start_steps} steps in a row"
     )
 
   def _rising(self, step: int, loss: float, grad_norm: float) -> str | None:

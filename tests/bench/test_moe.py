@@ -13,6 +13,7 @@ from benchmarks import cli, moe, options
 from experiments import paper
 
 
+@pytest.mark.slow
 def test_moe_bench_writes_block_and_gemm_results(tmp_path):
   args = cli.build_parser().parse_args(
     [

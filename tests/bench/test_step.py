@@ -43,6 +43,7 @@ def test_step_bench_times_a_real_training_step_of_the_tiny_preset(tmp_path):
   assert config["recipes"]["s3r_ec_dx"]["tokens_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_step_bench_measures_each_depth_with_memory_and_extrapolates_to_full_depth(tmp_path):
   _run(
     tmp_path,

@@ -31,6 +31,7 @@ def comm_run(tmp_path_factory):
   return json.loads((out / "comm.json").read_text()), (out / "comm.md").read_text()
 
 
+@pytest.mark.slow
 def test_comm_writes_metadata_and_a_table_per_mesh(comm_run):
   doc, md = comm_run
   assert doc["meta"]["command"].startswith("python -m benchmarks comm")

@@ -65,6 +65,7 @@ def _two_processes(sharded_cli_run, out, *extra: str) -> list[str]:
   return logs
 
 
+@pytest.mark.slow
 def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_path):
   out = tmp_path / "run"
   logs = _two_processes(sharded_cli_run, out)
@@ -74,14 +75,16 @@ def test_two_processes_train_to_the_losses_of_one_process(sharded_cli_run, tmp_p
   ref = sharded_cli_run["result"]["4x2"]
   assert [r["step"] for r in ours] == [0, 1, 2, 3, 4]
   assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
-  # The same SPMD program on the same mesh: the gradients, hence the parameters, agree bit for bit
-  # (int32 reductions, identical thresholds); the token-mean loss is an f32 sum across devices that
-  # gloo adds in another order than XLA's in-process all-reduce, so it may differ in the last bit.
+  # The same SPMD program on the same mesh, but gloo adds the f32 cross-device sums (the token-mean loss,
+  # the global gradient norm that clipping divides by) in another order than XLA's in-process
+  # all-reduce. Steps 0 and 1 see the initial parameters: equal up to that last bit. After the first
+  # update the parameters may differ in their last bits, which a flipped stochastic-rounding decision
+  # can grow; a wrong batch or key on one process moves the loss far more than that.
   for key in ("loss", "grad_norm"):
-    np.testing.assert_allclose(
-      [r[key] for r in ours if key in r], [r[key] for r in ref if key in r], rtol=1e-6, err_msg=key
-    )
-  np.testing.assert_allclose(ours[-1]["val_loss"], ref[-1]["val_loss"], rtol=1e-6)
+    mine, theirs = [r[key] for r in ours if key in r], [r[key] for r in ref if key in r]
+    np.testing.assert_allclose(mine[:2], theirs[:2], rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-3, err_msg=key)
+  np.testing.assert_allclose(ours[-1]["val_loss"], ref[-1]["val_loss"], rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments import gradients
 from s3r import model as s3r_model
@@ -28,6 +29,7 @@ def test_zero_probes_leave_the_logits_unchanged():
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_reference_has_zero_error_and_stochastic_recipes_a_positive_one():
   cfg, params, batch = _tiny()
   errors = gradients.relative_errors(cfg, params, batch, ["int8_exact_bwd", "s3r_ec"], n_keys=2, log=lambda m: None)
@@ -45,6 +47,7 @@ def test_underflow_fractions_cover_every_projection_of_every_layer():
   assert any(f > 0 for per_layer in fractions.values() for f in per_layer.values())
 
 
+@pytest.mark.slow
 def test_rounding_variance_share_is_zero_for_the_deterministic_reference():
   cfg, params, batch = _tiny()
   nu = jax.tree.map(lambda p: jnp.full_like(p, 1e-8), params)

@@ -39,6 +39,7 @@ def _cfg(token_folder, tmp_path, **kw):
   return lockstep.LockstepConfig(**{**base, **kw})
 
 
+@pytest.mark.slow
 def test_lockstep_dry_run_gives_equal_length_paired_curves(token_folder, tmp_path):
   summary = lockstep.run(_cfg(token_folder, tmp_path), log=lambda _: None)
   assert summary["complete"] and summary["stopped_by"] == "steps" and summary["steps_done"] == 5
@@ -58,6 +59,7 @@ def test_lockstep_dry_run_gives_equal_length_paired_curves(token_folder, tmp_pat
   assert [json.loads(x)["step"] for x in lines] == [2, 4, 5]
 
 
+@pytest.mark.slow
 def test_lockstep_stops_on_time_budget_with_valid_summary(token_folder, tmp_path):
   summary = lockstep.run(_cfg(token_folder, tmp_path, recipes=("int8_sr", "s3r"), time_budget=1e-3), log=lambda _: None)
   assert summary["stopped_by"] == "time_budget" and summary["steps_done"] == 0

@@ -223,6 +223,7 @@ def test_negative_dose_keys_are_rejected(tmp_path):
     _cfg(tmp_path, dose_keys=-1)
 
 
+@pytest.mark.slow
 def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tmp_path, tiny_corpus):
   cfg = _cfg(
     tmp_path,

@@ -33,6 +33,7 @@ def test_a_full_disk_during_a_checkpoint_says_so_in_one_line_and_leaves_the_prev
   assert json.loads(metrics_lines(out)[-1])["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_a_full_disk_resumes_to_the_uninterrupted_result(cli, tmp_path, base_run):
   out = tmp_path / "run"
   assert _train_with_full_disk_at(cli, out, 4, "oserror").returncode == 3

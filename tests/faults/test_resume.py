@@ -110,6 +110,7 @@ def two_device_run(cli, tmp_path_factory) -> pathlib.Path:
   return out
 
 
+@pytest.mark.slow
 def test_resume_on_fewer_devices_without_mesh_falls_back_to_a_mesh_that_fits_and_says_so(cli, two_device_run, tmp_path):
   out = tmp_path / "run"
   shutil.copytree(two_device_run, out)

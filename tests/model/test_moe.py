@@ -98,6 +98,7 @@ def test_gradients_are_finite_for_every_recipe(recipe):
   assert np.abs(np.asarray(grads["gate"][...])).max() > 0 and np.abs(np.asarray(grads["router"][...])).max() > 0
 
 
+@pytest.mark.slow
 def test_a_few_sgd_steps_reduce_a_toy_loss():
   block = _block("s3r_ec_dx", n_shared=1, init_std=0.2)
   graph, params = nnx.split(block)

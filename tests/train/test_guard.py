@@ -55,6 +55,21 @@ def test_a_fast_rise_over_consecutive_steps_is_flagged_before_it_doubles():
   assert why is not None and why.startswith("loss rose fast at step 4")
 
 
+def test_a_loss_that_stays_above_the_initial_one_is_flagged_on_its_second_step():
+  """A slow blow-up measured on the tiny preset at lr 1.0: the running level follows it up, so it never
+  doubles, but from step 4 on the model is worse than the one training started from."""
+  monitor = DivergenceMonitor(5.685)
+  assert [monitor.check(s, loss, 1.0) for s, loss in enumerate([5.685, 5.562, 3.694, 10.225], start=1)] == [None] * 4
+  why = monitor.check(5, 7.919, 1.0)
+  assert why is not None and why.startswith("loss stayed above the initial loss 5.685 at step 5")
+
+
+def test_one_step_above_the_initial_loss_is_not_flagged():
+  monitor = DivergenceMonitor(5.7)
+  losses = [5.6, 6.9, 5.5, 6.8, 5.4]  # single steps more than 1 nat above, never two in a row
+  assert [monitor.check(s, loss, 1.0) for s, loss in enumerate(losses, start=1)] == [None] * len(losses)
+
+
 def test_committed_healthy_curves_are_never_flagged():
   curves = _committed_curves()
   assert len(curves) >= 20  # the sweeps' summaries are there to check against
