@@ -10,7 +10,6 @@ result does not depend on the tensor-parallel degree (docs/scaling.md).
 
 import ml_dtypes
 import numpy as np
-import pytest
 
 from tests.quant.reference import np_rtne_codes, np_scale
 
@@ -33,7 +32,6 @@ def _activation_all_reduces(run, dtype):
   ]
 
 
-@pytest.mark.slow
 def test_exact_partial_sums_are_int32_accumulators(mesh_train_losses):
   run = mesh_train_losses["tensor=8:int32"]  # pure TP: every weight split over 8 devices, tokens replicated
   s32 = _activation_all_reduces(run, "s32")

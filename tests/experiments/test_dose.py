@@ -61,7 +61,6 @@ def _arm_summary(cfg, grid, seed=0) -> dict:
   return json.loads((pathlib.Path(cfg.runs_dir) / dose.arm_name(grid, seed) / "summary.json").read_text())
 
 
-@pytest.mark.slow
 def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
   cfg, summary = finished
   assert summary["missing_arms"] == [] and [(a["grid"], a["seed"]) for a in summary["arms"]] == [(g, 0) for g in GRIDS]
