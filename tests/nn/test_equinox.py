@@ -72,7 +72,9 @@ def test_sites_are_the_linear_layers_and_the_attention_products_are_left_alone()
 
 
 def _flat(g):
-  return np.concatenate([np.asarray(a).reshape(-1) for a in jax.tree_util.tree_leaves(eqx.filter(g, eqx.is_inexact_array))])
+  return np.concatenate(
+    [np.asarray(a).reshape(-1) for a in jax.tree_util.tree_leaves(eqx.filter(g, eqx.is_inexact_array))]
+  )
 
 
 @pytest.mark.parametrize("recipe", ["s3r_ec_dx", "s3r"])

@@ -56,7 +56,9 @@ def test_vmapped_gradient_has_the_int8_gemms_and_temp_memory_of_the_batched_call
   # forward, dX, dW and the S3R-EC correction's small product: one each, not one per mapped index
   assert len(jaxpr_analysis.int8_dots(program(mapped(recipe)))) == 4
   assert len(jaxpr_analysis.int8_dots(program(_batched(recipe)))) == 4
-  per_index_dw = [e for e in jaxpr_analysis.iter_eqns(program(mapped(recipe))) for v in e.outvars if v.aval.shape == (V, K, N)]
+  per_index_dw = [
+    e for e in jaxpr_analysis.iter_eqns(program(mapped(recipe))) for v in e.outvars if v.aval.shape == (V, K, N)
+  ]
   assert not per_index_dw  # no weight-sized gradient per mapped index
 
   def temp(f):
