@@ -20,6 +20,8 @@ S = D1*...*Dm tokens (the middle axes are flattened). Per-token thresholds and t
 per-token scales do not depend on how T = B*S splits into examples; per-example thresholds
 (the `_bcast` recipes) and the S3R-EC means (per example) do. An empty x (any dim 0) gives
 an empty (or all-zero) output with all-zero gradients.
+Under `jax.vmap` mapping x only (one weight, one key), the mapped calls run as one call on the
+stacked x, the mapped axis first: its examples are read from that shape (see vmapped.py).
 
 Keys: the forward never uses the key. A stochastic recipe needs it in the backward pass, so
 `key=None` is accepted for forward-only use (evaluation) and a gradient taken through it raises.
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_parallel, thresholds
+from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_parallel, thresholds, vmapped
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
@@ -84,6 +86,15 @@ def qmatmul(
   non-finite too (never silently zeroed): the trainer's finiteness checks still see it.
   """
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=False)
+  settings = dict(recipe=recipe, tp=tp, tp_axis=tp_axis, compute_dtype=compute_dtype)
+  if vmapped.mapped(x, w, key):  # under jax.vmap: one batched call (see vmapped.py)
+    body = lambda x, w, key: _qmatmul_call(x, w, key, **settings)
+    return vmapped.call(body, lambda x, w, key: qmatmul(x, w, key=key, **settings), x, w, key)
+  return _qmatmul_call(x, w, key, **settings)
+
+
+def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> jax.Array:
+  """qmatmul for one call, its arguments checked."""
   if explicit.explicit_axes():  # sharding in types: the internals run with Auto axes (see explicit.py)
     body = functools.partial(qmatmul, recipe=recipe, tp=tp, tp_axis=tp_axis, compute_dtype=compute_dtype)
     return explicit.run_auto(lambda x, w, key: body(x, w, key=key), explicit.matmul_spec(x, w), x, w, key)
