@@ -4,7 +4,8 @@ exporting a run (`s3r export`), on the committed Llama fixture (the only one wit
 The fast tests check each piece (config, tokenizer, imported initial state, refusals); the slow one runs the
 whole flow through the command line: train 5 steps with s3r_ec_dx, resume (without reading the weights again),
 export in f32, and evaluate the import and the export, whose losses must be the run's own step-0 and final
-validation losses (the same batches, the same weights: equal to the printed 4 decimals).
+validation losses (the same batches, the same weights: equal to the printed 4 decimals), then generate from the
+export and from the run (the Python API's greedy tokens on the exported weights).
 """
 
 from __future__ import annotations
@@ -140,4 +141,18 @@ def test_train_init_from_then_resume_export_and_eval_from_the_command_line(
   assert f"loss {records[0]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # before: the run's step 0
   assert cli.main(["eval", "--init-from", "exported", *data]) == 0
   assert f"loss {records[-1]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # after: its last step
-  # `s3r generate --init-from exported` (text from the export) joins this flow here.
+
+  # generate from the export (BOS as its tokenizer adds it: none) and from the run (after its end-of-text
+  # token, with the export's bf16 recipe): the API's greedy tokens on the exported weights, up to EOS
+  cfg, params = M.load_hf(exported, recipe="bf16", act_dtype="float32")
+  tok = M.load_hf_tokenizer(exported)
+  ask = ["--prompt", "the lazy dog", "--max-new-tokens", "6", "--json"]
+  for folder, extra, prompt in (("exported", [], []), ("run", ["--recipe", "bf16"], [tok.eos_id])):
+    assert cli.main(["generate", folder, *ask, *extra]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = M.generate(cfg, params, [prompt + tok.encode("the lazy dog")], max_new_tokens=6)[0].tolist()
+    want = want[: want.index(tok.eos_id) + 1] if tok.eos_id in want else want
+    assert row["tokens"] == want and (len(want) == 6 or want[-1] == tok.eos_id)
+    assert row["text"] == tok.decode([t for t in want if t != tok.eos_id])
+  assert cli.main(["generate", "run", "--prompt", "the lazy dog", "--max-new-tokens", "6"]) == 0  # its own recipe
+  assert capsys.readouterr().out.startswith("the lazy dog")
