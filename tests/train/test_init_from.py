@@ -97,6 +97,47 @@ def test_export_into_a_non_empty_folder_exits_2_before_reading_the_run(tmp_path,
   assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.parametrize(
+  "args, called, dtype",
+  [
+    (["eval", "--init-from", str(LLAMA)], "evaluate_pretrained", "bfloat16"),  # as training evaluates
+    (["eval", "--init-from", str(LLAMA), "--dtype", "float32"], "evaluate_pretrained", "float32"),
+    (["eval", "run"], "evaluate_checkpoint", "bfloat16"),
+    (["eval", "run", "--dtype", "float32"], "evaluate_checkpoint", "float32"),
+  ],
+)
+def test_eval_dtype_sets_the_activation_dtype_of_the_evaluation_bfloat16_by_default(args, called, dtype, monkeypatch):
+  from s3r.train import evaluate
+
+  seen = []
+  monkeypatch.setattr(evaluate, called, lambda *_, act_dtype, **__: seen.append(act_dtype) or {"val": 1.0})
+  assert cli.main(args) == 0 and seen == [dtype]
+
+
+def test_float32_eval_of_a_fixture_is_its_float32_loss_and_bf16_eval_differs_only_at_bf16_precision(
+  tmp_path, corpus_dir, cache_dir, monkeypatch
+):
+  from s3r.train import evaluate
+  from s3r.train.step import loss_fn
+
+  (tmp_path / "empty-root").mkdir()
+  monkeypatch.setenv("S3R_DATA", str(tmp_path / "empty-root"))  # no c4 validation set to encode
+  cfg = _config(tmp_path, corpus_dir, cache_dir, recipe="bf16")  # unquantized: the dtype is the only difference
+  fields = {"batch": cfg.batch, "seq": cfg.seq, "eval_batches": cfg.eval_batches, "recipe": "bf16"}
+  shown = {"cache_dir": str(cache_dir), "log": lambda *_: None}
+  loss = {
+    dtype: evaluate.evaluate_pretrained(str(LLAMA), data=str(corpus_dir), act_dtype=dtype, **fields, **shown)["val"]
+    for dtype in ("bfloat16", "float32")
+  }
+  batches = evaluate.validation_batches(builder.prepare_data(cfg, log=lambda *_: None).val_tokens, cfg)["val"]
+  model, params = M.load_hf(LLAMA, recipe="bf16", act_dtype="float32")
+  step = jax.jit(lambda p, b: loss_fn(p, M.graphdef(model), b, None))
+  want = float(np.mean([step(params, b) for b in batches]))
+  f32, bf16 = np.finfo(np.float32).eps, float(jax.numpy.finfo(jax.numpy.bfloat16).eps)
+  assert abs(loss["float32"] - want) <= 8 * f32 * want  # the float32 function: f32 rounding of the sums only
+  assert 8 * f32 * want < abs(loss["bfloat16"] - want) <= bf16 * want  # within one bf16 step of the loss
+
+
 def _val_line(text: str) -> str:
   return next(line for line in text.splitlines() if line.startswith("val:"))
 
@@ -141,6 +182,9 @@ def test_train_init_from_then_resume_export_and_eval_from_the_command_line(
   assert f"loss {records[0]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # before: the run's step 0
   assert cli.main(["eval", "--init-from", "exported", *data]) == 0
   assert f"loss {records[-1]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # after: its last step
+  assert cli.main(["eval", "run", "--dtype", "float32"]) == 0  # the run's own recipe, float32 activations
+  loss = float(_val_line(capsys.readouterr().out).split("loss ")[1].split(",")[0])
+  assert abs(loss - records[-1]["val_loss"]) <= float(jax.numpy.finfo(jax.numpy.bfloat16).eps) * loss
 
   # generate from the export (BOS as its tokenizer adds it: none) and from the run (after its end-of-text
   # token, with the export's bf16 recipe): the API's greedy tokens on the exported weights, up to EOS
