@@ -281,6 +281,8 @@ def run_train(args) -> int:
 
 
 def register_eval(subparsers) -> None:
+  from s3r.model.config import ACT_DTYPES
+
   p = subparsers.add_parser(
     "eval",
     help="validation loss and perplexity of a checkpoint",
@@ -290,7 +292,9 @@ def register_eval(subparsers) -> None:
       "damaged newest checkpoint is reported and the one before it used), or of the checkpoint of one "
       "step: `s3r eval RUN/checkpoints/25` or `s3r eval RUN --step 25`. `s3r eval --init-from HF_DIR --data "
       "PATH` evaluates a Hugging Face checkpoint on the validation documents `s3r train --init-from HF_DIR "
-      "--data PATH` holds out (with the same --batch, --seq and --eval-batches: that run's step-0 numbers)."
+      "--data PATH` holds out (with the same --batch, --seq and --eval-batches: that run's step-0 numbers). "
+      "Activations are bfloat16, as training evaluates (so the numbers are the run's own); --dtype float32 "
+      "evaluates them in full precision."
     ),
     epilog=_paragraphs(EXIT_HELP + "."),
   )
@@ -320,6 +324,12 @@ def register_eval(subparsers) -> None:
     "holds training documents of the run",
   )
   p.add_argument("--eval-batches", type=int, default=None, help="batches per validation set (default: the run's)")
+  p.add_argument(
+    "--dtype",
+    choices=ACT_DTYPES,
+    default="bfloat16",
+    help="activation dtype; bfloat16 as training evaluates (the run's own numbers), float32 for full precision",
+  )
   p.set_defaults(func=lambda args: _guarded(run_eval, args))
 
 
@@ -339,12 +349,15 @@ def run_eval(args) -> int:
     given = [f"--{k.replace('_', '-')}" for k in ("init_layers", "batch", "seq") if getattr(args, k) is not None]
     if given:
       raise ConfigError(f"{', '.join(given)}: only with --init-from (a run evaluates with its own)")
-    losses = evaluate_checkpoint(args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches)
+    losses = evaluate_checkpoint(
+      args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches, act_dtype=args.dtype
+    )
   else:
     if args.step is not None:
       raise ConfigError("--step: only with a run (CHECKPOINT_DIR)")
     fields = {"init_layers": args.init_layers, "batch": args.batch, "seq": args.seq, "eval_batches": args.eval_batches}
-    losses = evaluate_pretrained(args.init_from, data=args.data, **{k: v for k, v in fields.items() if v is not None})
+    given = {k: v for k, v in fields.items() if v is not None}
+    losses = evaluate_pretrained(args.init_from, data=args.data, act_dtype=args.dtype, **given)
   for name, loss in losses.items():
     print(f"{name}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
   return 0

@@ -156,6 +156,7 @@ def evaluate_checkpoint(
   step: int | None = None,
   data: str | None = None,
   max_batches: int | None = None,
+  act_dtype: str = "bfloat16",
   log=print,
   warn=_warn,
 ) -> dict[str, float]:
@@ -165,9 +166,10 @@ def evaluate_checkpoint(
   Without `data` (or with the run's own corpus), the run's validation sets ("val", "c4");
   otherwise every document of `data` (a path, or a name such as "shakespeare" or "python-stdlib"
   resolved as `s3r train --data` does), encoded with the run's tokenizer; `warn` reports how many
-  of them are training documents of the run.
+  of them are training documents of the run. `act_dtype`: the activations' (s3r.model.ModelConfig.act_dtype;
+  bfloat16, as training evaluates: the run's own numbers).
   """
-  restored = restore_run(path, step=step, log=log)
+  restored = restore_run(path, step=step, log=log, act_dtype=act_dtype)
   cfg, setup, step, state, meta, tok, _ = restored
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
@@ -202,14 +204,15 @@ class Restored(NamedTuple):
   directory: pathlib.Path  # the checkpoints/ folder
 
 
-def restore_run(path: str, *, step: int | None = None, log=print) -> Restored:
+def restore_run(path: str, *, step: int | None = None, log=print, **model_overrides) -> Restored:
   """Checkpoint `step` (default: the newest readable) under `path` (a run, its checkpoints/ folder, or one
-  checkpoint's folder) with its config, compiled pieces and tokenizer."""
+  checkpoint's folder) with its config, compiled pieces and tokenizer; `model_overrides` replace fields of the
+  run's model config that leave its parameters as they are (e.g. act_dtype="float32")."""
   directory, step = checkpoint_location(path, step)
   ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
   try:
     tok = checkpoint_tokenizer(meta)
-    setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
+    setup = build(cfg, tok.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)), **model_overrides)
     step, state, meta = _restore(ckpt, setup, step, log)
   finally:
     ckpt.close()
@@ -221,13 +224,16 @@ def checkpoint_tokenizer(meta: dict) -> s3r_data.Tokenizer:
   return s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]), meta.get("eot", s3r_data.EOT))
 
 
-def evaluate_pretrained(init_from: str, *, data: str | None = None, log=print, **fields) -> dict[str, float]:
+def evaluate_pretrained(
+  init_from: str, *, data: str | None = None, act_dtype: str = "bfloat16", log=print, **fields
+) -> dict[str, float]:
   """Validation losses of the Hugging Face checkpoint folder `init_from` on the validation sets that
   `s3r train --init-from init_from --data data` holds out (the same numbers as that run's step-0 validation
-  with the same `fields`: batch, seq, eval_batches, init_layers, cache_dir, mesh)."""
+  with the same `fields`: batch, seq, eval_batches, init_layers, cache_dir, mesh; and the default `act_dtype`,
+  bfloat16, as training evaluates)."""
   cfg = TrainConfig(out=init_from, init_from=init_from, data=data, **fields)
   corpus = prepare_data(cfg, log)
-  setup = build(cfg, corpus.tokenizer.vocab_size, make_mesh(cfg))
+  setup = build(cfg, corpus.tokenizer.vocab_size, make_mesh(cfg), act_dtype=act_dtype)
   params = imported_params(cfg, jax.tree.map(lambda x: x.sharding, setup.abstract_state.params))
   val_sets = validation_batches(corpus.val_tokens, cfg, log)
   log(f"eval: {init_from} ({type(setup.model_cfg).__name__}, {setup.model_cfg.n_layers} layers)")

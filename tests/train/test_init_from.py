@@ -4,7 +4,8 @@ exporting a run (`s3r export`), on the committed Llama fixture (the only one wit
 The fast tests check each piece (config, tokenizer, imported initial state, refusals); the slow one runs the
 whole flow through the command line: train 5 steps with s3r_ec_dx, resume (without reading the weights again),
 export in f32, and evaluate the import and the export, whose losses must be the run's own step-0 and final
-validation losses (the same batches, the same weights: equal to the printed 4 decimals).
+validation losses (the same batches, the same weights: equal to the printed 4 decimals), then generate from the
+export and from the run (the Python API's greedy tokens on the exported weights).
 """
 
 from __future__ import annotations
@@ -96,6 +97,47 @@ def test_export_into_a_non_empty_folder_exits_2_before_reading_the_run(tmp_path,
   assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.parametrize(
+  "args, called, dtype",
+  [
+    (["eval", "--init-from", str(LLAMA)], "evaluate_pretrained", "bfloat16"),  # as training evaluates
+    (["eval", "--init-from", str(LLAMA), "--dtype", "float32"], "evaluate_pretrained", "float32"),
+    (["eval", "run"], "evaluate_checkpoint", "bfloat16"),
+    (["eval", "run", "--dtype", "float32"], "evaluate_checkpoint", "float32"),
+  ],
+)
+def test_eval_dtype_sets_the_activation_dtype_of_the_evaluation_bfloat16_by_default(args, called, dtype, monkeypatch):
+  from s3r.train import evaluate
+
+  seen = []
+  monkeypatch.setattr(evaluate, called, lambda *_, act_dtype, **__: seen.append(act_dtype) or {"val": 1.0})
+  assert cli.main(args) == 0 and seen == [dtype]
+
+
+def test_float32_eval_of_a_fixture_is_its_float32_loss_and_bf16_eval_differs_only_at_bf16_precision(
+  tmp_path, corpus_dir, cache_dir, monkeypatch
+):
+  from s3r.train import evaluate
+  from s3r.train.step import loss_fn
+
+  (tmp_path / "empty-root").mkdir()
+  monkeypatch.setenv("S3R_DATA", str(tmp_path / "empty-root"))  # no c4 validation set to encode
+  cfg = _config(tmp_path, corpus_dir, cache_dir, recipe="bf16")  # unquantized: the dtype is the only difference
+  fields = {"batch": cfg.batch, "seq": cfg.seq, "eval_batches": cfg.eval_batches, "recipe": "bf16"}
+  shown = {"cache_dir": str(cache_dir), "log": lambda *_: None}
+  loss = {
+    dtype: evaluate.evaluate_pretrained(str(LLAMA), data=str(corpus_dir), act_dtype=dtype, **fields, **shown)["val"]
+    for dtype in ("bfloat16", "float32")
+  }
+  batches = evaluate.validation_batches(builder.prepare_data(cfg, log=lambda *_: None).val_tokens, cfg)["val"]
+  model, params = M.load_hf(LLAMA, recipe="bf16", act_dtype="float32")
+  step = jax.jit(lambda p, b: loss_fn(p, M.graphdef(model), b, None))
+  want = float(np.mean([step(params, b) for b in batches]))
+  f32, bf16 = np.finfo(np.float32).eps, float(jax.numpy.finfo(jax.numpy.bfloat16).eps)
+  assert abs(loss["float32"] - want) <= 8 * f32 * want  # the float32 function: f32 rounding of the sums only
+  assert 8 * f32 * want < abs(loss["bfloat16"] - want) <= bf16 * want  # within one bf16 step of the loss
+
+
 def _val_line(text: str) -> str:
   return next(line for line in text.splitlines() if line.startswith("val:"))
 
@@ -140,4 +182,21 @@ def test_train_init_from_then_resume_export_and_eval_from_the_command_line(
   assert f"loss {records[0]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # before: the run's step 0
   assert cli.main(["eval", "--init-from", "exported", *data]) == 0
   assert f"loss {records[-1]['val_loss']:.4f}" in _val_line(capsys.readouterr().out)  # after: its last step
-  # `s3r generate --init-from exported` (text from the export) joins this flow here.
+  assert cli.main(["eval", "run", "--dtype", "float32"]) == 0  # the run's own recipe, float32 activations
+  loss = float(_val_line(capsys.readouterr().out).split("loss ")[1].split(",")[0])
+  assert abs(loss - records[-1]["val_loss"]) <= float(jax.numpy.finfo(jax.numpy.bfloat16).eps) * loss
+
+  # generate from the export (BOS as its tokenizer adds it: none) and from the run (after its end-of-text
+  # token, with the export's bf16 recipe): the API's greedy tokens on the exported weights, up to EOS
+  cfg, params = M.load_hf(exported, recipe="bf16", act_dtype="float32")
+  tok = M.load_hf_tokenizer(exported)
+  ask = ["--prompt", "the lazy dog", "--max-new-tokens", "6", "--json"]
+  for folder, extra, prompt in (("exported", [], []), ("run", ["--recipe", "bf16"], [tok.eos_id])):
+    assert cli.main(["generate", folder, *ask, *extra]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = M.generate(cfg, params, [prompt + tok.encode("the lazy dog")], max_new_tokens=6)[0].tolist()
+    want = want[: want.index(tok.eos_id) + 1] if tok.eos_id in want else want
+    assert row["tokens"] == want and (len(want) == 6 or want[-1] == tok.eos_id)
+    assert row["text"] == tok.decode([t for t in want if t != tok.eos_id])
+  assert cli.main(["generate", "run", "--prompt", "the lazy dog", "--max-new-tokens", "6"]) == 0  # its own recipe
+  assert capsys.readouterr().out.startswith("the lazy dog")
