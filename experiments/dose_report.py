@@ -305,8 +305,10 @@ def plot(summary: dict, path: pathlib.Path) -> bool:
   x = np.linspace(min(0.0, min(xs)), max(max(xs), 1e-3) * 1.05, 50)
   lo, hi = SLOPE_BAND
   ax.fill_between(x, lo * x, hi * x, color="0.85", alpha=0.6, label=f"hypothesis: gap = {lo}-{hi} x excess", zorder=1)
-  if summary["slope"]:
-    ax.plot(x, summary["slope"]["k"] * x, "k--", lw=1, label=f"fit through 0: {summary['slope']['k']:.2f} x excess")
+  if summary["slope"]:  # drawn over the measured excesses only, not extrapolated to the references
+    fitted = [p["excess"] for p in summary["points"] if p["recipe"] in summary["slope"]["recipes"]]
+    xf = np.linspace(min(0.0, min(fitted)), max(fitted), 20)
+    ax.plot(xf, summary["slope"]["k"] * xf, "k--", lw=1, label=f"fit through 0: {summary['slope']['k']:.2f} x excess")
   ax.axhline(0, color="0.3", lw=0.6)
   ax.axvline(0, color="0.3", lw=0.6)
   ax.set_xlabel(f"excess e²(recipe) − e²({summary['baseline']}), dW block 0, same parameters")
