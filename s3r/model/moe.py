@@ -130,7 +130,16 @@ class MoEFeedForward(nnx.Module):
       weights = tuple(getattr(self, name)[...] for name in ("gate", "up", "down"))
       keys = tuple(self._key(key, name) for name in ("gate", "up", "down"))
       y_TxD = moe_ep.routed_experts(
-        x_TxD, expert_TxK, weight_TxK, weights, keys, act=_ACTS[self.act], recipe=self.recipe, impl=self.impl, mesh=mesh
+        x_TxD,
+        expert_TxK,
+        weight_TxK,
+        weights,
+        keys,
+        act=_ACTS[self.act],
+        recipe=self.recipe,
+        impl=self.impl,
+        mesh=mesh,
+        compute_dtype=self.compute_dtype,
       )
       kept = jnp.float32(t * k)  # dropless
     else:

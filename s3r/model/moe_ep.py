@@ -92,11 +92,13 @@ def routed_experts(
   recipe,
   impl: str | None,
   mesh,
+  compute_dtype=None,
 ) -> jax.Array:
   """Σ_k weight[t, k] · down(act(gate(x[t])) · up(x[t])) of expert[t, k], [T, D] f32, by all_to_all.
 
   `weights` are the gate, up, down expert weights [E, D, F], [E, D, F], [E, F, D]; `keys` their
-  three typed keys (deterministic recipes ignore them); `mesh` the trace's (abstract) mesh.
+  three typed keys (deterministic recipes ignore them); `mesh` the trace's (abstract) mesh; `compute_dtype` the
+  unquantized recipe's operand dtype (s3r.grouped_qmatmul; None: bf16), as on one device.
   """
   t, _ = x_TxD.shape
   e = weights[0].shape[0]
@@ -118,6 +120,7 @@ def routed_experts(
     act=act,
     recipe=recipe,
     impl=impl,
+    compute_dtype=compute_dtype,
     sharded_weights=w_spec != P(),
   )
   tok = P(axes)
@@ -132,9 +135,12 @@ def routed_experts(
 class _Body:
   """The per-device program (static configuration as attributes)."""
 
-  def __init__(self, *, axes, n, experts, local_experts, owner, rows, act, recipe, impl, sharded_weights):
+  def __init__(
+    self, *, axes, n, experts, local_experts, owner, rows, act, recipe, impl, compute_dtype, sharded_weights
+  ):
     self.axes, self.n, self.experts, self.local_experts = axes, n, experts, local_experts
     self.owner, self.rows, self.act, self.recipe, self.impl = owner, rows, act, recipe, impl
+    self.compute_dtype = compute_dtype
     self.sharded_weights = sharded_weights
 
   def global_rows(self, expert_A, slot_A, k):
@@ -192,7 +198,9 @@ class _Body:
     w_gate, w_up, w_down = weights
 
     def gq(h, w, key):
-      return grouped_qmatmul(h, w, group_sizes, key=key, recipe=self.recipe, impl=self.impl, rows=rows)
+      return grouped_qmatmul(
+        h, w, group_sizes, key=key, recipe=self.recipe, impl=self.impl, rows=rows, compute_dtype=self.compute_dtype
+      )
 
     h_RxF = self.act(gq(x_RxD, w_gate, keys[0])) * gq(x_RxD, w_up, keys[1])
     out_RxD = gq(h_RxF, w_down, keys[2])

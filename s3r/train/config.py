@@ -154,10 +154,7 @@ class TrainConfig:
     except (TypeError, ValueError) as e:
       raise _error("recipe", f"a recipe of `s3r recipes` (NAME or NAME@FORMAT): {e}", self.recipe) from None
     base = PRESETS[self.preset]
-    try:
-      dataclasses.replace(base, recipe=self.recipe)
-    except ValueError as e:
-      raise _error("recipe", f"a recipe the {self.preset} model can run ({e})", self.recipe) from None
+    self._check_model_recipe(base)
     for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
       if getattr(self, field) is None:
         object.__setattr__(self, field, default)
@@ -184,6 +181,19 @@ class TrainConfig:
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
     object.__setattr__(self, "lr_changes", _lr_changes(self.lr_changes, self.steps))
+
+  def _check_model_recipe(self, base: ModelConfig) -> None:
+    """ConfigError naming --recipe unless the model runs it (an MoE model refuses FP4 gradient formats): the
+    preset `base`, or with --init-from the checkpoint's config (its folder unreadable: the import says why)."""
+    if self.init_from is not None:
+      try:
+        base = hf_config(self.init_from, **{k: v for k, v in self.import_overrides().items() if k != "recipe"})
+      except ValueError:
+        return
+    try:
+      dataclasses.replace(base, recipe=self.recipe)
+    except ValueError as e:
+      raise _error("recipe", f"a recipe the {self.model_name} model can run ({e})", self.recipe) from None
 
   @property
   def current_lr(self) -> float:

@@ -19,6 +19,9 @@ another order (a reduction over 128 tokens in f32: 128 ulp of its value bounds i
 The tests that run the 8-device worker are slow-marked (a few minutes of compilation; the opt-in
 dispatch stays out of the default suite): `python -m pytest -m slow
 tests/distributed/test_expert_parallel_a2a.py`.
+
+With `act_dtype="float32"` (the unquantized recipe's operands in float32) the all_to_all program computes the
+one-device float32 layer to f32 rounding.
 """
 
 import numpy as np
@@ -76,6 +79,22 @@ def test_the_all_to_all_program_exchanges_the_rows_with_all_to_all_collectives(a
   for mesh in MESHES:
     assert info[f"{recipe}_{mesh}_jaxpr_all_to_all"] == 5
     assert info[f"{recipe}_{mesh}_collectives"].get("all-to-all", 0) >= 5
+
+
+@pytest.mark.slow
+def test_all_to_all_with_float32_activations_computes_the_one_device_float32_layer(tmp_path):
+  """act_dtype float32 reaches the expert GEMMs of the all_to_all program as it does the one-device ones (the
+  unquantized recipe, whose operands are in act_dtype): output and gradients agree to f32 reductions in another
+  order (128 ulp of the largest entry), far inside the bf16-activation layer's distance from them."""
+  run_worker("moe_a2a_act_dtype", tmp_path, timeout=900)
+  load = lambda dtype, mesh: dict(np.load(tmp_path / f"moe_a2a_dtype_{dtype}_{mesh}.npz"))
+  ref, got, bf16 = load("float32", "1"), load("float32", "expert=4,data=2"), load("bfloat16", "1")
+  f32 = 128 * np.finfo(np.float32).eps
+  for name in (*BITWISE, *BF16_RESOLUTION):
+    assert got[name].dtype == np.float32, name
+    scale = np.abs(ref[name]).max()
+    np.testing.assert_allclose(got[name], ref[name], rtol=0, atol=f32 * scale, err_msg=name)
+    assert np.abs(bf16[name].astype(np.float32) - ref[name]).max() > 2.0**-12 * scale, name  # bf16 is visible
 
 
 def test_expert_dispatch_is_validated_with_the_field_and_the_allowed_values():

@@ -7,6 +7,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 (see `run_worker` in conftest
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import sys
@@ -334,35 +335,35 @@ A2A_MESHES = ("expert=8", "expert=4,data=2")
 MOE_RECIPES = ("s3r", "s3r_ec_dx")
 
 
-def _moe_layer_runs(out: pathlib.Path, prefix: str, expert_dispatch: str, runs) -> None:
-  """One MoE layer (8 experts, top-2, one shared expert) per recipe: its output, load-balancing
+def _moe_block(recipe: str, expert_dispatch: str):
+  """The MoE layer of the MoE tests: 8 experts, top-2, one shared expert, width 32."""
+  from flax import nnx
+
+  from s3r.model.moe import MoEFeedForward
+
+  kw = dict(d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, rngs=nnx.Rngs(params=0))
+  return MoEFeedForward(recipe=recipe, expert_dispatch=expert_dispatch, **kw)
+
+
+def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
+  """One MoE layer per entry of `blocks` (name: (build the layer, input dtype)): its output, load-balancing
   loss, dropped fraction and gradients (parameters and input) for each (name, mesh spec or None,
   key seed) of `runs`, traced as `s3r train` traces it (tokens over (data, expert), expert weights
-  over expert, activations constrained). Writes <prefix>_<recipe>_<name>.npz and, per sharded
+  over expert, activations constrained). Writes <prefix>_<block>_<name>.npz and, per sharded
   run, the compiled gradient program's collectives by kind, the all_to_alls of its jaxpr and the
   gate expert weight's sharding into result.json."""
   from flax import nnx
 
   from s3r.analysis.collectives import collectives
-  from s3r.model.moe import MoEFeedForward
   from s3r.train import sharding
 
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1)), jnp.bfloat16)
+  x_f32 = rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1))
   g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
   info = {}
-  for recipe in MOE_RECIPES:
-    block = MoEFeedForward(
-      d_model=32,
-      d_expert=24,
-      n_experts=8,
-      top_k=2,
-      n_shared=1,
-      recipe=recipe,
-      expert_dispatch=expert_dispatch,
-      rngs=nnx.Rngs(params=0),
-    )
-    graphdef, state = nnx.split(block)
+  for recipe, (make_block, x_dtype) in blocks.items():
+    x = jnp.asarray(x_f32, x_dtype)
+    graphdef, state = nnx.split(make_block())
     axes = jax.tree.map(
       lambda v: P(*v.get_metadata()["logical_axes"]), state, is_leaf=lambda v: isinstance(v, nnx.Variable)
     )
@@ -410,14 +411,32 @@ def moe_worker(out: pathlib.Path) -> None:
   """The MoE layer with the default (gspmd) dispatch on one device and on expert x data meshes,
   plus a one-device run with another key (the size of the rounding noise): moe_*.npz."""
   runs = [(spec or "1", spec, 10) for spec in MOE_MESHES] + [("1:other_key", None, 11)]
-  _moe_layer_runs(out, "moe", "gspmd", runs)
+  blocks = {recipe: (functools.partial(_moe_block, recipe, "gspmd"), jnp.bfloat16) for recipe in MOE_RECIPES}
+  _moe_layer_runs(out, "moe", blocks, runs)
 
 
 def moe_a2a_worker(out: pathlib.Path) -> None:
   """The MoE layer with expert_dispatch="all_to_all" on one device (the one-program formulation)
   and, traced under each mesh, by all_to_all: moe_a2a_*.npz."""
   runs = [("1", None, 10)] + [(spec, spec, 10) for spec in A2A_MESHES]
-  _moe_layer_runs(out, "moe_a2a", "all_to_all", runs)
+  blocks = {recipe: (functools.partial(_moe_block, recipe, "all_to_all"), jnp.bfloat16) for recipe in MOE_RECIPES}
+  _moe_layer_runs(out, "moe_a2a", blocks, runs)
+
+
+def moe_a2a_act_dtype_worker(out: pathlib.Path) -> None:
+  """The MoE feed-forward of a Qwen3-MoE config with the unquantized recipe and expert_dispatch="all_to_all",
+  with act_dtype float32 and bfloat16 (its input in that dtype), on one device and by all_to_all under
+  expert=4 x data=2: moe_a2a_dtype_<act_dtype>_*.npz."""
+  from s3r.model import Qwen3MoeConfig
+  from s3r.model.blocks import moe_feed_forward
+
+  shape = dict(d_model=32, n_heads=4, n_kv_heads=2, d_expert=24, n_experts=8, top_k=2, n_shared=1)
+  config = lambda dtype: Qwen3MoeConfig(**shape, recipe="bf16", expert_dispatch="all_to_all", act_dtype=dtype)
+  blocks = {
+    dtype: (lambda dtype=dtype: moe_feed_forward(config(dtype), jax.random.key(0)), jnp.dtype(dtype))
+    for dtype in ("float32", "bfloat16")
+  }
+  _moe_layer_runs(out, "moe_a2a_dtype", blocks, [("1", None, 10), ("expert=4,data=2", "expert=4,data=2", 10)])
 
 
 WORKERS = {
@@ -425,6 +444,7 @@ WORKERS = {
   "explicit_minigpt": explicit_minigpt_worker,
   "moe": moe_worker,
   "moe_a2a": moe_a2a_worker,
+  "moe_a2a_act_dtype": moe_a2a_act_dtype_worker,
   "comm": comm_worker,
   "qmatmul": qmatmul_worker,
   "tp": tp_worker,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gzip
 import os
 import pathlib
+import shutil
 
 import pytest
 
 from tests.faults.conftest import assert_one_line_error, snapshot
+from tests.model.test_hf_import import FIXTURES
 
 
 @pytest.mark.parametrize(
@@ -26,6 +28,18 @@ from tests.faults.conftest import assert_one_line_error, snapshot
 def test_bad_flags_are_refused_in_one_line_naming_the_flag(cli, tmp_path, args, fragments):
   proc = cli(*cli.train_args(tmp_path / "run")[:-2], "--out", tmp_path / "run", *args)
   assert_one_line_error(proc, 2, *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_fp4_gradient_format_for_an_imported_moe_checkpoint_is_refused_in_one_line_before_any_work(cli, tmp_path):
+  moe = tmp_path / "qwen3_moe"  # the MoE fixture with the Llama fixture's tokenizer (the same 128 ids)
+  shutil.copytree(FIXTURES / "qwen3_moe", moe)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(FIXTURES / "llama" / name, moe)
+  shape = ["--steps", "2", "--batch", "2", "--seq", "32", "--data", cli.corpus, "--cache-dir", cli.cache]
+  proc = cli("train", "--init-from", moe, "--recipe", "s3r@nvfp4", *shape, "--out", tmp_path / "run")
+  line = assert_one_line_error(proc, 2, "--recipe must be a recipe the qwen3_moe (imported) model can run")
+  assert "nvfp4 format (emulated in float32) works only in dense models" in line
   assert not (tmp_path / "run").exists()
 
 

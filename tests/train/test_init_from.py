@@ -70,6 +70,16 @@ def test_the_initial_state_holds_the_imported_weights_and_a_fresh_optimizer(tmp_
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0)
 
 
+def test_the_recipe_is_checked_against_the_imported_config_not_the_unused_preset(tmp_path):
+  moe = FIXTURES / "qwen3_moe"  # layer 0 dense, layers 1-2 MoE
+  with pytest.raises(ConfigError, match=r"--recipe must be a recipe the qwen3_moe \(imported\) model can run"):
+    TrainConfig(out=str(tmp_path), init_from=str(moe), recipe="s3r@nvfp4")
+  assert TrainConfig(out=str(tmp_path), init_from=str(moe), recipe="s3r@nvfp4", init_layers=1).init_layers == 1
+  assert TrainConfig(out=str(tmp_path), init_from=str(LLAMA), recipe="s3r@nvfp4", preset="moe-tiny").preset
+  with pytest.raises(ConfigError, match=r"--recipe must be a recipe the moe-tiny model can run"):
+    TrainConfig(out=str(tmp_path), recipe="s3r@nvfp4", preset="moe-tiny")
+
+
 @pytest.mark.parametrize(
   "args, message",
   [
