@@ -24,7 +24,7 @@ compile is logged loudly, recorded under "errors" in the JSON and left out; the 
 Targets: with the recipes they name, the Markdown judges the CPU targets (TARGETS) on the 95%
 interval of the paired ratio (`timing.paired_ratio_interval`): met, missed or not resolved.
 
-Files: results/bench_moe_block[_<tag>]_<platform>.* when the block is timed,
+Files (in --out-dir, default runs/results): bench_moe_block[_<tag>]_<platform>.* when the block is timed,
 bench_moe[_<tag>]_<platform>.* for the grouped GEMMs alone (--skip-block).
 """
 
