@@ -20,6 +20,7 @@ Works on every backend that dumps buffer assignments (CPU and GPU do).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -151,9 +152,28 @@ def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
   }
 
 
+@contextlib.contextmanager
+def _persistent_cache_off():
+  """XLA writes its dumps only when it really compiles, and a hit in JAX's persistent compilation
+  cache (`JAX_COMPILATION_CACHE_DIR`) returns an executable without compiling. JAX decides once per
+  process whether it uses that cache and keeps the answer in a private flag, which is switched off
+  around the one compile (where that flag does not exist, nothing changes)."""
+  from jax._src import compilation_cache as cc
+
+  if not hasattr(cc, "_cache_used") or not hasattr(cc, "_cache_checked"):
+    yield
+    return
+  before = cc._cache_checked, cc._cache_used
+  cc._cache_checked, cc._cache_used = True, False
+  try:
+    yield
+  finally:
+    cc._cache_checked, cc._cache_used = before
+
+
 def buffer_breakdown(lowered) -> tuple[dict, object]:
   """(breakdown, compiled) of a `jax.jit(f).lower(...)`: compiles it with XLA's dump on."""
-  with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d:
+  with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d, _persistent_cache_off():
     compiled = lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_text": True})
 
     def read(suffix: str, required: bool = True) -> str | None:

@@ -84,3 +84,26 @@ def test_without_a_live_range_dump_the_temp_buffers_are_listed_once():
     ("fusion.4{}", 32, "s8"),
   ]
   assert b["peak"][0]["opcode"] == "fusion" and b["by_kind_dtype"] == {"temp": {"s32": 64, "s8": 32}}
+
+
+def test_breakdown_compiles_for_real_when_the_persistent_cache_already_holds_the_program(tmp_path):
+  """A hit in JAX's persistent compilation cache would skip XLA and its dump: the second breakdown
+  of the same program, in a process whose cache holds it, still finds the buffer assignment."""
+  import os
+  import subprocess
+  import sys
+
+  code = (
+    "import jax, jax.numpy as jnp\n"
+    "from s3r.analysis import memory\n"
+    "low = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b.T).lower(jnp.ones((64, 32)), jnp.ones((32, 96)))\n"
+    "low.compile()\n"  # written to the cache
+    "b, _ = memory.buffer_breakdown(low)\n"
+    "low.compile()\n"  # the cache is in use again afterwards
+    "print(b['temp_bytes'] > 0)\n"
+  )
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env["JAX_PLATFORMS"] = "cpu"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+  assert any(tmp_path.iterdir()), "the program was not written to the persistent cache"

@@ -58,7 +58,6 @@ class Cli:
       "PYTHONPATH": str(REPO),
       "JAX_PLATFORMS": "cpu",
       "S3R_DATA": str(root / "empty-root"),
-      "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
       "TF_CPP_MIN_LOG_LEVEL": "3",
     }
     self.env.pop("XLA_FLAGS", None)
