@@ -10,9 +10,13 @@ Run by hand where `torch` and `transformers` are installed (they are not s3r dep
 Each configuration exercises the features of its family that change the computed function (see
 FIXTURES), at weights scaled so that each feature moves the logits: matrices N(0, 1/fan_in), the
 embedding N(0, 1), norm scales 1 + N(0, 0.3) (Gemma's, stored as an offset, N(0, 0.3)), routers
-4x larger so that routing is decisive. Weights are rounded to bfloat16 and saved in bfloat16 (as
-the published checkpoints are); the reference logits come from the saved files loaded back in
-float32, so they are exactly what `transformers` computes from the committed weights.
+4x larger so that routing is decisive. Gemma's token embedding is N(0, 1/256) instead: Gemma
+multiplies it by sqrt(width) = 8, and at N(0, 1) the scaled embedding (RMS 8) outweighs the
+normalized sublayer outputs (RMS ~1), so the tied logits head only repeats the last token and greedy
+decoding checks nothing; at RMS 1/2 in the residual stream the continuation varies. Weights are
+rounded to bfloat16 and saved in bfloat16 (as the published checkpoints are); the reference logits
+come from the saved files loaded back in float32, so they are exactly what `transformers` computes
+from the committed weights.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import transformers as T
 
 BATCH, SEQ = 2, 24  # the reference token batch; Gemma's window (8) is shorter than SEQ
 PROMPT, NEW_TOKENS = 8, 8  # greedy continuation of the first row's first PROMPT tokens
+MIN_DISTINCT = 3  # distinct tokens the continuation must hold: one repeated token checks little of decoding
 VOCAB = 128
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)
@@ -171,8 +176,12 @@ FIXTURES = {  # name: (config, model class, what it exercises)
 }
 
 
-def randomize(model: torch.nn.Module, *, offset_norms: bool, seed: int) -> None:
-  """Weights at a scale where every feature moves the logits, rounded to bfloat16."""
+GEMMA_EMBED_STD = 1 / 16  # Gemma's token embedding: x sqrt(64) in the model, RMS 1/2 in the residual stream
+
+
+def randomize(model: torch.nn.Module, *, offset_norms: bool, seed: int, embed_std: float = 1.0) -> None:
+  """Weights at a scale where every feature moves the logits, rounded to bfloat16 (the token
+  embedding N(0, embed_std^2))."""
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -180,7 +189,7 @@ def randomize(model: torch.nn.Module, *, offset_norms: bool, seed: int) -> None:
       if "norm" in name:
         value = 0.3 * noise + (0.0 if offset_norms else 1.0)
       elif "embed" in name or p.ndim == 1:
-        value = noise
+        value = noise * (embed_std if name.endswith("embed_tokens.weight") else 1.0)
       else:
         value = noise / math.sqrt(p.shape[-1]) * (4.0 if name.endswith("mlp.gate.weight") else 1.0)
       p.copy_(value.to(torch.bfloat16).float())
@@ -206,11 +215,13 @@ def build(name: str, out: pathlib.Path, seed: int) -> None:
   model = cls(config)
   if name == "gemma3_multimodal":  # the same text weights as the gemma3 fixture, so the logits must agree
     text = T.Gemma3ForCausalLM(gemma3_text())
-    randomize(text, offset_norms=True, seed=FIXTURE_SEEDS["gemma3"])
+    randomize(text, offset_norms=True, seed=FIXTURE_SEEDS["gemma3"], embed_std=GEMMA_EMBED_STD)
     randomize(model, offset_norms=True, seed=seed)
     model.model.language_model.load_state_dict(text.model.state_dict())
+  elif name.startswith("gemma"):
+    randomize(model, offset_norms=True, seed=seed, embed_std=GEMMA_EMBED_STD)
   else:
-    randomize(model, offset_norms=name.startswith("gemma"), seed=seed)
+    randomize(model, offset_norms=False, seed=seed)
   folder = out / name
   shutil.rmtree(folder, ignore_errors=True)
   shard = dict(max_shard_size="100KB") if name == "gemma3_multimodal" else {}
@@ -224,6 +235,8 @@ def build(name: str, out: pathlib.Path, seed: int) -> None:
     logits = loaded(torch.as_tensor(tokens)).logits.float().numpy()
     prompt = torch.as_tensor(tokens[:1, :PROMPT])
     greedy = loaded.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS)
+  if len(set(greedy[0, PROMPT:].tolist())) < MIN_DISTINCT:
+    raise SystemExit(f"{name}: the greedy continuation {greedy[0, PROMPT:].tolist()} repeats a token or two")
   np.savez_compressed(
     folder / "reference.npz",
     tokens=tokens,

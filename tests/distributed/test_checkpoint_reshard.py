@@ -3,9 +3,11 @@
 `s3r train` runs 4 `tiny` steps on 8 simulated devices as a 4x2 (fsdp x tensor) mesh and
 checkpoints at steps 2 and 4 (Orbax writes each array shard by shard). Its step-2 checkpoint
 is resumed with `--resume --mesh fsdp=2,tensor=4` and with one device, and restored onto all
-three meshes directly.
+three meshes directly. The same 4x2 run's builder also imports the Llama Hugging Face fixture
+(`--init-from`) onto its mesh.
 """
 
+import jax
 import numpy as np
 
 
@@ -46,3 +48,19 @@ def test_resuming_on_another_mesh_continues_to_the_same_losses(sharded_cli_run):
     assert [r["loss"] for r in resumed[:3]] == [r["loss"] for r in ref[:3]]  # kept from the original run
     np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in ref], rtol=3e-4, err_msg=mesh)
     np.testing.assert_allclose(resumed[-1]["val_loss"], ref[-1]["val_loss"], rtol=3e-4, err_msg=mesh)
+
+
+def test_an_imported_hugging_face_checkpoint_lands_on_the_runs_mesh_with_its_values(sharded_cli_run):
+  """`s3r train --init-from` places each parameter of the Llama fixture straight onto its sharding of the
+  4x2 mesh as it is read; the sharded values are those of a one-device import."""
+  from s3r import model as M
+  from tests.model.test_hf_import import FIXTURES
+
+  imported = sharded_cli_run["result"]["imported"]
+  assert (imported["q_spec"], imported["q_devices"], imported["q_shard"]) == ("P('fsdp', 'tensor')", 8, [16, 32])
+  _, want = M.load_hf(FIXTURES / "llama")
+  got = np.load(sharded_cli_run["out"] / "imported.npz")
+  flat = jax.tree_util.tree_flatten_with_path(want)[0]
+  assert sorted(got.files) == sorted(jax.tree_util.keystr(k) for k, _ in flat)
+  for k, x in flat:
+    np.testing.assert_array_equal(got[jax.tree_util.keystr(k)], np.asarray(x), err_msg=jax.tree_util.keystr(k))

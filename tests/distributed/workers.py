@@ -296,7 +296,28 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
       "leaves": len(leaves),
     }
   ckpt.close()
+  result["imported"] = _imported_on_a_mesh(out, meshes["4x2"])
   (out / "result.json").write_text(json.dumps(result))
+
+
+def _imported_on_a_mesh(out: pathlib.Path, mesh_spec: str) -> dict:
+  """The --init-from parameters of the Llama fixture as a run on `mesh_spec` places them (saved to npz)."""
+  from s3r import model as s3r_model
+  from s3r.train import builder, loop
+  from s3r.train.config import TrainConfig
+
+  llama = pathlib.Path(__file__).parents[1] / "model" / "fixtures_hf" / "llama"
+  cfg = TrainConfig(out=str(out / "imported"), init_from=str(llama), mesh=mesh_spec, batch=8, seq=32)
+  setup = loop.build(cfg, s3r_model.load_hf_tokenizer(llama).vocab_size, loop.make_mesh(cfg))
+  params = builder.imported_params(cfg, jax.tree.map(lambda a: a.sharding, setup.abstract_state.params))
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  np.savez(out / "imported.npz", **{jax.tree_util.keystr(k): np.asarray(x) for k, x in flat})
+  q = params["blocks"][0]["q"]
+  return {
+    "q_spec": str(q.sharding.spec),
+    "q_devices": len(q.sharding.device_set),
+    "q_shard": list(q.addressable_shards[0].data.shape),
+  }
 
 
 def comm_worker(out: pathlib.Path) -> None:

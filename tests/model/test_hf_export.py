@@ -2,8 +2,9 @@
 
 Import then export must give back each fixture's tensors bit for bit (names, dtypes, bytes; the
 single-file fixtures come back as the very same file), and `config.json` must import as the same
-s3r config. Whether `transformers` computes the recorded logits from the export is checked when
-`transformers` is importable (it is not a dependency of s3r).
+s3r config. Whether `transformers` computes the recorded logits from the export, and reads the exported
+tokenizer with its BOS and EOS tokens, is checked when `transformers` is importable (it is not a
+dependency of s3r).
 """
 
 from __future__ import annotations
@@ -173,3 +174,22 @@ def test_transformers_loads_the_export_and_computes_the_recorded_logits(name, tm
   with torch.no_grad():
     logits = model(torch.tensor(ref["tokens"])).logits.numpy()
   np.testing.assert_allclose(logits, ref["logits"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_transformers_reads_the_exported_tokenizers_with_their_bos_and_eos(tmp_path):
+  import transformers
+
+  from s3r.data import Tokenizer
+
+  _, _, copied = _export("llama", tmp_path, tokenizer=FIXTURES / "llama")
+  texts = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
+  own = Tokenizer.train(texts, 300)
+  cfg = dataclasses.replace(M.hf_config(FIXTURES / "qwen3"), vocab_size=own.vocab_size)
+  tok = tokenizer.HFTokenizer(hf=own.hf, bos_id=own.eot_id, eos_id=own.eot_id)
+  written = M.save_hf(tmp_path / "own", cfg, M.init_params(cfg, jax.random.key(0)), tokenizer=tok)
+  for out, text in ((copied, "the lazy dog"), (written, texts[0])):
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(out), M.load_hf_tokenizer(out)
+    assert (theirs.bos_token_id, theirs.eos_token_id) == (ours.bos_id, ours.eos_id) != (None, None)
+    ids = theirs(text, add_special_tokens=False)["input_ids"]
+    assert ids == ours.encode(text, add_special_tokens=False) and theirs.decode(ids) == text

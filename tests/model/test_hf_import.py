@@ -316,6 +316,21 @@ def test_a_dense_prefix_of_mlp_only_layers_is_honoured():
   assert configs.model_config(_config("qwen3_moe", mlp_only_layers=[]), "c").dense_layers == 0
 
 
+def _without(name: str, *fields: str) -> dict:
+  config = _config(name)
+  for field in fields:
+    del config[field]
+  return config
+
+
+def test_absent_fields_take_the_defaults_of_the_transformers_config_class():
+  assert configs.model_config(_without("qwen3_moe", "head_dim"), "c").d_head == 64 // 4  # width / heads
+  ds = configs.model_config(_without("deepseek_v2", "q_lora_rank", "n_shared_experts"), "c")
+  assert (ds.q_lora_rank, ds.n_shared) == (1536, 2)
+  nulls = configs.model_config(_config("deepseek_v2", q_lora_rank=None, n_shared_experts=None), "c")
+  assert (nulls.q_lora_rank, nulls.n_shared) == (None, 0)  # null: no query compression, no shared expert
+
+
 def test_yarn_mscale_without_mscale_all_dim_is_ignored_as_the_reference_ignores_it():
   config = _config("deepseek_v2", **{"rope_parameters.mscale_all_dim": None, "rope_parameters.mscale": 0.707})
   scaling = configs.model_config(config, "c").rope_scaling

@@ -38,6 +38,10 @@ class Fields:
     value = self.hf.get(field)
     return default if value is None else value
 
+  def given(self, field: str, default: Any) -> Any:
+    """The field's value, null included (a null that means "none", unlike an absent field's `default`)."""
+    return self.hf[field] if field in self.hf else default
+
   def need(self, field: str) -> Any:
     if self.hf.get(field) is None:
       raise HFConfigError(f"{self.source}: {self.prefix}{field} is missing")
@@ -225,7 +229,7 @@ def qwen3_moe(f: Fields) -> Qwen3MoeConfig:
   fields = f"mlp_only_layers={only}, decoder_sparse_step"
   return Qwen3MoeConfig(
     **common,
-    d_head=int(f.get("head_dim", 128)),
+    d_head=int(f.get("head_dim", common["d_model"] // common["n_heads"])),  # transformers' default
     rope_theta=theta,
     rope_scaling=scaling,
     n_experts=max(n_experts, 1),
@@ -250,7 +254,7 @@ def deepseek_v2(f: Fields) -> DeepSeekV2Config:
     f.refuse("num_key_value_heads", common["n_kv_heads"], "MLA has one key/value head per query head")
   n_layers, rope_dim = common["n_layers"], int(f.get("qk_rope_head_dim", 64))
   per_head = common["d_model"] // common["n_heads"]
-  q_lora = f.get("q_lora_rank")
+  q_lora = f.given("q_lora_rank", 1536)  # absent: transformers' default; null: no query compression
   return DeepSeekV2Config(
     **common,
     d_head=None if common["d_model"] % common["n_heads"] == 0 and per_head % 2 == 0 else rope_dim,
@@ -259,7 +263,7 @@ def deepseek_v2(f: Fields) -> DeepSeekV2Config:
     n_experts=int(f.get("n_routed_experts", 64)),
     top_k=int(f.need("num_experts_per_tok")),
     d_expert=int(f.get("moe_intermediate_size", 1407)),
-    n_shared=int(f.get("n_shared_experts", 0)),
+    n_shared=int(f.given("n_shared_experts", 2) or 0),  # absent: transformers' default; null: none
     dense_layers=min(int(f.get("first_k_dense_replace", 0)), n_layers),
     renormalize=False,
     routed_scaling_factor=float(f.get("routed_scaling_factor", 1.0)),
