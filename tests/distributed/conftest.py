@@ -14,7 +14,8 @@ REPO = WORKERS.parents[2]
 
 def device_env(n_devices: int, **extra) -> dict:
   """The environment of a subprocess with `n_devices` simulated CPU devices."""
-  keep = ("JAX_ENABLE_X64", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")  # tests/conftest.py
+  # the suite's compilation cache (tests/conftest.py) is kept
+  keep = ("JAX_ENABLE_X64", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k in keep}
   env.update(
     {

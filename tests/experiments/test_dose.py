@@ -15,7 +15,7 @@ from experiments import dose, dose_report, lockstep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GRIDS = ("int8", "nvfp4")  # a uniform grid and an emulated FP4 one
-RECIPES = ("int8_rtne", "int8_sr", "s3r")  # the baseline, a stochastic and a deterministic recipe
+RECIPES = ("int8_sr", "s3r")  # the baseline and the shared-threshold recipe (two arms x two recipes: seconds)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
     assert set(arm["dose_same_params"]["errors"]) == set(expected)
     assert arm["meta"]["loadavg_after"] is not None or arm["meta"]["loadavg_before"] is None
     assert {"git", "jax_version", "cpu_model", "date_utc"} <= set(arm["meta"])
-  assert _arm_summary(cfg, "nvfp4")["config"]["recipes"] == ["int8_rtne@nvfp4", "int8_sr@nvfp4", "s3r@nvfp4"]
+  assert _arm_summary(cfg, "nvfp4")["config"]["recipes"] == ["int8_sr@nvfp4", "s3r@nvfp4"]
 
 
 def test_paired_differences_are_the_differences_of_the_final_losses(finished):
@@ -81,7 +81,7 @@ def test_paired_differences_are_the_differences_of_the_final_losses(finished):
   for arm in summary["arms"]:
     val = _arm_summary(cfg, arm["grid"])["curves"]["val"]
     base = val[dose.recipe_at("int8_sr", arm["grid"])][-1]
-    assert set(arm["gap"]) == {"int8_rtne", "s3r"}
+    assert set(arm["gap"]) == {"s3r"}
     for recipe, gap in arm["gap"].items():
       assert gap == pytest.approx(val[dose.recipe_at(recipe, arm["grid"])][-1] - base)
   for grid, rows in summary["grids"].items():
@@ -95,11 +95,11 @@ def test_the_excess_is_the_difference_of_squared_errors_on_the_same_parameters(f
   for arm in summary["arms"]:
     errors = _arm_summary(cfg, arm["grid"])["dose_same_params"]["errors"]
     e2 = {r.partition("@")[0]: e["dw_first"] ** 2 for r, e in errors.items()}
-    assert arm["excess"] == pytest.approx({r: e2[r] - e2["int8_sr"] for r in ("int8_rtne", "s3r")})
+    assert arm["excess"] == pytest.approx({r: e2[r] - e2["int8_sr"] for r in ("s3r",)})
     assert (
       arm["e2_baseline"] == pytest.approx(e2["int8_sr"]) and arm["excess_own_params"].keys() == arm["excess"].keys()
     )
-  assert {(p["recipe"], p["grid"]) for p in summary["points"]} == {(r, g) for r in ("int8_rtne", "s3r") for g in GRIDS}
+  assert {(p["recipe"], p["grid"]) for p in summary["points"]} == {("s3r", g) for g in GRIDS}
 
 
 def test_a_second_call_skips_the_finished_arms(finished, monkeypatch):

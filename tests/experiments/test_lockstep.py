@@ -100,6 +100,7 @@ def test_fitted_schedule_is_the_longest_that_fits():
   assert lockstep.fitted_schedule(cfg, seconds_left=1e6, iteration_s=0.2, eval_round_s=2.0) == (2000, 200)
 
 
+@pytest.mark.slow  # the device_quality dry run (tests/scripts) fits its schedule and measures the dose too
 def test_lockstep_fits_its_schedule_and_measures_the_dose(token_folder, tmp_path):
   cfg = _cfg(token_folder, tmp_path, steps=6, warmup=1, fit_budget=True, time_budget=900.0, dose_keys=2)
   summary = lockstep.run(cfg, log=lambda _: None)

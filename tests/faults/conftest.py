@@ -1,12 +1,16 @@
 """Fault injection: the real `s3r` CLI in subprocesses on the `tiny` preset and a small corpus.
 
 Every subprocess runs this checkout (cwd and PYTHONPATH at the repository root), sees an empty
-data root ($S3R_DATA), shares one token cache and one JAX compilation cache, so that each case
-takes seconds.
+data root ($S3R_DATA), shares one token cache and the suite's JAX compilation cache, so that each
+case takes seconds. Refusals that end before any compile also run in this process
+(`in_process=True`, `s3r.cli.main` with its output captured): the parametrized cases of one refusal
+each keep one case in a subprocess, which also sees what a fresh process prints at start-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pathlib
 import random
@@ -68,16 +72,42 @@ class Cli:
   def argv(self, *args) -> list[str]:
     return [sys.executable, "-m", "s3r.cli", *map(str, args)]
 
-  def __call__(self, *args, cwd=REPO, timeout: float = 240) -> subprocess.CompletedProcess:
+  def __call__(self, *args, cwd=REPO, timeout: float = 240, in_process: bool = False) -> subprocess.CompletedProcess:
+    if in_process:
+      return self.here(*args, cwd=cwd)
     return subprocess.run(self.argv(*args), capture_output=True, text=True, cwd=cwd, env=self.env, timeout=timeout)
+
+  def here(self, *args, cwd=REPO, main=None) -> subprocess.CompletedProcess:
+    """`s3r ARGS` as `s3r.cli.main` (or another command's `main`) in this process, with this
+    runner's environment and working directory, stdout and stderr captured: the exit code and
+    output of the subprocess, without its start-up (importing JAX and s3r costs seconds per call)."""
+    if main is None:
+      from s3r.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in self.env.items() if k != "PYTHONPATH"})
+    try:
+      with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+          code = main(argv)
+        except SystemExit as e:  # argparse
+          code = e.code if isinstance(e.code, int) else 1
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+    return subprocess.CompletedProcess(self.argv(*argv), code, out.getvalue(), err.getvalue())
 
   def start(self, *args, cwd=REPO) -> subprocess.Popen:
     return subprocess.Popen(
       self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env
     )
 
-  def train(self, out, *extra, data=None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return self(*self.train_args(out, *extra, data=data), timeout=timeout)
+  def train(
+    self, out, *extra, data=None, timeout: float = 240, in_process: bool = False
+  ) -> subprocess.CompletedProcess:
+    return self(*self.train_args(out, *extra, data=data), timeout=timeout, in_process=in_process)
 
   def train_args(self, out, *extra, data=None) -> list:
     return ["train", *TINY, "--data", data or self.corpus, "--cache-dir", self.cache, "--out", out, *extra]

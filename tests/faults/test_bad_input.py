@@ -12,21 +12,21 @@ import pytest
 from tests.faults.conftest import assert_one_line_error, snapshot
 from tests.model.test_hf_import import FIXTURES
 
+BAD_FLAGS = [
+  (["--recipe", "fp4"], ["--recipe", "invalid choice: 'fp4'"]),
+  (["--preset", "huge"], ["--preset", "invalid choice: 'huge'"]),
+  (["--steps", "0"], ["--steps must be an integer >= 1, got 0"]),
+  (["--steps", "-5"], ["--steps must be an integer >= 1, got -5"]),
+  (["--seq", "1000000000"], ["--seq must be <= "]),
+  (["--lr", "1e300"], ["--lr must be a finite number in (0, 1]"]),
+  (["--steps", "20", "--warmup", "30"], ["--warmup must be an integer in [0, --steps=20]"]),
+]  # the first case in a subprocess, the others in this process (tests/faults/conftest.py)
 
-@pytest.mark.parametrize(
-  "args, fragments",
-  [
-    (["--recipe", "fp4"], ["--recipe", "invalid choice: 'fp4'"]),
-    (["--preset", "huge"], ["--preset", "invalid choice: 'huge'"]),
-    (["--steps", "0"], ["--steps must be an integer >= 1, got 0"]),
-    (["--steps", "-5"], ["--steps must be an integer >= 1, got -5"]),
-    (["--seq", "1000000000"], ["--seq must be <= "]),
-    (["--lr", "1e300"], ["--lr must be a finite number in (0, 1]"]),
-    (["--steps", "20", "--warmup", "30"], ["--warmup must be an integer in [0, --steps=20]"]),
-  ],
-)
+
+@pytest.mark.parametrize("args, fragments", BAD_FLAGS)
 def test_bad_flags_are_refused_in_one_line_naming_the_flag(cli, tmp_path, args, fragments):
-  proc = cli(*cli.train_args(tmp_path / "run")[:-2], "--out", tmp_path / "run", *args)
+  here = args != BAD_FLAGS[0][0]
+  proc = cli(*cli.train_args(tmp_path / "run")[:-2], "--out", tmp_path / "run", *args, in_process=here)
   assert_one_line_error(proc, 2, *fragments)
   assert not (tmp_path / "run").exists()
 
@@ -68,12 +68,13 @@ def _write(kind: str, tmp: pathlib.Path) -> tuple[pathlib.Path, str]:
   raise ValueError(kind)
 
 
-@pytest.mark.parametrize(
-  "kind", ["missing", "empty-file", "empty-dir", "binary", "malformed-jsonl", "no-text-field", "non-utf8"]
-)
+BAD_CORPORA = ["missing", "empty-file", "empty-dir", "binary", "malformed-jsonl", "no-text-field", "non-utf8"]
+
+
+@pytest.mark.parametrize("kind", BAD_CORPORA)
 def test_bad_corpora_are_refused_in_one_line_and_leave_no_run_directory(cli, tmp_path, kind):
   data, fragment = _write(kind, tmp_path)
-  proc = cli.train(tmp_path / "run", data=data)
+  proc = cli.train(tmp_path / "run", data=data, in_process=kind != BAD_CORPORA[0])  # one case in a subprocess
   assert_one_line_error(proc, 2, fragment)
   assert not (tmp_path / "run").exists()
 

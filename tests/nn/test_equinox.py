@@ -77,7 +77,7 @@ def _flat(g):
   )
 
 
-@pytest.mark.parametrize("recipe", ["s3r_ec_dx", "s3r"])
+@pytest.mark.parametrize("recipe", ["s3r_ec_dx", pytest.param("s3r", marks=pytest.mark.slow)])
 def test_gradients_equal_the_explicit_qmatmul_layers_to_float_rounding(recipe):
   model = _model()
   g = _flat(_grads(snn.quantize_fn(eqx_transformer.loss, recipe, key=KEY), model))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-QUICK_SMOKE = {"SMOKE_STAGES": "versions"}  # the full smoke stage has its own test below
+QUICK_SMOKE = {"SMOKE_STAGES": "versions"}  # the full smoke stage has its own (slow) test below
 
 
 def _run(script: str, out: pathlib.Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -44,6 +44,7 @@ def tokens(tmp_path):
   return folder
 
 
+@pytest.mark.slow  # its three working stages are the entry points the dry runs below run at the same sizes
 def test_the_smoke_stage_runs_every_stage_and_reports_each(tmp_path):
   result = subprocess.run(
     [sys.executable, "scripts/device_smoke.py", "--out", str(tmp_path)],
