@@ -136,8 +136,10 @@ def test_dense_general_gradients_equal_qmatmuls_on_the_same_operands_and_key(mon
   x = jax.random.normal(jax.random.key(2), (2, 4, 16), jnp.bfloat16)
   c = jax.random.normal(jax.random.key(3), (2, 4, 2, 8), jnp.float32)
   recorder = _Recorder(monkeypatch)
-  nnx.clone(layer)(x)  # an eager forward of a copy: the key and kernel operand the next call uses
+  y_layer = nnx.clone(layer)(x)  # an eager forward of a copy: the key and operands the next call uses
   ((key, lhs, rhs),) = recorder.calls  # DenseGeneral casts x to its dtype (float32) and the kernel likewise
+  y_ref = s3r.qmatmul(lhs, rhs.reshape(16, 16), recipe="s3r_ec_dx").reshape(2, 4, 2, 8)
+  np.testing.assert_array_equal(np.asarray(y_layer), np.asarray(y_ref))
 
   def layer_loss(layer, x):
     return jnp.sum(layer(x).astype(jnp.float32) * c)
@@ -175,6 +177,7 @@ def _train(tmp_path, run_name, steps):
     "run_name": run_name,
     "base_output_directory": str(tmp_path / "out"),
     "steps": steps,
+    "learning_rate_schedule_steps": 9,  # the schedule of the 9-step run in every run (it defaults to `steps`)
     "enable_checkpointing": True,
     "checkpoint_period": 3,
     "async_checkpointing": False,
