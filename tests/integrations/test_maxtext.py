@@ -201,3 +201,18 @@ def test_maxtext_trainer_trains_with_s3r_and_resumes_its_checkpoint_bit_for_bit(
   assert straight[8] < straight[0]
   assert [first[s] for s in range(6)] == [straight[s] for s in range(6)]
   assert [resumed[s] for s in (6, 7, 8)] == [straight[s] for s in (6, 7, 8)]
+
+
+def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, monkeypatch):
+  # under the rules MaxText's train step runs with, q/k/v and wi_0/wi_1 split their output on `tensor`
+  # (column-parallel) and out/wo their contraction (row-parallel), as in Megatron
+  from flax.core import spmd
+
+  cfg = _config(tmp_path, quantization="s3r", base_num_decoder_layers=1, scan_layers=False, enable_dropout=False)
+  model = model_creation_utils.from_config(cfg, rngs=maxtext_utils_nnx.create_nnx_rngs(cfg))
+  kinds, original = [], smt.tensor_parallel_kind
+  monkeypatch.setattr(smt, "tensor_parallel_kind", lambda *a, **k: kinds.append(original(*a, **k)) or kinds[-1])
+  tokens = jnp.zeros((B, S), jnp.int32)
+  with jax.set_mesh(model.mesh), spmd.logical_axis_rules(cfg.logical_axis_rules):
+    model(decoder_input_tokens=tokens, decoder_positions=jnp.broadcast_to(jnp.arange(S), (B, S)))
+  assert kinds == ["column", "column", "column", "row", "column", "column", "row"]
