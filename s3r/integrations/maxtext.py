@@ -10,13 +10,14 @@ for an s3r value it returns an `S3rQuantization`, for any other value MaxText's 
 Values: `s3r` is the default recipe (`s3r.DEFAULT_RECIPE`, s3r_ec_dx); `s3r:NAME` any recipe by
 name (`s3r:int8_rtne`, `s3r:bf16`, `s3r:s3r_ec_dx@int4`); `quantization_values()` lists them.
 
-What it quantizes: MaxText's `DenseGeneral` (every attention and MLP projection, and the output
-projection `logits_dense` unless `logits_via_embedding`) takes its `dot_general` from
+What it quantizes: every MaxText `DenseGeneral` built with the quantization object (the attention and MLP
+projections; MaxText gives the output projection `logits_dense` none) takes its `dot_general` from
 `S3rQuantization.dot_general_cls`, the AQT-style hook: an `s3r.nn.LinenDotGeneral` that MaxText
 runs through its Linen-to-NNX bridge. Its backward-pass key is drawn from MaxText's `aqt` RNG
 stream: each layer's bridge owns a fork of the model's `aqt` stream and draws a new key on every
 call, and the stream's count is model state that the train step carries, so keys are fresh per
-step and per layer and depend on the seed and the step only, not on the mesh. The kernel's
+step and per layer and depend on the seed and the step only, not on the mesh (the random bits drawn
+from them do too under threefry; MaxText's trainer switches to `unsafe_rbg`, see docs/maxtext.md). The kernel's
 fingerprint is folded in as everywhere in s3r (layers under `scan_layers` differ).
 Tensor-parallel partial sums: where the kernel's logical axes put its contracted dimension on
 the `tensor` mesh axis the projection runs with `tp="row"`, where they put its output dimension
