@@ -1,0 +1,74 @@
+"""The s3r MaxText backend's config values, refusals and tensor-parallel reading, without MaxText installed
+(the backend module imports MaxText only in `register()`); the MaxText runs are in test_maxtext.py."""
+
+import types
+
+import pytest
+
+import s3r
+from s3r.integrations import maxtext as smt
+
+
+def _config(**kw):
+  base = dict(quantization="s3r:s3r_ec_dx", use_qwix_quantization=False, use_batch_split_schedule=False, num_experts=1)
+  return types.SimpleNamespace(**(base | kw))
+
+
+def test_values_select_every_recipe_by_name_and_s3r_alone_the_default():
+  values = smt.quantization_values()
+  assert smt.parse("s3r").name == s3r.DEFAULT_RECIPE
+  for name in s3r.RECIPES:
+    assert f"s3r:{name}" in values
+    assert smt.parse(f"s3r:{name}").name == name
+  assert smt.parse("s3r:s3r_ec_dx@int4").grad_format == "int4"
+  assert "s3r:bf16@int4" not in values  # bf16 has no quantized gradient, so no gradient format
+  assert len(set(values)) == len(values)
+
+
+@pytest.mark.parametrize("value", ["", "int8", "fp8_full", None, "s3rx", "s3r_ec_dx"])
+def test_values_of_other_backends_are_left_to_maxtext(value):
+  assert smt.parse(value) is None
+  assert smt.backend(_config(quantization=value)) is None
+
+
+def test_an_unknown_recipe_name_raises_naming_the_value():
+  with pytest.raises(ValueError, match=r"quantization='s3r:s3r_ecdx': unknown recipe 's3r_ecdx'"):
+    smt.parse("s3r:s3r_ecdx")
+
+
+def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
+  assert smt.backend(_config(quantization="s3r:int8_sr")).recipe.name == "int8_sr"
+  with pytest.raises(NotImplementedError, match=r"num_experts=4.*not wired to s3r.grouped_qmatmul"):
+    smt.backend(_config(num_experts=4))
+  with pytest.raises(ValueError, match=r"use_qwix_quantization=False"):
+    smt.backend(_config(use_qwix_quantization=True))
+  with pytest.raises(NotImplementedError, match=r"quant_mode_str='serve'"):
+    smt.backend(_config(), quant_mode_str="serve")
+  with pytest.raises(NotImplementedError, match=r"use_batch_split_schedule"):
+    smt.backend(_config(use_batch_split_schedule=True))
+  with pytest.raises(TypeError, match=r"S3rQuantization.recipe"):
+    smt.S3rQuantization(recipe="s3r")
+
+
+@pytest.mark.parametrize(
+  ("mesh_axes", "contract", "kind"),
+  [
+    ([("fsdp",), ("tensor",)], (0,), "column"),  # wi [embed, mlp]: output split
+    ([("tensor",), ("fsdp",)], (0,), "row"),  # wo [mlp, embed]: contraction split
+    ([("tensor", "fsdp_transpose"), (), ("fsdp",)], (0, 1), "row"),  # out [heads, kv, embed]
+    ([("fsdp",), ()], (0,), None),  # no tensor axis
+    ([("tensor",), ("tensor",)], (0,), None),  # both: no per-shard rounding rule applies
+  ],
+)
+def test_tensor_parallel_kind_follows_where_the_tensor_axis_splits_the_kernel(mesh_axes, contract, kind):
+  assert smt.tensor_parallel_kind(mesh_axes, contract) == kind
+
+
+def test_register_without_maxtext_says_how_to_install_it():
+  try:
+    import maxtext  # noqa: F401
+  except ModuleNotFoundError:
+    with pytest.raises(ModuleNotFoundError, match=r"s3r\[maxtext\]"):
+      smt.register()
+  else:
+    pytest.skip("MaxText is installed (test_maxtext.py covers register())")
