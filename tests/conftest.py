@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 
+CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")  # what subprocesses keep
 _OWNED: list[str] = []
 
 
@@ -24,8 +25,9 @@ def pytest_configure(config):
     return
   folder = tempfile.mkdtemp(prefix="s3r-test-jax-cache-")
   _OWNED.append(folder)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  cache_dir, min_compile_time = CACHE_ENV
+  os.environ[cache_dir] = folder
+  os.environ.setdefault(min_compile_time, "0.1")
 
 
 def pytest_unconfigure(config):

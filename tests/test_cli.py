@@ -13,6 +13,7 @@ import pytest
 from s3r import cli
 from s3r.quant import RECIPES
 from s3r.quant.formats import FORMATS
+from tests.faults.conftest import run_in_process
 
 
 def _corpus(directory: pathlib.Path) -> pathlib.Path:
@@ -143,24 +144,12 @@ BAD_INPUT = [
 ]
 
 
-def _run_here(*args, cwd, monkeypatch, capsys):
-  """The same command as `cli.main` in this process (no start-up cost; the exit code and output match)."""
-  monkeypatch.chdir(cwd)
-  capsys.readouterr()
-  try:
-    code = cli.main(list(args))
-  except SystemExit as e:  # argparse
-    code = e.code
-  out, err = capsys.readouterr()
-  return subprocess.CompletedProcess(args, code, out, err)
-
-
 @pytest.mark.parametrize("args, message", BAD_INPUT)
-def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, message, monkeypatch, capsys):
+def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path, args, message):
   if args == BAD_INPUT[0][0]:  # one case in a fresh process: nothing else reaches stderr at start-up
     proc = _run_cli(*args, cwd=tmp_path)
   else:
-    proc = _run_here(*args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    proc = run_in_process(*args, cwd=tmp_path)  # the same command as cli.main in this process
   assert proc.returncode == 2, proc.stderr
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0] and "error" in lines[0], proc.stderr

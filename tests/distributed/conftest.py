@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
+from tests.conftest import CACHE_ENV
+
 WORKERS = pathlib.Path(__file__).with_name("workers.py")
 REPO = WORKERS.parents[2]
 
 
 def device_env(n_devices: int, **extra) -> dict:
   """The environment of a subprocess with `n_devices` simulated CPU devices."""
-  # the suite's compilation cache (tests/conftest.py) is kept
-  keep = ("JAX_ENABLE_X64", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  keep = ("JAX_ENABLE_X64", *CACHE_ENV)  # and the suite's compilation cache
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k in keep}
   env.update(
     {

@@ -53,6 +53,29 @@ def write_corpus(directory: pathlib.Path, n_docs: int = 60) -> pathlib.Path:
   return directory
 
 
+def run_in_process(*args, cwd, env: dict | None = None, main=None, argv0=()) -> subprocess.CompletedProcess:
+  """`s3r ARGS` as `s3r.cli.main` (or another command's `main`) in this process, in `cwd` with `env`
+  set for the call, stdout and stderr captured: the exit code and output of the subprocess, without
+  its start-up (importing JAX and s3r costs seconds per call)."""
+  if main is None:
+    from s3r.cli import main
+
+  argv = [str(a) for a in args]
+  out, err = io.StringIO(), io.StringIO()
+  saved = dict(os.environ)
+  os.environ.update(env or {})
+  try:
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        code = main(argv)
+      except SystemExit as e:  # argparse
+        code = e.code if isinstance(e.code, int) else 1
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+  return subprocess.CompletedProcess([*argv0, *argv], code, out.getvalue(), err.getvalue())
+
+
 class Cli:
   """Runs `python -m s3r.cli ARGS` in a subprocess (Popen with start=True)."""
 
@@ -78,26 +101,9 @@ class Cli:
     return subprocess.run(self.argv(*args), capture_output=True, text=True, cwd=cwd, env=self.env, timeout=timeout)
 
   def here(self, *args, cwd=REPO, main=None) -> subprocess.CompletedProcess:
-    """`s3r ARGS` as `s3r.cli.main` (or another command's `main`) in this process, with this
-    runner's environment and working directory, stdout and stderr captured: the exit code and
-    output of the subprocess, without its start-up (importing JAX and s3r costs seconds per call)."""
-    if main is None:
-      from s3r.cli import main
-
-    argv = [str(a) for a in args]
-    out, err = io.StringIO(), io.StringIO()
-    saved = dict(os.environ)
-    os.environ.update({k: v for k, v in self.env.items() if k != "PYTHONPATH"})
-    try:
-      with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-          code = main(argv)
-        except SystemExit as e:  # argparse
-          code = e.code if isinstance(e.code, int) else 1
-    finally:
-      os.environ.clear()
-      os.environ.update(saved)
-    return subprocess.CompletedProcess(self.argv(*argv), code, out.getvalue(), err.getvalue())
+    """`s3r ARGS` in this process with this runner's environment (see `run_in_process`)."""
+    env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
+    return run_in_process(*args, cwd=cwd, env=env, main=main, argv0=self.argv())
 
   def start(self, *args, cwd=REPO) -> subprocess.Popen:
     return subprocess.Popen(
