@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from experiments.results import Run, fmt_ms, fmt_ratio, loadavg, log, markdown_table
+from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, loadavg, log, markdown_table
 
 DEFAULT_CONFIGS = ",int8,s3r:bf16,s3r:s3r_ec_dx"
 REFERENCE = "int8"
@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=int, default=0, help="initialization seed (MaxText init_weights_seed) and batch order")
   p.add_argument("--val-batches", type=int, default=4, help="held-out batches for the validation loss")
   p.add_argument("--data", default=None, help="folder of enwiki shards (default: <data root>/enwiki)")
-  p.add_argument("--out-dir", default=None, help="where bench_maxtext_<platform>.{json,md} go (default runs/results)")
+  p.add_argument(
+    "--out-dir", default=str(RESULTS_DIR), help="where bench_maxtext_<platform>.{json,md} go (default %(default)s)"
+  )
 
 
 def _byte_batches(path: pathlib.Path, batch: int, seq: int, count: int, seed: int) -> np.ndarray:
