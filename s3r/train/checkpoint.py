@@ -22,6 +22,7 @@ import os
 import pathlib
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -106,7 +107,7 @@ class Checkpointer:
       self._manager.wait_until_finished()
     except Exception:  # the same failure, reported again by the writes still in flight
       pass
-    _cancel_pending_writes()
+    _settle_pending_writes()
     self._failed.add(step)
     self._remove_debris(step)
     self._manager.reload()
@@ -204,15 +205,23 @@ class Checkpointer:
       self._remove_debris(step)
 
 
-def _cancel_pending_writes() -> None:
-  """Cancels Orbax's background writes still waiting for a signal of a failed save: left alone, they run at
-  interpreter exit, recreate its temporary folder and log tracebacks."""
+def _settle_pending_writes(timeout_s: float = 30.0) -> None:
+  """Lets Orbax's background writes of a failed save end before its folders are removed: a write already
+  running (tensorstore keeps writing when its awaiting task is cancelled) is waited for, up to `timeout_s`
+  in all; one still waiting for a signal of the failed save is cancelled (left alone, it would run at
+  interpreter exit, recreate the temporary folder and log tracebacks)."""
   from orbax.checkpoint._src.futures import future
 
   signaling = getattr(future, "_SignalingThread", None)
+  if signaling is None:
+    return
+  deadline = time.monotonic() + timeout_s
   for thread in threading.enumerate():
-    if signaling is not None and isinstance(thread, signaling) and thread.is_alive():
-      thread.cancel()
+    if isinstance(thread, signaling) and thread.is_alive():
+      if getattr(thread, "main_task", None) is not None:  # running its write: let it finish
+        threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
+      if thread.is_alive():
+        thread.cancel()
 
 
 def disk_full(error: BaseException) -> bool:
