@@ -6,6 +6,12 @@ compile the same small programs (the `tiny` preset's train and eval steps, in-pr
 `s3r train`), and a hit costs milliseconds where the compile costs seconds. Each run starts with an
 empty folder, so nothing carries over between runs. `S3R_TEST_JAX_CACHE=0` compiles everything
 afresh; a `JAX_COMPILATION_CACHE_DIR` already set is used as it is.
+
+XLA compiles the suite's programs at backend optimization level 0 (`TEST_XLA_FLAGS`, added to
+XLA_FLAGS for every test process and subprocess): the suite's models are tiny, so compiling is
+most of its time, and level 0 roughly halves it. What the tests compare is computed under the same
+flag on both sides (bitwise comparisons are within one setting); results and benchmarks are not
+produced by the suite. `S3R_TEST_XLA_OPT=1` keeps XLA's default level.
 """
 
 from __future__ import annotations
@@ -15,12 +21,21 @@ import shutil
 import tempfile
 
 CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")  # what subprocesses keep
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 _OWNED: list[str] = []
+
+
+def xla_flags(*extra: str) -> str:
+  """XLA_FLAGS for a test subprocess: the suite's compile settings (unless turned off) plus `extra`."""
+  suite = TEST_XLA_FLAGS if os.environ.get("S3R_TEST_XLA_OPT", "0") != "1" else ""
+  return " ".join(f for f in (suite, *extra) if f)
 
 
 def pytest_configure(config):
   if hasattr(config, "workerinput"):  # an xdist worker inherits the controller's environment
     return
+  if xla_flags() and xla_flags() not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags()}".strip()
   if os.environ.get("S3R_TEST_JAX_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return
   folder = tempfile.mkdtemp(prefix="s3r-test-jax-cache-")

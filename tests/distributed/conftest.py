@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import CACHE_ENV
+from tests.conftest import CACHE_ENV, xla_flags
 
 WORKERS = pathlib.Path(__file__).with_name("workers.py")
 REPO = WORKERS.parents[2]
@@ -20,7 +20,7 @@ def device_env(n_devices: int, **extra) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k in keep}
   env.update(
     {
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}",
+      "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={n_devices}"),
       "JAX_PLATFORMS": "cpu",
       "PYTHONPATH": str(REPO),
     },

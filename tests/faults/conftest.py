@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from tests.conftest import xla_flags
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards judge boxing matches at night".split()
 # A 6-step run: checkpoints at steps 4 and 6 (every 2, two kept), validation at 0, 3 and 6.
@@ -87,7 +89,7 @@ class Cli:
       "S3R_DATA": str(root / "empty-root"),
       "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    self.env.pop("XLA_FLAGS", None)
+    self.env["XLA_FLAGS"] = xla_flags()  # the suite's compile settings, no device count of the parent
     (root / "empty-root").mkdir(exist_ok=True)
     self.cache = root / "token-cache"
     self.corpus = write_corpus(root / "corpus")

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import xla_flags
 from tests.faults.conftest import REPO, assert_one_line_error, metrics_lines, snapshot, write_corpus
 
 
@@ -97,7 +98,7 @@ def test_resume_after_the_corpus_changed_is_refused_in_one_line_and_changes_noth
 
 
 def _train_on_two_devices(cli, out: pathlib.Path) -> None:
-  env = {**cli.env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = {**cli.env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
   argv = cli.argv(*cli.train_args(out, "--mesh", "data=2"))
   proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=240)
   assert proc.returncode == 0, proc.stderr[-3000:]
