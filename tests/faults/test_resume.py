@@ -122,6 +122,7 @@ def test_resume_on_fewer_devices_without_mesh_falls_back_to_a_mesh_that_fits_and
   assert json.loads((out / "config.json").read_text())["mesh"]["data"] == 1
 
 
+@pytest.mark.slow  # a 2-device run first (30 s); tests/distributed/test_checkpoint_reshard.py resumes on other meshes
 def test_resume_with_a_mesh_that_does_not_fit_names_one_that_does_and_changes_nothing(cli, two_device_run, tmp_path):
   out = tmp_path / "run"
   shutil.copytree(two_device_run, out)

@@ -94,6 +94,8 @@ def _records(cfg):
   return [json.loads(line) for line in open(f"{cfg.out}/metrics.jsonl")]
 
 
+@pytest.mark.slow  # two MoE runs (40 s); dense resumption is bit-for-bit in tests/train/test_loop.py, MoE metrics are
+# logged in tests/train/test_families_cli.py
 def test_moe_run_logs_the_moe_metrics_and_resumes_bit_for_bit(tmp_path, corpus_dir, cache_dir):
   cfg = TrainConfig(
     out=str(tmp_path / "run"),
