@@ -9,6 +9,9 @@ weights, the input), are bitwise the one-device ones; the int8 GEMMs accumulate 
 cross-device sums are exact. The router's f32 gradient and the load-balancing loss are summed
 over tokens in another order on a sharded mesh (bounded at 4 ulp, of the router gradient's
 largest entry and of the loss; observed: one ulp).
+
+Each recipe runs in its own 8-device worker (about 30 s); the default suite runs `s3r_ec_dx`, whose
+error-correction factors add collectives of their own, and `s3r` is slow.
 """
 
 import numpy as np
@@ -17,15 +20,27 @@ import pytest
 from tests.distributed.conftest import run_worker
 
 MESHES = ("expert=8", "expert=2,data=4")  # pure expert and expert x data (4,2: test_expert_parallel_a2a.py)
-RECIPES = ("s3r", "s3r_ec_dx")
+RECIPES = (pytest.param("s3r", marks=pytest.mark.slow), "s3r_ec_dx")
 
 
 @pytest.fixture(scope="module")
-def moe_runs(tmp_path_factory):
-  out = tmp_path_factory.mktemp("moe")
-  info = run_worker("moe", out, timeout=600)
-  load = lambda recipe, mesh: dict(np.load(out / f"moe_{recipe}_{mesh}.npz"))
-  return info, load
+def moe_worker_runs(tmp_path_factory):
+  """recipe -> (result.json, load(recipe, mesh)) of its worker, run when a test first asks for it."""
+  runs = {}
+
+  def of(recipe: str):
+    if recipe not in runs:
+      out = tmp_path_factory.mktemp(f"moe_{recipe}")
+      info = run_worker("moe", out, recipe, timeout=600)
+      runs[recipe] = info, lambda recipe, mesh, out=out: dict(np.load(out / f"moe_{recipe}_{mesh}.npz"))
+    return runs[recipe]
+
+  return of
+
+
+@pytest.fixture
+def moe_runs(moe_worker_runs, recipe):
+  return moe_worker_runs(recipe)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -428,11 +428,12 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
   (out / "result.json").write_text(json.dumps(info))
 
 
-def moe_worker(out: pathlib.Path) -> None:
+def moe_worker(out: pathlib.Path, *recipes: str) -> None:
   """The MoE layer with the default (gspmd) dispatch on one device and on expert x data meshes,
-  plus a one-device run with another key (the size of the rounding noise): moe_*.npz."""
+  plus a one-device run with another key (the size of the rounding noise): moe_*.npz, for each of
+  `recipes` (default MOE_RECIPES)."""
   runs = [(spec or "1", spec, 10) for spec in MOE_MESHES] + [("1:other_key", None, 11)]
-  blocks = {recipe: (functools.partial(_moe_block, recipe, "gspmd"), jnp.bfloat16) for recipe in MOE_RECIPES}
+  blocks = {r: (functools.partial(_moe_block, r, "gspmd"), jnp.bfloat16) for r in recipes or MOE_RECIPES}
   _moe_layer_runs(out, "moe", blocks, runs)
 
 

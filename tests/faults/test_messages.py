@@ -23,7 +23,7 @@ def _only_line(proc: subprocess.CompletedProcess, code: int, *fragments: str) ->
   return line
 
 
-@pytest.mark.parametrize("where", ["checkpoints/4", "checkpoints/4/"])
+@pytest.mark.parametrize("where", ["checkpoints/4", pytest.param("checkpoints/4/", marks=pytest.mark.slow)])
 def test_eval_of_a_checkpoint_folder_evaluates_that_step(cli, base_run, where):
   proc = cli("eval", f"{base_run}/{where}")
   assert proc.returncode == 0, proc.stderr[-3000:]

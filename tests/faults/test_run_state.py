@@ -60,7 +60,9 @@ def test_resume_falls_back_past_a_truncated_latest_checkpoint_quietly_says_so_an
   assert (run_copy / "train.log").stat().st_size > 0  # the detail is kept there
 
 
-@pytest.mark.parametrize("how", ["deleted-state", "garbled-meta", "missing-meta"])
+@pytest.mark.parametrize(
+  "how", ["deleted-state", *(pytest.param(h, marks=pytest.mark.slow) for h in ("garbled-meta", "missing-meta"))]
+)  # eval and resume share the fallback (Checkpointer._newest_readable); resume reads past a garbled meta too
 def test_eval_falls_back_past_a_damaged_latest_checkpoint_and_says_so(cli, run_copy, how):
   _damage(run_copy / "checkpoints" / "6", how)
   proc = cli("eval", run_copy)
