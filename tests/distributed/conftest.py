@@ -46,15 +46,21 @@ def run_worker(name: str, out: pathlib.Path, *args: str, n_devices: int = 8, tim
 
 @pytest.fixture(scope="session")
 def mesh_train_losses(tmp_path_factory) -> dict:
-  """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure FSDP, pure TP and
-  data x fsdp x tensor with exact int32 tensor-parallel partial sums (':int32'), and pure TP with
-  the default per-shard bf16 ones: losses, gradient norms, a weight's sharding, the collectives,
-  and (1 device, 2x2x2) the step Δ of every projection in the first step."""
+  """3 `tiny` train steps (s3r_ec) on one device and on 8 devices as pure TP and data x fsdp x
+  tensor with exact int32 tensor-parallel partial sums (':int32'), and pure TP with the default
+  per-shard bf16 ones: losses, gradient norms, a weight's sharding, the collectives, and (1
+  device, 2x2x2) the step Δ of every projection in the first step."""
   out = tmp_path_factory.mktemp("mesh_train")
   result = run_worker(
-    "train", out, "s3r_ec", "3", "1+delta", "fsdp=8", "tensor=8:int32", "data=2,fsdp=2,tensor=2:int32+delta", "tensor=8"
+    "train", out, "s3r_ec", "3", "1+delta", "tensor=8:int32", "data=2,fsdp=2,tensor=2:int32+delta", "tensor=8"
   )
   return {**result, "_out": str(out)}
+
+
+@pytest.fixture(scope="session")
+def fsdp_train(tmp_path_factory) -> dict:
+  """The same 3 steps on one device and as pure FSDP over 8 devices (a worker of its own: slow tests only)."""
+  return run_worker("train", tmp_path_factory.mktemp("fsdp_train"), "s3r_ec", "3", "1", "fsdp=8")
 
 
 @pytest.fixture(scope="session")

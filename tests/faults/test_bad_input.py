@@ -118,9 +118,10 @@ def test_read_only_out_is_refused_in_one_line(cli, read_only_dir):
 
 
 def test_resuming_with_another_recipe_or_preset_is_refused_and_changes_nothing(cli, run_copy):
+  """In this process (the refusal comes before any compile); test_resume.py runs the --recipe case as a subprocess."""
   before = snapshot(run_copy)
   for flag, value in (("--recipe", "int8_sr"), ("--preset", "cpu-small")):
-    proc = cli("train", "--out", run_copy, "--resume", flag, value)
+    proc = cli("train", "--out", run_copy, "--resume", flag, value, in_process=True)
     assert_one_line_error(proc, 2, "--resume with a different configuration", f"{flag}: ")
   assert snapshot(run_copy) == before
 
