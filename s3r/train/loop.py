@@ -266,16 +266,16 @@ class _Run:
             good.saw_validation(record.get("val_loss"))
           if self.writer is not None:
             self.writer.write(record)
-          if step % cfg.ckpt_every == 0 or step == cfg.steps or interrupts.requested:
+          stop = interrupts.requested  # read once: a signal arriving after this line stops the next step
+          if step % cfg.ckpt_every == 0 or step == cfg.steps or stop:
             with interrupts.deferred():  # a second Ctrl-C waits for the checkpoint
               last_ckpt = self._save(step, state, last_ckpt)
             good.saved(step, monitor.level, record.get("val_loss"))
           bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
           bar.update(1)
-          if interrupts.requested and step < cfg.steps:
+          if stop and step < cfg.steps:
             raise TrainingInterrupted(
-              f"{interrupts.requested} at step {step}: saved {last_ckpt}; continue with "
-              f"s3r train --out {cfg.out} --resume"
+              f"{stop} at step {step}: saved {last_ckpt}; continue with s3r train --out {cfg.out} --resume"
             )
       except KeyboardInterrupt:  # a second Ctrl-C outside a save
         raise TrainingInterrupted(
