@@ -34,8 +34,9 @@ def xla_flags(*extra: str) -> str:
 def pytest_configure(config):
   if hasattr(config, "workerinput"):  # an xdist worker inherits the controller's environment
     return
-  if xla_flags() and xla_flags() not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags()}".strip()
+  flags, present = xla_flags(), os.environ.get("XLA_FLAGS", "")
+  if flags and flags not in present:
+    os.environ["XLA_FLAGS"] = f"{present} {flags}".strip()
   if os.environ.get("S3R_TEST_JAX_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return
   folder = tempfile.mkdtemp(prefix="s3r-test-jax-cache-")

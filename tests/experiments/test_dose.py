@@ -16,8 +16,9 @@ import pytest
 from experiments import dose, dose_report, lockstep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GRIDS = ("nvfp4",)  # the emulated FP4 grid (the uniform grids share its code path up to the codes; tests/quant)
+GRIDS = ("nvfp4",)  # the emulated FP4 grid (the study's code is the same for every grid; the grids: tests/quant)
 RECIPES = ("int8_sr", "s3r")  # the baseline and the shared-threshold recipe (one arm x two recipes: seconds)
+TRAINS_THE_STUDY = pytest.mark.slow  # the tests of the `finished` fixture, which trains the study once (about a minute)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def _arm_summary(cfg, grid, seed=0) -> dict:
   return json.loads((pathlib.Path(cfg.runs_dir) / dose.arm_name(grid, seed) / "summary.json").read_text())
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
   cfg, summary = finished
   assert summary["missing_arms"] == [] and [(a["grid"], a["seed"]) for a in summary["arms"]] == [(g, 0) for g in GRIDS]
@@ -79,7 +80,7 @@ def test_every_arm_is_complete_with_both_gradient_error_measurements(finished):
   assert _arm_summary(cfg, "nvfp4")["config"]["recipes"] == ["int8_sr@nvfp4", "s3r@nvfp4"]
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_paired_differences_are_the_differences_of_the_final_losses(finished):
   cfg, summary = finished
   for arm in summary["arms"]:
@@ -94,7 +95,7 @@ def test_paired_differences_are_the_differences_of_the_final_losses(finished):
       assert row["gap"] == gaps and row["gap_mean"] == pytest.approx(np.mean(gaps)) and row["gap_sd"] is None
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_the_excess_is_the_difference_of_squared_errors_on_the_same_parameters(finished):
   cfg, summary = finished
   for arm in summary["arms"]:
@@ -107,7 +108,7 @@ def test_the_excess_is_the_difference_of_squared_errors_on_the_same_parameters(f
   assert {(p["recipe"], p["grid"]) for p in summary["points"]} == {("s3r", g) for g in GRIDS}
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_a_second_call_skips_the_finished_arms(finished, monkeypatch):
   cfg, summary = finished
   stamps = {g: (pathlib.Path(cfg.runs_dir) / dose.arm_name(g, 0) / "summary.json").stat().st_mtime_ns for g in GRIDS}
@@ -125,7 +126,7 @@ def test_a_second_call_skips_the_finished_arms(finished, monkeypatch):
   }
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_an_unfinished_arm_is_trained_again_and_a_finished_one_of_other_settings_refused(finished, tmp_path):
   cfg, _ = finished
   partial = dose.lockstep_config(cfg, GRIDS[0], 0, cfg.tokens)
@@ -141,7 +142,7 @@ def test_an_unfinished_arm_is_trained_again_and_a_finished_one_of_other_settings
     dose.finished_arm(other)
 
 
-@pytest.mark.slow  # trains the study once for the module (about a minute)
+@TRAINS_THE_STUDY
 def test_the_committed_results_are_written_only_with_results_dir_results(finished, monkeypatch, tmp_path):
   cfg, _ = finished
   monkeypatch.chdir(tmp_path)

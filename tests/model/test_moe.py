@@ -10,8 +10,9 @@ from flax import nnx
 import s3r
 from s3r.model.moe import MoEFeedForward
 
-# The recipes users train with run in the default suite; the diagnostic ones (and the
-# per-example ablations) compile as many programs again, so they run with `-m slow`.
+# bf16 and the two shared-threshold recipes (plain and error-corrected) run in the default suite; the
+# others (the INT8 baselines, two-way S3R-EC, the diagnostic and per-example variants) compile as many
+# programs again, so they run with `-m slow`.
 CORE_RECIPES = ("bf16", "s3r", "s3r_ec_dx")
 EVERY_RECIPE = [r if r in CORE_RECIPES else pytest.param(r, marks=pytest.mark.slow) for r in s3r.RECIPES]
 
