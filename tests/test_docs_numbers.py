@@ -174,3 +174,29 @@ def test_a_changed_readme_number_is_caught():
     cell = rows[1][1]
     rows[1][1] = re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), cell)
     assert rows[1][1] != cell and _mismatches(rows, expected), heading
+
+
+def _tables(text: str) -> list[list[str]]:
+  """Every Markdown table of `text`, each as its lines."""
+  tables, current = [], []
+  for line in text.splitlines() + [""]:
+    if line.startswith("|"):
+      current.append(line.strip())
+    elif current:
+      tables.append(current)
+      current = []
+  return tables
+
+
+def test_scaling_doc_communication_tables_are_those_of_the_committed_comm_results():
+  """docs/scaling.md quotes the per-mesh tables of results/comm.md (written by `python -m benchmarks
+  comm` beside results/comm.json): each of its tables under "Communication per step" is one of them."""
+  doc = (ROOT / "docs" / "scaling.md").read_text()
+  section = re.search(r"^## Communication per step.*?\n(.*?)(?=^## |\Z)", doc, flags=re.S | re.M).group(1)
+  committed = _tables((ROOT / "results" / "comm.md").read_text())
+  quoted = _tables(section)
+  assert len(quoted) == 2, "the section quotes one table per default mesh"
+  for table in quoted:
+    assert table in committed, table[:3]
+  meta = _load("results/comm.json")["meta"]
+  assert meta["git"]["revision"] in (ROOT / "results" / "comm.md").read_text()
