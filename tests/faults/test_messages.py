@@ -1,5 +1,6 @@
 """What the CLI says: `s3r eval` of one step, malformed meshes, the compile messages, and bad input that must be
-refused in exactly one stderr line (no XLA log noise before it), for `s3r train` and `python -m benchmarks comm`."""
+refused in exactly one stderr line (no XLA log noise before it), for `s3r train` and `python -m benchmarks comm`.
+The first eval runs in a fresh process; the other eval cases run `s3r.cli.main` in this one (conftest.py)."""
 
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ def test_eval_of_a_checkpoint_folder_evaluates_that_step(cli, base_run, where):
 
 @pytest.mark.parametrize("where", ["", "checkpoints"])
 def test_eval_step_flag_evaluates_that_step_of_a_run_or_checkpoints_folder(cli, base_run, where):
-  proc = cli("eval", base_run / where, "--step", "4")
+  proc = cli("eval", base_run / where, "--step", "4", in_process=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "eval: step 4 of" in proc.stdout
 
 
 def test_eval_says_it_compiles_before_compiling_and_how_long_it_took(cli, base_run):
-  proc = cli("eval", base_run)
+  proc = cli("eval", base_run, in_process=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.splitlines()
   before = lines.index("compiling the eval step ...")
@@ -46,21 +47,21 @@ def test_eval_says_it_compiles_before_compiling_and_how_long_it_took(cli, base_r
 
 
 def test_eval_of_a_step_without_a_checkpoint_fails_in_one_line_listing_the_steps_there_are(cli, base_run):
-  assert_one_line_error(cli("eval", base_run, "--step", "5"), 2, "no checkpoint of step 5", "steps 4, 6")
+  assert_one_line_error(cli("eval", base_run, "--step", "5", in_process=True), 2, "no checkpoint of step 5", "steps 4, 6")
 
 
 def test_eval_refuses_a_checkpoint_folder_and_a_different_step_flag(cli, base_run):
-  proc = cli("eval", base_run / "checkpoints" / "6", "--step", "4")
+  proc = cli("eval", base_run / "checkpoints" / "6", "--step", "4", in_process=True)
   assert_one_line_error(proc, 2, "checkpoint of step 6", "--step 4")
 
 
 def test_eval_of_a_damaged_step_fails_in_one_line_instead_of_falling_back(cli, run_copy):
   (run_copy / "checkpoints" / "6" / "meta" / "metadata").write_text("{not json")
-  assert_one_line_error(cli("eval", run_copy, "--step", "6"), 2, "the checkpoint of step 6 in", "is unreadable")
+  assert_one_line_error(cli("eval", run_copy, "--step", "6", in_process=True), 2, "the checkpoint of step 6 in", "is unreadable")
 
 
 def test_eval_refuses_a_negative_step(cli, base_run):
-  assert_one_line_error(cli("eval", base_run, "--step", "-1"), 2, "--step must be an integer >= 0")
+  assert_one_line_error(cli("eval", base_run, "--step", "-1", in_process=True), 2, "--step must be an integer >= 0")
 
 
 BAD_MESHES = [
