@@ -1,11 +1,12 @@
 """Continuing a Hugging Face checkpoint (`s3r train --init-from`), evaluating one (`s3r eval --init-from`) and
 exporting a run (`s3r export`), on the committed Llama fixture (the only one with a tokenizer).
 
-The fast tests check each piece (config, tokenizer, imported initial state, refusals); the slow one runs the
-whole flow through the command line: train 5 steps with s3r_ec_dx, resume (without reading the weights again),
-export in f32, and evaluate the import and the export, whose losses must be the run's own step-0 and final
-validation losses (the same batches, the same weights: equal to the printed 4 decimals), then generate from the
-export and from the run (the Python API's greedy tokens on the exported weights).
+The fast tests check each piece (config, tokenizer, imported initial state, refusals) and run the shortest
+flow through the command line (train, export, generate); the slow one runs the whole flow: train 5 steps
+with s3r_ec_dx, resume (without reading the weights again), export in f32, and evaluate the import and the
+export, whose losses must be the run's own step-0 and final validation losses (the same batches, the same
+weights: equal to the printed 4 decimals), then generate from the export and from the run (the Python
+API's greedy tokens on the exported weights).
 """
 
 from __future__ import annotations
@@ -150,6 +151,30 @@ def test_float32_eval_of_a_fixture_is_its_float32_loss_and_bf16_eval_differs_onl
 
 def _val_line(text: str) -> str:
   return next(line for line in text.splitlines() if line.startswith("val:"))
+
+
+def test_train_init_from_then_export_and_generate_from_the_command_line(tmp_path, corpus_dir, cache_dir, monkeypatch, capsys):
+  """The flow in its shortest form (the slow test below adds resume and the evaluations): 5 steps of
+  s3r_ec_dx from the fixture, an export in f32 that `load_hf` reads back as the run's last
+  parameters, and `generate` from the export with the Python API's greedy tokens."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "empty-root").mkdir()
+  monkeypatch.setenv("S3R_DATA", str(tmp_path / "empty-root"))  # no c4 validation set to encode
+  argv = ["train", "--init-from", str(LLAMA), "--recipe", "s3r_ec_dx", "--steps", "5", "--batch", "2", "--seq", "32"]
+  argv += ["--eval-batches", "1", "--data", str(corpus_dir), "--cache-dir", str(cache_dir), "--out", "run"]
+  assert cli.main([*argv, "--no-progress"]) == 0
+  assert cli.main(["export", "run", "--out", "exported", "--dtype", "f32"]) == 0
+  capsys.readouterr()
+  _, before = M.load_hf(LLAMA, recipe="bf16", act_dtype="float32")
+  cfg, after = M.load_hf(tmp_path / "exported", recipe="bf16", act_dtype="float32")
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), before, after))
+  assert all(moved), "every tensor of the export is the trained one, not the fixture's"
+  tok = M.load_hf_tokenizer(tmp_path / "exported")
+  assert cli.main(["generate", "exported", "--prompt", "the lazy dog", "--max-new-tokens", "6", "--json"]) == 0
+  (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  want = M.generate(cfg, after, [tok.encode("the lazy dog")], max_new_tokens=6)[0].tolist()
+  want = want[: want.index(tok.eos_id) + 1] if tok.eos_id in want else want
+  assert row["tokens"] == want and row["text"] == tok.decode([t for t in want if t != tok.eos_id])
 
 
 @pytest.mark.slow
