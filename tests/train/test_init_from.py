@@ -153,7 +153,9 @@ def _val_line(text: str) -> str:
   return next(line for line in text.splitlines() if line.startswith("val:"))
 
 
-def test_train_init_from_then_export_and_generate_from_the_command_line(tmp_path, corpus_dir, cache_dir, monkeypatch, capsys):
+def test_train_init_from_then_export_and_generate_from_the_command_line(
+  tmp_path, corpus_dir, cache_dir, monkeypatch, capsys
+):
   """The flow in its shortest form (the slow test below adds resume and the evaluations): 5 steps of
   s3r_ec_dx from the fixture, an export in f32 that `load_hf` reads back as the run's last
   parameters, and `generate` from the export with the Python API's greedy tokens."""
