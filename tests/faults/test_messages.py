@@ -47,7 +47,9 @@ def test_eval_says_it_compiles_before_compiling_and_how_long_it_took(cli, base_r
 
 
 def test_eval_of_a_step_without_a_checkpoint_fails_in_one_line_listing_the_steps_there_are(cli, base_run):
-  assert_one_line_error(cli("eval", base_run, "--step", "5", in_process=True), 2, "no checkpoint of step 5", "steps 4, 6")
+  assert_one_line_error(
+    cli("eval", base_run, "--step", "5", in_process=True), 2, "no checkpoint of step 5", "steps 4, 6"
+  )
 
 
 def test_eval_refuses_a_checkpoint_folder_and_a_different_step_flag(cli, base_run):
@@ -57,7 +59,9 @@ def test_eval_refuses_a_checkpoint_folder_and_a_different_step_flag(cli, base_ru
 
 def test_eval_of_a_damaged_step_fails_in_one_line_instead_of_falling_back(cli, run_copy):
   (run_copy / "checkpoints" / "6" / "meta" / "metadata").write_text("{not json")
-  assert_one_line_error(cli("eval", run_copy, "--step", "6", in_process=True), 2, "the checkpoint of step 6 in", "is unreadable")
+  assert_one_line_error(
+    cli("eval", run_copy, "--step", "6", in_process=True), 2, "the checkpoint of step 6 in", "is unreadable"
+  )
 
 
 def test_eval_refuses_a_negative_step(cli, base_run):
