@@ -39,8 +39,10 @@ from s3r.quant import arguments, explicit, formats, grouped_ec, grouped_gemm, ma
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
-# impl=None: the tiled path on every platform until the compiled Pallas kernels ("auto") are verified on a GPU
-DEFAULT_IMPL = "tiled"
+# impl=None: "auto", the compiled Pallas kernels on CUDA (verified bit for bit against ragged_dot on
+# an H200, where the tiled dW GEMM was not) and the tiled path elsewhere; a platform_dependent choice,
+# so a CPU program holds only the tiled path. Float GEMMs: tiled forward and dX, dW ragged on CUDA.
+DEFAULT_IMPL = "auto"
 
 
 @functools.partial(
@@ -93,11 +95,12 @@ def grouped_qmatmul(
       segments are cut at row T (all implementations agree on that).
     key: a `jax.random.key` for the backward's rounding; required by stochastic recipes.
     recipe: a `Recipe` or a registered name (see `s3r.RECIPES`), with the dense meaning.
-    impl: the grouped GEMM: "tiled" (the default, None: tile-padded batched int8 GEMMs, at
-      most T + E·tile rows of work), "ragged" (`jax.lax.ragged_dot`, the exact reference; XLA
-      expands it to E times the work), "pallas" (the Pallas kernels with the dequantize
-      epilogue fused: compiled on GPU, interpret mode elsewhere, which is for tests) or "auto"
-      (the compiled Pallas kernels on GPU, "tiled" elsewhere). All give bit-identical results.
+    impl: the grouped GEMM: "auto" (the default, None: the compiled Pallas kernels on GPU,
+      "tiled" elsewhere), "tiled" (tile-padded batched int8 GEMMs, at most T + E·tile rows of
+      work), "ragged" (`jax.lax.ragged_dot`, the exact reference; XLA expands it to E times the
+      work) or "pallas" (the Pallas kernels with the dequantize epilogue fused: compiled on GPU,
+      interpret mode elsewhere, which is for tests). All give bit-identical results on the CPU;
+      on a GPU the tiled dW GEMM is not verified (see grouped_gemm), so "auto" runs none there.
     rows: None (the rows are the whole product), or, inside `shard_map`, where the rows sit in
       the global product (`GlobalRows`): the backward then quantizes each row as the global
       product does (thresholds by global row or expert index, Δ a max over `rows.axes`).

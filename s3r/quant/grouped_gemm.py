@@ -19,8 +19,14 @@ Three implementations with the same results (int32 accumulators are exact, so bi
   (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
 - "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
   GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
-  (the bf16 recipe's, `int8_exact_bwd`'s backward) runs on the tiled path.
-- "auto": the compiled Pallas kernels on GPU (CUDA), the tiled path elsewhere.
+  (the bf16 recipe's, `int8_exact_bwd`'s backward) runs its forward and dX on the tiled path and
+  its dW on the ragged path on CUDA, the tiled path elsewhere.
+- "auto" (grouped_qmatmul's default): the compiled Pallas kernels on GPU (CUDA), the tiled path
+  elsewhere; float GEMMs as under "pallas".
+
+On a GPU (an H200) the compiled kernels and the ragged path agreed bit for bit in all three int32
+GEMMs, and so did the tiled forward and dX; the tiled dW did not (`_tgmm_windows`, cause not
+located: on the CPU all paths agree). Hence CUDA runs no tiled dW unless impl="tiled" is asked for.
 
 The `*_epilogue` functions add the dequantize epilogue of grouped_qmatmul (y = f32(acc) - sub,
 · row scale, · (expert, column) scale, rows past the sum -> 0, cast): fused into the kernel on
@@ -77,10 +83,17 @@ def sanitize(group_sizes: jax.Array, rows: int) -> jax.Array:
   return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
 
 
-def layout(group_sizes: jax.Array, rows: int) -> Layout:
-  """The row bookkeeping of `rows` expert-sorted rows with (sanitized) `group_sizes`."""
+def layout(group_sizes: jax.Array, rows: int, tile: int | None = None) -> Layout:
+  """The row bookkeeping of `rows` expert-sorted rows with (sanitized) `group_sizes`.
+
+  `tile`: rows per tile, a positive int; None (the default) is `tile_rows(rows, experts)`. Any
+  tile gives the same results; forcing one is for checks of the tiled path at other tile sizes.
+  """
   experts = group_sizes.shape[0]
-  tile = tile_rows(rows, experts)
+  if tile is None:
+    tile = tile_rows(rows, experts)
+  elif not isinstance(tile, int) or tile < 1:
+    raise ValueError(f"layout: tile must be a positive int or None, got {tile!r}")
   n_tiles = math.ceil(rows / tile) + experts
   padded = n_tiles * tile
   gs = sanitize(group_sizes, rows)
@@ -180,13 +193,27 @@ def _tile_loop(a_IxLxC, b_ExKxN, contract: int, lay: Layout, out, precision) -> 
 
 def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
-  impl = _float_fallback(impl, a_TxK, b_TxN, out, precision)
+  if impl in _KERNEL_IMPLS and not _int8_codes(a_TxK, b_TxN, out, precision):
+    return _float_tgmm(a_TxK, b_TxN, lay, out, precision)
   if impl in _KERNEL_IMPLS:
     return tgmm_epilogue(a_TxK, b_TxN, lay, impl, out=out)
   if impl == "ragged":
     dims = _ragged_dims(((0,), (0,)), (0,), ())
     return lax.ragged_dot_general(a_TxK, b_TxN, lay.group_sizes, dims, precision=precision, preferred_element_type=out)
   return _tgmm_windows(a_TxK, b_TxN, lay, out, precision)
+
+
+def _float_tgmm(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
+  """A float dW under "auto" or "pallas" (no kernel takes it): `ragged_dot_general` on CUDA, where
+  the tiled dW is not verified (an int32 check on a GPU found it differing from the Pallas kernel
+  and from ragged_dot, which agreed), the tiled windows elsewhere. Only the branch of the platform
+  compiled for is lowered, so other platforms run the tiled program unchanged."""
+
+  def run(impl, a, b):
+    return tgmm(a, b, lay, impl, out=out, precision=precision)
+
+  ragged, tiled = functools.partial(run, "ragged"), functools.partial(run, "tiled")
+  return lax.platform_dependent(a_TxK, b_TxN, cuda=ragged, default=tiled)
 
 
 def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
@@ -226,10 +253,15 @@ def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
 # --- the dequantize epilogue, and the dispatch to the Pallas kernels ------------------------------
 
 
+def _int8_codes(a: jax.Array, b: jax.Array, out, precision) -> bool:
+  """Whether a GEMM is one the Pallas kernels take: int8 x int8 -> int32 at the default precision."""
+  return a.dtype == _CODES and b.dtype == _CODES and jnp.dtype(out) == _ACC and precision is None
+
+
 def _float_fallback(impl: str, a: jax.Array, b: jax.Array, out, precision) -> str:
-  """The Pallas kernels are int8 x int8 -> int32 only: any other GEMM takes the tiled path."""
-  codes = a.dtype == _CODES and b.dtype == _CODES and jnp.dtype(out) == _ACC and precision is None
-  return "tiled" if impl in _KERNEL_IMPLS and not codes else impl
+  """The Pallas kernels are int8 x int8 -> int32 only: any other forward or dX GEMM takes the
+  tiled path (a float dW: see `_float_tgmm`)."""
+  return "tiled" if impl in _KERNEL_IMPLS and not _int8_codes(a, b, out, precision) else impl
 
 
 def _dispatch(impl: str, kernel, xla, *args):

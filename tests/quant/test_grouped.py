@@ -3,6 +3,7 @@ recovered with one segment per example, edge cases (empty experts, padding rows,
 and clear errors for bad input."""
 
 import copy
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +84,52 @@ def test_tiled_gemms_equal_ragged_dot_on_random_int8_operands_with_many_tiles():
   for fn, args in ((grouped_gemm.gmm, (a, b)), (grouped_gemm.gmm_nt, (q, b)), (grouped_gemm.tgmm, (a, q))):
     run = jax.jit(lambda u, v, impl: fn(u, v, grouped_gemm.layout(sizes, rows), impl), static_argnums=2)
     np.testing.assert_array_equal(run(*args, "tiled"), run(*args, "ragged"))
+
+
+def _np_gemms(a, q, w, sizes):
+  """The three grouped GEMMs in int64/float64 numpy, segment by segment (rows past the sum: 0)."""
+  fwd, dx = np.zeros((a.shape[0], w.shape[2])), np.zeros((a.shape[0], w.shape[1]))
+  dw = np.zeros(w.shape)
+  for e, lo, hi in _segments(sizes):
+    fwd[lo:hi], dx[lo:hi] = a[lo:hi] @ w[e], q[lo:hi] @ w[e].T
+    dw[e] = a[lo:hi].T @ q[lo:hi]
+  return fwd, dx, dw
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float32])
+def test_tiled_gemms_equal_numpy_at_forced_tile_sizes_with_windows_reaching_past_the_last_row(dtype):
+  """The tiled path at tiles 1, 8, 32 and 128 over 48 rows: the windows of the last segments
+  (and every window at tile 128) reach past row T. Int32 and f32 (integer-valued operands, so
+  exact): the products a GPU check of the tiled dW compares (benchmarks/pallas_check.py)."""
+  rng = np.random.default_rng(7)
+  rows, k, n = 48, 16, 12
+  a, q = rng.integers(-127, 128, (rows, k)), rng.integers(-127, 128, (rows, n))
+  w = rng.integers(-127, 128, (8, k, n))
+  out, precision = (jnp.int32, None) if dtype == jnp.int8 else (jnp.float32, jax.lax.Precision.HIGHEST)
+  ops = [jnp.asarray(v, dtype) for v in (a, q, w)]
+
+  @functools.partial(jax.jit, static_argnums=4)
+  def run(a, q, w, sizes, tile):
+    lay = grouped_gemm.layout(sizes, rows, tile=tile)
+    return (
+      grouped_gemm.gmm(a, w, lay, "tiled", out=out, precision=precision),
+      grouped_gemm.gmm_nt(q, w, lay, "tiled", out=out, precision=precision),
+      grouped_gemm.tgmm(a, q, lay, "tiled", out=out, precision=precision),
+    )
+
+  for sizes in ([0, 0, 12, 1, 1, 0, 11, 22], [0, 0, 0, 0, 0, 0, 47, 1], [6] * 8, [0] * 8):
+    want = _np_gemms(a, q, w, sizes)
+    for tile in (1, 8, 32, 128):
+      got = run(*ops, jnp.asarray(sizes, jnp.int32), tile)
+      for g, r in zip(got, want, strict=True):
+        assert g.dtype == out
+        np.testing.assert_array_equal(np.asarray(g, np.float64), r, err_msg=f"tile {tile}, sizes {sizes}")
+
+
+def test_layout_refuses_a_tile_that_is_not_a_positive_int():
+  for tile in (0, -8, 8.0):
+    with pytest.raises(ValueError, match="tile must be a positive int"):
+      grouped_gemm.layout(jnp.asarray([1, 2], jnp.int32), 4, tile=tile)
 
 
 def test_tiled_gemms_keep_no_per_tile_copy_of_the_expert_weights():

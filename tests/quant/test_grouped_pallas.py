@@ -3,6 +3,8 @@ the int32 forward, dX and dW products, the fused dequantize epilogues, and group
 outputs and gradients, on empty experts, all rows on one expert, padding rows past the sum,
 T = 1, E = 1 and sizes that are not multiples of the tiles and blocks; the impl choice."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,7 +167,8 @@ def test_pallas_runs_three_kernels_compiled_on_gpu_and_interpreted_elsewhere():
   interpreted = [(name, True) for name, _ in compiled]
   assert _pallas_calls("pallas") == sorted(compiled + interpreted)
   assert _pallas_calls("auto") == sorted(compiled)  # elsewhere: the tiled path
-  assert _pallas_calls("tiled") == [] and _pallas_calls(None) == []
+  assert _pallas_calls(None) == sorted(compiled)  # the default is "auto"
+  assert _pallas_calls("tiled") == []
   assert _pallas_calls("pallas", recipe="bf16") == []  # float GEMMs take the tiled path
 
 
@@ -174,6 +177,37 @@ def test_auto_equals_the_tiled_path_on_cpu():
   gs = jnp.asarray([3, 0, 5, 2], jnp.int32)
   key = jax.random.key(5)
   _assert_bitwise_equal(_qmatmul("s3r", "auto", x, w, gs, g, key), _qmatmul("s3r", "tiled", x, w, gs, g, key))
+
+
+def _cpu_program(recipe, impl):
+  """The compiled CPU program of grouped_qmatmul's forward and backward, without debug locations."""
+  x, w, g = _problem(seed=0)
+  lowered = _qmatmul.lower(recipe, impl, x, w, jnp.asarray([3, 0, 5, 2], jnp.int32), g, jax.random.key(0))
+  text = lowered.compile().as_text().split("FileNames")[0]  # the stack-frame tables name source lines
+  return re.sub(r"metadata=\{[^}]*\}|,?\s*stack_frame_id=\d+", "", text)
+
+
+@pytest.mark.parametrize("recipe", ["s3r_ec_dx", "bf16", "int8_exact_bwd"])
+def test_the_default_compiles_on_cpu_to_the_tiled_program(recipe):
+  """impl=None is "auto": the CUDA branches (kernels, a float dW on ragged_dot) are not lowered here."""
+  assert _cpu_program(recipe, None) == _cpu_program(recipe, "tiled")
+
+
+@pytest.mark.parametrize("impl", ["auto", "pallas"])
+def test_a_float_dw_under_the_kernel_impls_is_ragged_dot_on_cuda_and_the_tiled_loop_elsewhere(impl):
+  a, q = jax.ShapeDtypeStruct((T, K), jnp.float32), jax.ShapeDtypeStruct((T, N), jnp.float32)
+  sizes = jax.ShapeDtypeStruct((E,), jnp.int32)
+  hi = jax.lax.Precision.HIGHEST
+  dw = lambda impl: jax.jit(
+    lambda a, q, s: grouped_gemm.tgmm(a, q, grouped_gemm.layout(s, T), impl, out=jnp.float32, precision=hi)
+  )
+
+  def lowered(impl, platform):
+    return dw(impl).trace(a, q, sizes).lower(lowering_platforms=(platform,)).as_text()
+
+  cuda, cpu = lowered(impl, "cuda"), lowered(impl, "cpu")
+  assert "ragged_dot" in cuda and "stablehlo.while" not in cuda
+  assert "ragged_dot" not in cpu and "stablehlo.while" in cpu and "triton" not in cpu
 
 
 @pytest.mark.parametrize("impl", ["triton", "Pallas", ""])
