@@ -3,16 +3,23 @@
 `python -m benchmarks.pallas_check [--shape qwen3-30b-a3b] [--tokens 512] [--out-dir DIR]`
 
 On a GPU, impl="pallas" runs the compiled (Triton) kernels: the check first asserts that the
-lowered program holds a Triton kernel call, then compares, bit for bit,
-1. the int32 forward, dX and dW GEMMs (grouped_gemm.gmm / gmm_nt / tgmm) with the ragged and
-   the tiled paths, and
-2. grouped_qmatmul's output and both gradients per recipe (s3r_ec_dx, s3r, int8_rtne) with the
-   ragged path,
+lowered program holds a Triton kernel call, then compares, bit for bit, in four families:
+1. "pallas": the int32 forward, dX and dW GEMMs (grouped_gemm.gmm / gmm_nt / tgmm) with the
+   ragged and the tiled paths;
+2. "tiled dW": the ragged dW against numpy, and the tiled dW against the ragged one at the
+   shape's own tile and at tiles 32 and 128 (forced through `grouped_gemm.layout`), each in
+   int32 and in f32 (integer-valued operands at HIGHEST precision, so exact: the float GEMMs'
+   path);
+3. "xla dot": one XLA int8 x int8 -> int32 dot [K, L] x [L, N] with L = 8, 32, 128 (the tiled
+   dW's window product, its lhs a transposed slice) against numpy;
+4. "grouped_qmatmul": grouped_qmatmul's output and both gradients per recipe (s3r_ec_dx, s3r,
+   int8_rtne) with the ragged path,
 on R = tokens · top_k rows with an uneven routing: skewed expert sizes, some empty experts and
 padding rows past the sum. Elsewhere the kernels run in interpret mode (use a tiny custom shape,
-e.g. --shape 64x8x2x48). Results go to <out-dir>/pallas_check.json after every part; the exit
-status is 1 (with a line starting "PALLAS CHECK FAILED") if anything differs, fails to compile
-or is not a Triton kernel on a GPU, else 0.
+e.g. --shape 64x8x2x48). Results go to <out-dir>/pallas_check.json after every part, each
+check with its family; the exit status is 1 (with a line starting "PALLAS CHECK FAILED" that
+names the failing families and checks) if anything differs, fails to compile or is not a
+Triton kernel on a GPU, else 0.
 
 Dimension letters: R rows, E experts, K = hidden, N = expert width.
 """
@@ -45,11 +52,21 @@ def routing(rows: int, experts: int, seed: int) -> np.ndarray:
   return rng.multinomial(routed, shares).astype(np.int32)
 
 
-def _compare(name: str, got, want) -> dict:
+FAMILIES = ("pallas", "tiled dW", "xla dot", "grouped_qmatmul")
+WINDOWS = (8, 32, 128)  # the contraction lengths of the "xla dot" checks and the forced tiles of "tiled dW"
+
+
+def _compare(family: str, name: str, got, want) -> dict:
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-  same = np.array_equal(got, want, equal_nan=True)
-  diff = np.abs(got - want)
-  row = {"name": name, "bit_exact": bool(same), "mismatches": int((diff != 0).sum()), "max_abs_diff": float(diff.max())}
+  same = got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+  diff = np.abs(got - want) if got.shape == want.shape else np.full(1, np.inf)
+  row = {
+    "family": family,
+    "name": name,
+    "bit_exact": bool(same),
+    "mismatches": int((diff != 0).sum()),
+    "max_abs_diff": float(diff.max(initial=0.0)),
+  }
   log(f"  {'ok  ' if same else 'DIFF'} {name}: {row['mismatches']} mismatches, max |diff| {row['max_abs_diff']:.3g}")
   return row
 
@@ -85,7 +102,57 @@ def check_gemms(shape: dict, rows: int, seed: int, report: dict) -> None:
   for ref in ("ragged", "tiled"):
     want = gemms(ref)(a, q, w, sizes)
     for what, g, r in zip(("forward", "dX", "dW"), got, want):
-      report["checks"].append(_compare(f"int32 {what} pallas vs {ref}", g, r))
+      report["checks"].append(_compare("pallas", f"int32 {what} pallas vs {ref}", g, r))
+
+
+def check_tiled_dw(shape: dict, rows: int, seed: int, report: dict) -> None:
+  """The tiled dW against the ragged one (and that against numpy) at several tiles, int32 and f32."""
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+
+  from s3r.quant import grouped_gemm
+
+  e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
+  rng = np.random.default_rng(seed)  # the operands of check_gemms
+  a_np, q_np = rng.integers(-127, 128, (rows, k)), rng.integers(-127, 128, (rows, n))
+  sizes_np = routing(rows, e, seed)
+  ends = np.cumsum(sizes_np)
+  want = np.stack([a_np[s:t].T @ q_np[s:t] for s, t in zip(ends - sizes_np, ends)])  # int64, exact
+  sizes = jnp.asarray(sizes_np, jnp.int32)
+  own = grouped_gemm.tile_rows(rows, e)
+  report["tiled_dw_tiles"] = tiles = sorted({own, *WINDOWS[1:]})
+
+  @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+  def dw(a, q, sizes, impl, tile, out, precision):
+    return grouped_gemm.tgmm(a, q, grouped_gemm.layout(sizes, rows, tile=tile), impl, out=out, precision=precision)
+
+  for label, dtype, out, precision in (
+    ("int32", jnp.int8, jnp.int32, None),
+    ("f32", jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
+  ):
+    a, q = jnp.asarray(a_np, dtype), jnp.asarray(q_np, dtype)
+    ragged = dw(a, q, sizes, "ragged", None, out, precision)
+    report["checks"].append(_compare("tiled dW", f"{label} dW ragged vs numpy", ragged, want))
+    for tile in tiles:
+      tiled = dw(a, q, sizes, "tiled", tile, out, precision)
+      report["checks"].append(_compare("tiled dW", f"{label} dW tiled vs ragged, tile {tile}", tiled, ragged))
+
+
+def check_xla_dot(shape: dict, seed: int, report: dict) -> None:
+  """One XLA int8 dot [K, L] x [L, N] -> int32 per window length L, its lhs a transposed slice."""
+  import jax
+  import jax.numpy as jnp
+
+  k, n = shape["hidden"], shape["expert_width"]
+  rng = np.random.default_rng(seed + 2)
+  dot = jax.jit(lambda a_LxK, q_LxN: jnp.dot(a_LxK.T, q_LxN, preferred_element_type=jnp.int32))
+  for length in WINDOWS:
+    a, q = rng.integers(-127, 128, (length + 8, k)), rng.integers(-127, 128, (length + 8, n))
+    got = dot(jnp.asarray(a[3 : 3 + length], jnp.int8), jnp.asarray(q[3 : 3 + length], jnp.int8))
+    want = a[3 : 3 + length].T @ q[3 : 3 + length]
+    report["checks"].append(_compare("xla dot", f"int8 dot [K, {length}] x [{length}, N] vs numpy", got, want))
 
 
 def check_qmatmul(shape: dict, rows: int, seed: int, recipe: str, report: dict) -> None:
@@ -113,7 +180,7 @@ def check_qmatmul(shape: dict, rows: int, seed: int, recipe: str, report: dict) 
   got = fwd_bwd_pallas(x, w, sizes, g, key)
   want = fwd_bwd_ragged(x, w, sizes, g, key)
   for what, a, b in zip(("y", "dx", "dw"), got, want):
-    report["checks"].append(_compare(f"grouped_qmatmul {recipe} {what} pallas vs ragged", a, b))
+    report["checks"].append(_compare("grouped_qmatmul", f"grouped_qmatmul {recipe} {what} pallas vs ragged", a, b))
 
 
 def _fwd_bwd(s3r, recipe, impl, x, w, sizes, g, key):
@@ -121,6 +188,18 @@ def _fwd_bwd(s3r, recipe, impl, x, w, sizes, g, key):
 
   y, vjp = jax.vjp(lambda a, b: s3r.grouped_qmatmul(a, b, sizes, key=key, recipe=recipe, impl=impl), x, w)
   return (y, *vjp(g))
+
+
+def _failed_families(report: dict) -> dict[str, list[str]]:
+  """{family: [names of its differing checks]} for each family with a difference, then
+  {"errors": [parts]} if a part raised."""
+  failed: dict[str, list[str]] = {}
+  for c in report["checks"]:
+    if not c["bit_exact"]:
+      failed.setdefault(c["family"], []).append(c["name"])
+  if report["errors"]:
+    failed["errors"] = [e["part"] for e in report["errors"]]
+  return failed
 
 
 def main(argv=None) -> int:
@@ -141,6 +220,8 @@ def main(argv=None) -> int:
   report["devices"] = [str(d) for d in jax.devices()]
   log(f"[pallas_check] {name} {shape}, R={rows}, backend {report['backend']}")
   parts = [("int32 GEMMs", lambda: check_gemms(shape, rows, args.seed, report))]
+  parts += [("tiled dW", lambda: check_tiled_dw(shape, rows, args.seed, report))]
+  parts += [("xla dot", lambda: check_xla_dot(shape, args.seed, report))]
   parts += [(r, lambda r=r: check_qmatmul(shape, rows, args.seed, r, report)) for r in args.recipes.split(",") if r]
   for part, fn in parts:
     try:
@@ -149,10 +230,11 @@ def main(argv=None) -> int:
       report["errors"].append({"part": part, "error": f"{type(exc).__name__}: {exc}"[:4000]})
       log(f"PALLAS CHECK ERROR in {part}:\n{traceback.format_exc()}")
     report["passed"] = not report["errors"] and all(c["bit_exact"] for c in report["checks"])
+    report["failed_families"] = _failed_families(report)
     (out / "pallas_check.json").write_text(json.dumps(report, indent=1))
   if not report["passed"]:
-    bad = [c["name"] for c in report["checks"] if not c["bit_exact"]] + [e["part"] for e in report["errors"]]
-    print(f"PALLAS CHECK FAILED: {', '.join(bad)}", flush=True)
+    summary = "; ".join(f"{family}: {', '.join(names)}" for family, names in report["failed_families"].items())
+    print(f"PALLAS CHECK FAILED ({', '.join(report['failed_families'])}): {summary}", flush=True)
     return 1
   print(f"PALLAS CHECK PASSED: {len(report['checks'])} comparisons bit-exact on {report['backend']}", flush=True)
   return 0

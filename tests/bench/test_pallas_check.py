@@ -1,0 +1,33 @@
+"""benchmarks/pallas_check.py: every check carries its family, and a failure names the failing
+families and checks (the exit status stays 1 on any difference)."""
+
+import json
+
+from benchmarks import pallas_check
+
+
+def test_a_difference_is_reported_by_family_and_name():
+  same = pallas_check._compare("xla dot", "int8 dot [K, 8] x [8, N] vs numpy", [1, 2], [1, 2])
+  differs = pallas_check._compare("tiled dW", "int32 dW tiled vs ragged, tile 8", [1, 5, 3], [1, 2, 4])
+  assert same["family"] == "xla dot" and same["bit_exact"]
+  assert differs["family"] == "tiled dW" and not differs["bit_exact"]
+  assert differs["mismatches"] == 2 and differs["max_abs_diff"] == 3.0
+  report = {"checks": [same, differs], "errors": [{"part": "s3r", "error": "RuntimeError: x"}]}
+  assert pallas_check._failed_families(report) == {
+    "tiled dW": ["int32 dW tiled vs ragged, tile 8"],
+    "errors": ["s3r"],
+  }
+  assert pallas_check._compare("pallas", "shape", [1, 2], [1, 2, 3])["bit_exact"] is False
+
+
+def test_the_cpu_run_passes_with_every_family_and_tile(tmp_path, capsys):
+  """The smoke stage's call (interpret mode on the CPU), one recipe."""
+  argv = ["--shape", "64x8x2x48", "--tokens", "24", "--recipes", "s3r", "--out-dir", str(tmp_path)]
+  assert pallas_check.main(argv) == 0
+  report = json.loads((tmp_path / "pallas_check.json").read_text())
+  assert report["passed"] and report["failed_families"] == {}
+  assert {c["family"] for c in report["checks"]} == set(pallas_check.FAMILIES)
+  assert report["tiled_dw_tiles"] == [8, 32, 128]
+  names = {c["name"] for c in report["checks"]}
+  assert {f"{t} dW tiled vs ragged, tile {n}" for t in ("int32", "f32") for n in (8, 32, 128)} <= names
+  assert "PALLAS CHECK PASSED" in capsys.readouterr().out
