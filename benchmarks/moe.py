@@ -14,7 +14,7 @@ parameter). The recipes are interleaved (`timing.time_interleaved`); ratios are 
 
 Grouped GEMM alone: the three int8 x int8 -> int32 GEMMs of one grouped_qmatmul (forward X̂ Ŵ_e,
 dX = Q Ŵ_eᵀ, dW[e] = X̂_eᵀ Q_e) on int8 codes of R rows in E equal groups, K = H, N = F, per
-formulation: "tiled" (the default fast path), "ragged" (`jax.lax.ragged_dot`, impl="ragged"),
+formulation: "tiled" (the default fast path on CPU), "ragged" (`jax.lax.ragged_dot`, impl="ragged"),
 "dense" (capacity padding: rows scattered to [E, C, K] with C = the largest group, three batched
 dot_generals; it drops rows past C, so it is a lower bound for a dropless dense formulation),
 and on request "pallas" (the Pallas kernels, impl="pallas": compiled on GPU, interpret mode
