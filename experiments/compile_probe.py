@@ -5,9 +5,9 @@ On the H200 the INT8 recipes compile far slower than bf16 (the first `device_qua
 423.5 s compiling `paper-12l` x 3 recipes, results/gpu/device_quality/). XLA_FLAGS must be set
 before JAX starts, so each candidate flag set is measured in its own subprocess: one train step of
 the run's preset sliced to `--layers` layers (1 by default) for one recipe (`s3r_ec_dx`), at the
-run's batch and sequence, is traced, compiled and run (one untimed call, then `--steps` timed
-ones). Each subprocess has its own timeout (`--timeout`, and never past what is left of
-`--budget`); a timeout or an error makes the candidate a failure.
+run's batch and sequence, is traced, compiled and run (one untimed call, then `--timed-steps` timed
+ones): the run's own program at fewer layers. Each subprocess has its own timeout (`--timeout`,
+and never past what is left of `--budget`); a timeout or an error makes the candidate a failure.
 
 The rule: among the candidates that compiled and ran, the one with the smallest compile time whose
 step time is at most `--slack` (1.5) times the default's; when the default itself failed, the
@@ -74,7 +74,8 @@ def measure(args: argparse.Namespace) -> dict:
   impl, note = attention.resolve(args.attention, mcfg, batch=args.batch, seq=args.seq)
   mcfg = dataclasses.replace(mcfg, attention_impl=impl)
   out |= {"attention": impl, "attention_note": note}
-  tx = make_optimizer(lockstep.unit_rate(OptimizerConfig()))
+  # the run's optimizer (its schedule length is a constant of the program), at the unit rate
+  tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
   init_key, train_key = jax.random.split(jax.random.key(0))
   t = time.monotonic()
   state, lowered = lockstep.lower_train_step(mcfg, tx, init_key, train_key, args.batch, args.seq)
@@ -86,7 +87,7 @@ def measure(args: argparse.Namespace) -> dict:
   state, _ = jax.block_until_ready(step(state, tokens, train_key, lr))
   out["first_call_s"] = time.monotonic() - t
   times = []
-  for _ in range(args.steps):
+  for _ in range(args.timed_steps):
     t = time.monotonic()
     state, _ = jax.block_until_ready(step(state, tokens, train_key, lr))
     times.append(time.monotonic() - t)
@@ -120,7 +121,8 @@ def child_argv(args: argparse.Namespace, attention: str) -> list[str]:
   argv = [sys.executable, "-m", "experiments.compile_probe", "--child", "--preset", args.preset]
   argv += ["--layers", str(args.layers), "--recipe", args.recipe, "--vocab", str(args.vocab)]
   argv += ["--batch", str(args.batch), "--seq", str(args.seq), "--attention", attention]
-  return argv + ["--tp-partial-sums", args.tp_partial_sums, "--steps", str(args.steps)]
+  argv += ["--tp-partial-sums", args.tp_partial_sums, "--schedule-steps", str(args.schedule_steps)]
+  return argv + ["--timed-steps", str(args.timed_steps)]
 
 
 def with_base(name: str, base: str) -> str:
@@ -229,7 +231,8 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--seq", type=int, default=2048)
   p.add_argument("--attention", default="auto", choices=("auto", "xla", "cudnn"))
   p.add_argument("--tp-partial-sums", default="bf16", choices=("bf16", "int32"))
-  p.add_argument("--steps", type=int, default=3, help="timed steps after the first call (median)")
+  p.add_argument("--schedule-steps", type=int, default=2000, help="the run's --steps (a constant of its program)")
+  p.add_argument("--timed-steps", type=int, default=3, help="timed steps after the first call (median)")
   p.add_argument("--timeout", type=float, default=60.0, help="seconds per candidate")
   p.add_argument("--budget", type=float, default=90.0, help="seconds for all candidates")
   p.add_argument("--slack", type=float, default=1.5, help="step time allowed, relative to the default's")

@@ -29,7 +29,7 @@
 # Env: PRESET (paper-12l), BATCH (8), SEQ (2048), STEPS (2000: the longest schedule), WARMUP (200),
 #   LR (6e-4), EVAL_EVERY (250), EVAL_BATCHES (16), DOSE_KEYS (4), TOKENS (.cache/device_tokens),
 #   TOTAL_S (560: seconds for the whole script), SMOKE_S (120), SMOKE_STAGES (versions),
-#   PROBE (auto: run unless XLA_FLAGS is set; always; never), PROBE_S (90), PROBE_CANDIDATE_S (60),
+#   PROBE (auto: run unless XLA_FLAGS is set; always; never), PROBE_S (90), PROBE_CANDIDATE_S (60), PROBE_LAYERS (1),
 #   PROBE_CANDIDATES (by backend), XLA_FLAGS,
 #   PY (python3), OUT, WORK.
 # CPU dry run (tests/scripts/test_device_scripts.py): PRESET=tiny BATCH=2 SEQ=32 STEPS=4 ...
@@ -49,8 +49,8 @@ mkdir -p "$DEST" "$WORK"
     echo "compile probe skipped (PROBE=${PROBE:-auto}, XLA_FLAGS ${XLA_FLAGS:-unset})"
   else
     timeout $(( ${PROBE_S:-90} + 30 )) $PY -m experiments.compile_probe --data "$TOKENS" --out "$WORK/probe" \
-      --preset "${PRESET:-paper-12l}" --batch "${BATCH:-8}" --seq "${SEQ:-2048}" --budget "${PROBE_S:-90}" \
-      --timeout "${PROBE_CANDIDATE_S:-60}" --candidates "${PROBE_CANDIDATES:-}" 2>&1
+      --preset "${PRESET:-paper-12l}" --layers "${PROBE_LAYERS:-1}" --batch "${BATCH:-8}" --seq "${SEQ:-2048}" --budget "${PROBE_S:-90}" \
+      --schedule-steps "${STEPS:-2000}" --timeout "${PROBE_CANDIDATE_S:-60}" --candidates "${PROBE_CANDIDATES:-}" 2>&1
     echo "compile probe exit $?"
     chosen=$(cat "$WORK/probe/xla_flags.txt" 2>/dev/null)
     if [ -n "$chosen" ]; then export XLA_FLAGS="$chosen"; fi
