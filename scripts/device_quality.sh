@@ -6,15 +6,17 @@
 # 1. smoke: only the versions stage by default (SMOKE_STAGES=versions). The tiny lockstep stage
 #    passed on the H200 (results/gpu/device_quality/smoke/smoke.json) but took 71 s of the 560, and
 #    the step-bench stage (25 s) tests nothing this script uses; the probe below compiles and runs
-#    the real preset's train step, and the run writes its summary after every evaluation.
+#    the real preset's train step (at one layer), and the run writes its summary after every
+#    evaluation, so a failure later in the run still leaves what came before.
 # 2. compile probe (python -m experiments.compile_probe, at most PROBE_S = 90 s): one train step of
 #    the preset sliced to one layer, s3r_ec_dx, compiled in a subprocess per candidate XLA_FLAGS
-#    (default; --xla_gpu_enable_triton_gemm=false; that plus --xla_gpu_autotune_level=0; only the
-#    default off the GPU), each within PROBE_CANDIDATE_S = 60 s; the fastest-compiling set whose step
-#    is within 1.5x of the default's is exported as XLA_FLAGS for the run. The first call compiled
-#    the three models in 423.5 s with the default flags and trained nothing
-#    (results/gpu/device_quality/). An XLA_FLAGS set by the caller wins: the probe is skipped
-#    (PROBE=always runs it with the caller's flags as the base of every candidate; PROBE=never skips it).
+#    (on the GPU, cheapest first: --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0;
+#    --xla_gpu_enable_triton_gemm=false; the default; elsewhere only the default), each within
+#    PROBE_CANDIDATE_S = 60 s; the fastest-compiling set whose step is within 1.5x of the
+#    default's is exported as XLA_FLAGS for the run. The first call compiled the three models in
+#    423.5 s with the default flags and trained nothing (results/gpu/device_quality/). An XLA_FLAGS
+#    set by the caller wins: the probe is skipped (PROBE=always runs it with the caller's flags as
+#    the base of every candidate; PROBE=never skips it).
 # 3. the lockstep runner, with what is left of TOTAL_S: it compiles the three train steps in
 #    parallel (the evaluation programs in the background; each recipe's compile seconds go to the
 #    summary), measures an iteration, and fits a complete schedule (warm-up 10%, cosine to lr/10)
@@ -29,8 +31,8 @@
 # Env: PRESET (paper-12l), BATCH (8), SEQ (2048), STEPS (2000: the longest schedule), WARMUP (200),
 #   LR (6e-4), EVAL_EVERY (250), EVAL_BATCHES (16), DOSE_KEYS (4), TOKENS (.cache/device_tokens),
 #   TOTAL_S (560: seconds for the whole script), SMOKE_S (120), SMOKE_STAGES (versions),
-#   PROBE (auto: run unless XLA_FLAGS is set; always; never), PROBE_S (90), PROBE_CANDIDATE_S (60), PROBE_LAYERS (1),
-#   PROBE_CANDIDATES (by backend), XLA_FLAGS,
+#   PROBE (auto: run unless XLA_FLAGS is set; always; never), PROBE_S (90), PROBE_CANDIDATE_S (60),
+#   PROBE_LAYERS (1), PROBE_CANDIDATES (comma-separated names; default by backend), XLA_FLAGS,
 #   PY (python3), OUT, WORK.
 # CPU dry run (tests/scripts/test_device_scripts.py): PRESET=tiny BATCH=2 SEQ=32 STEPS=4 ...
 source "$(dirname "$0")/device_common.sh"
