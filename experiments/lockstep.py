@@ -21,8 +21,10 @@ Time on a borrowed device is the scarce thing, so:
 
 Output folder:
   curves.jsonl   one line per evaluation: step, tokens, elapsed_s, per recipe val (and c4) loss
-  summary.json   the paired differences, the curves and the dose; rewritten after every
-                 evaluation, so a run killed from outside keeps the last one ("complete": false)
+  summary.json   the paired differences, the curves, the dose and the compile seconds per recipe;
+                 rewritten after every evaluation, so a run killed from outside keeps the last one
+                 ("complete": false); "complete" is true only when the fitted schedule ran to its
+                 end (a run stopped by the time budget, or one that trained nothing, is not)
   summary.md     the same as a report (see lockstep_report.py)
   lockstep.log   progress lines
 
@@ -38,6 +40,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import os
 import pathlib
 import time
 
@@ -178,33 +181,56 @@ def fitted_schedule(cfg: LockstepConfig, seconds_left: float, iteration_s: float
   return steps, min(steps, round(cfg.warmup * steps / cfg.steps))
 
 
+def model_config(preset: str, recipe: str, vocab_size: int, seq: int, attention: str, tp_partial_sums: str, **over):
+  """The lockstep run's model config of one recipe (`over`: further preset overrides, e.g. layers=1)."""
+  base = s3r_model.PRESETS[preset]
+  return s3r_model.preset(
+    preset,
+    vocab_size=vocab_size,
+    recipe=recipe,
+    max_seq_len=max(base.max_seq_len, seq),
+    attention_impl=attention,
+    tp_partial_sums=tp_partial_sums,
+    **over,
+  )
+
+
+def lower_train_step(mcfg, tx, init_key: jax.Array, train_key: jax.Array, batch: int, seq: int) -> tuple:
+  """(initial state, lowered train step) of one model; the step takes (state, tokens, key, lr) and
+  donates the state."""
+  state = jax.jit(lambda k: init_state(s3r_model.init_params(mcfg, k), tx))(init_key)
+  step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
+  tokens = jax.ShapeDtypeStruct((batch, seq + 1), np.int32)
+  return state, step.lower(state, tokens, train_key, jax.ShapeDtypeStruct((), np.float32))
+
+
+def timed_compile(lowered) -> tuple:
+  """(compiled program, seconds the compilation took on the calling thread)."""
+  t0 = time.monotonic()
+  compiled = lowered.compile()
+  return compiled, time.monotonic() - t0
+
+
 class _Models:
   """The compiled steps and the states of every recipe (identical initial parameters)."""
 
   def __init__(self, cfg: LockstepConfig, vocab_size: int, attention: str):
-    base = s3r_model.PRESETS[cfg.preset]
     self.cfgs = {
-      r: s3r_model.preset(
-        cfg.preset,
-        vocab_size=vocab_size,
-        recipe=r,
-        max_seq_len=max(base.max_seq_len, cfg.seq),
-        attention_impl=attention,
-        tp_partial_sums=cfg.tp_partial_sums,
-      )
-      for r in cfg.recipes
+      r: model_config(cfg.preset, r, vocab_size, cfg.seq, attention, cfg.tp_partial_sums) for r in cfg.recipes
     }
     self.opt = OptimizerConfig(lr=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup)
     tx = make_optimizer(unit_rate(self.opt))
     init_key, self.train_key, self.eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
     batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32)
-    self.states, lowered = {}, {}
+    self.states, lowered, self.lower_s = {}, {}, {}
     for r, mcfg in self.cfgs.items():  # tracing on this thread, XLA compiles in parallel below
-      self.states[r] = jax.jit(lambda k, mcfg=mcfg: init_state(s3r_model.init_params(mcfg, k), tx))(init_key)
-      step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
-      lowered[r] = step.lower(self.states[r], batch, self.train_key, jax.ShapeDtypeStruct((), np.float32))
+      t0 = time.monotonic()
+      self.states[r], lowered[r] = lower_train_step(mcfg, tx, init_key, self.train_key, cfg.batch, cfg.seq)
+      self.lower_s[r] = time.monotonic() - t0
     self.pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.compile_threads or len(cfg.recipes)))
-    self.train = dict(zip(lowered, self.pool.map(lambda lo: lo.compile(), lowered.values())))
+    compiled = dict(zip(lowered, self.pool.map(timed_compile, lowered.values())))
+    self.train = {r: c for r, (c, _) in compiled.items()}
+    self.compile_s = {r: s for r, (_, s) in compiled.items()}  # each thread's own compile time
     sums = {
       r: float(sum(np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(s.params)))
       for r, s in self.states.items()
@@ -217,15 +243,14 @@ class _Models:
     param_shapes = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.states[cfg.recipes[0]].params
     )
-    self._eval = {
-      r: self.pool.submit(
-        lambda r=r: (
-          jax.jit(make_eval_step(s3r_model.graphdef(self.cfgs[r]))).lower(param_shapes, batch, self.eval_key).compile()
-        )
-      )
-      for r in cfg.recipes
-    }
+    self.eval_compile_s = {}
+    self._eval = {r: self.pool.submit(self._compile_eval, r, param_shapes, batch) for r in cfg.recipes}
     self._reference_fn = None
+
+  def _compile_eval(self, recipe: str, param_shapes, batch):
+    lowered = jax.jit(make_eval_step(s3r_model.graphdef(self.cfgs[recipe]))).lower(param_shapes, batch, self.eval_key)
+    compiled, self.eval_compile_s[recipe] = timed_compile(lowered)
+    return compiled
 
   def iteration_seconds(self, batch_BxS1: np.ndarray) -> float:
     """Seconds of one lockstep iteration, timed (after one untimed call) on copies of the states."""
@@ -317,6 +342,11 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   models = _Models(cfg, vocab, attention)
   compile_s = elapsed()
   log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s")
+  log(
+    "train step per recipe: "
+    + ", ".join(f"{r} traced {models.lower_s[r]:.1f}s, compiled {s:.1f}s" for r, s in models.compile_s.items())
+  )
+  log(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS') or '(none)'}")
   dose_batch = val_sets["val"][0][: cfg.dose_batch]
   iteration_s = models.iteration_seconds(val_sets["val"][0])
   eval_round_s = iteration_s / 3 * sum(len(v) for v in val_sets.values())  # a forward is about a third of a step
@@ -335,18 +365,22 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     "data": meta_tokens,
     "meta": provenance.run_metadata(),
     "compile_s": round(compile_s, 2),
+    "compile_s_by_recipe": {r: round(v, 2) for r, v in models.compile_s.items()},  # each thread's own
+    "lower_s_by_recipe": {r: round(v, 2) for r, v in models.lower_s.items()},  # tracing, one after another
+    "eval_compile_s_by_recipe": None,  # filled at the end (they compile in the background)
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
     "iteration_s_calibrated": iteration_s,
   }
   records, iter_times, step, train_sum = [], [], 0, dict.fromkeys(cfg.recipes, 0.0)
   curves = (out / "curves.jsonl").open("w")
-  write = lambda complete, stopped_by, dose=None, dose_same=None: write_summary(
+  write = lambda ended, stopped_by, dose=None, dose_same=None: write_summary(
     out,
     summary,
     records,
     cfg.recipes,
     step,
     iter_times,
-    complete=complete,
+    ended=ended,
     stopped_by=stopped_by,
     dose=dose,
     dose_same_params=dose_same,
@@ -395,8 +429,12 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   elif cfg.dose_keys:
     log("gradient errors skipped: no time left in the budget")
   models.pool.shutdown(wait=False, cancel_futures=True)
+  summary["eval_compile_s_by_recipe"] = {r: round(v, 2) for r, v in models.eval_compile_s.items()}
   summary["meta"]["loadavg_after"] = provenance.loadavg()
-  return write(True, stopped_by, dose, dose_same)
+  final = write(True, stopped_by, dose, dose_same)
+  if not final["complete"]:
+    log(f"INCOMPLETE: {step} of the schedule's {steps} steps ran (stopped by {stopped_by})")
+  return final
 
 
 # --- command line -------------------------------------------------------------------------------

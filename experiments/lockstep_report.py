@@ -67,14 +67,22 @@ def paired(records: list[dict], recipes: tuple[str, ...], steps_done: int) -> di
   return out
 
 
+def is_complete(ended: bool, steps_done: int, schedule_steps: int) -> bool:
+  """A run is complete when it ended with its schedule run to the end: a run stopped by the time
+  budget, or one that trained nothing, is not."""
+  return ended and 0 < steps_done == schedule_steps
+
+
 def write_summary(
-  out, summary, records, recipes, step, iter_times, *, complete, stopped_by, dose=None, dose_same_params=None
+  out, summary, records, recipes, step, iter_times, *, ended, stopped_by, dose=None, dose_same_params=None
 ) -> dict:
-  """Writes summary.json and summary.md in `out`; returns the summary."""
+  """Writes summary.json and summary.md in `out` (`ended`: the run's last write, not a progress
+  write); returns the summary."""
   summary = {
     **summary,
     "one_seed": ONE_SEED,
-    "complete": complete,
+    "ended": ended,
+    "complete": is_complete(ended, step, summary["schedule"]["steps"]),
     "stopped_by": stopped_by,
     "steps_done": step,
     "iteration_s_median": float(np.median(iter_times)) if iter_times else None,
@@ -103,7 +111,12 @@ def _fmt(x: float | None, spec: str = "+.4f") -> str:
 def markdown(summary: dict) -> str:
   """The report: settings, final losses, paired differences against the paper, and the dose."""
   cfg, sched = summary["config"], summary["schedule"]
-  state = "complete" if summary["complete"] else "running (or stopped from outside)"
+  if summary["complete"]:
+    state = "complete"
+  elif summary.get("ended"):
+    state = f"INCOMPLETE (the schedule did not run to its end; stopped by {summary['stopped_by']})"
+  else:
+    state = "running (or stopped from outside)"
   lines = [
     f"# Lockstep run: {cfg['preset']}, {', '.join(cfg['recipes'])}",
     "",
@@ -115,7 +128,8 @@ def markdown(summary: dict) -> str:
     f"- schedule: {sched['steps']} steps, warm-up {sched['warmup']}"
     + (" (fitted to the time budget after compilation)" if sched["fitted"] else "")
     + f"; {state}: {summary['steps_done']} steps done, stopped by {summary['stopped_by']}",
-    f"- compile {summary['compile_s']:.1f} s; iteration {_fmt(summary['iteration_s_median'], '.3f')} s (median)",
+    f"- compile {summary['compile_s']:.1f} s{_compile_detail(summary)}; "
+    f"iteration {_fmt(summary['iteration_s_median'], '.3f')} s (median)",
     "",
   ]
   curves = summary["curves"]
@@ -141,6 +155,18 @@ def markdown(summary: dict) -> str:
     lines += [f"## Dose: every recipe's relative gradient errors on the final parameters of `{same['params_of']}`", ""]
     lines += _error_table(same["errors"])
   return "\n".join(lines)
+
+
+def _compile_detail(summary: dict) -> str:
+  """The report's compile detail: each recipe's train-step compile (its own thread), the evaluation
+  programs' where known, and the XLA_FLAGS; "" for summaries written before these were recorded."""
+  per = summary.get("compile_s_by_recipe")
+  if not per:
+    return ""
+  evals = summary.get("eval_compile_s_by_recipe") or {}
+  parts = [f"`{r}` {s:.1f} s" + (f" (eval {evals[r]:.1f} s)" if r in evals else "") for r, s in per.items()]
+  flags = summary.get("xla_flags") or "none"
+  return f" (train step per recipe, each on its own thread: {', '.join(parts)}; XLA_FLAGS: {flags})"
 
 
 def _error_table(errors: dict) -> list[str]:

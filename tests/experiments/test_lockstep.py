@@ -1,14 +1,18 @@
 """The lockstep runner at a tiny size on CPU: paired curves of equal length, the summary's fields,
-identical starting points, and a stop on the time budget that still leaves a valid summary."""
+identical starting points, and a stop on the time budget that still leaves a valid summary, which
+is not called complete unless the schedule ran to its end."""
 
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
-from experiments import lockstep
+from experiments import lockstep, lockstep_report
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -64,7 +68,26 @@ def test_lockstep_stops_on_time_budget_with_valid_summary(token_folder, tmp_path
   summary = lockstep.run(_cfg(token_folder, tmp_path, recipes=("int8_sr", "s3r"), time_budget=1e-3), log=lambda _: None)
   assert summary["stopped_by"] == "time_budget" and summary["steps_done"] == 0
   assert summary["curves"]["step"] == [] and summary["paired"] == {}
-  assert json.loads((tmp_path / "out" / "summary.json").read_text())["complete"]
+  on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert on_disk["ended"] and not on_disk["complete"]  # a run that trained nothing is not complete
+  assert set(on_disk["compile_s_by_recipe"]) == {"int8_sr", "s3r"} and on_disk["compile_s_by_recipe"]["s3r"] > 0
+  assert "INCOMPLETE" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_summary_is_complete_only_when_the_schedule_ran_to_its_end(tmp_path):
+  # the first H200 call: the schedule was fitted to 1 step, none ran, and the summary said complete
+  first = json.loads((ROOT / "results/gpu/device_quality/run/summary.json").read_text())
+  recipes = tuple(first["config"]["recipes"])
+  summary = {k: first[k] for k in ("config", "schedule", "attention", "param_count", "data", "meta", "compile_s")}
+  write = lambda step, ended, stopped_by: lockstep_report.write_summary(
+    tmp_path, summary, [], recipes, step, [0.2] * step, ended=ended, stopped_by=stopped_by
+  )
+  stopped = write(0, True, "time_budget")
+  assert stopped["ended"] and not stopped["complete"] and stopped["steps_done"] == 0
+  assert "INCOMPLETE" in (tmp_path / "summary.md").read_text()
+  assert not write(0, False, None)["complete"] and not write(1, False, None)["complete"]  # progress writes
+  assert write(1, True, "steps")["complete"]  # the fitted schedule's one step ran
+  assert "; complete: 1 steps done" in (tmp_path / "summary.md").read_text()
 
 
 def test_lockstep_config_rejects_bad_fields(token_folder, tmp_path):

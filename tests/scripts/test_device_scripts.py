@@ -2,8 +2,8 @@
 a change that would break a script on a borrowed GPU fails here first. Each script must exit 0
 and bring back exactly its archive and its log, with the files its README entry promises.
 
-The default suite dry-runs `device_quality.sh` (smoke stage, lockstep with a fitted schedule, the
-dose, packing) and the failing-smoke stop; the dry runs of `device_step.sh`, `device_bench.sh` and
+The default suite dry-runs `device_quality.sh` (smoke stage, compile probe, lockstep with a fitted
+schedule, the dose, packing) and the failing-smoke stop; the dry runs of `device_step.sh`, `device_bench.sh` and
 `device_moe.sh` (35-55 s each; with them the default suite passed 15 minutes on 2 cores) are slow:
 the benchmarks they call have their own default tests in tests/bench, and scripts/README.md asks for
 `pytest -m slow tests/scripts` before a device run."""
@@ -75,13 +75,24 @@ def test_a_failing_smoke_stage_stops_the_script(tmp_path, tokens):
 def test_device_quality_dry_run(tmp_path, tokens):
   env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
   env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
+  env["PROBE"] = "always"  # the suite sets XLA_FLAGS, which would skip the probe
+  # the probe at tiny's full depth compiles the run's own s3r_ec_dx step: the run then reads it
+  # from the suite's compilation cache, so the probe adds little to this test
+  env["PROBE_LAYERS"] = "2"
   result = _run("device_quality", tmp_path / "out", env)
   assert result.returncode == 0, result.stdout[-4000:]
   files = _brought_back(tmp_path / "out", "device_quality")
-  assert {"run/summary.json", "run/summary.md", "run/curves.jsonl", "smoke/smoke.json"} <= files
+  assert {"run/summary.json", "run/summary.md", "run/curves.jsonl", "smoke/smoke.json", "probe/probe.json"} <= files
   with tarfile.open(tmp_path / "out" / "device_quality.tar.gz") as tar:
     summary = json.load(tar.extractfile("./run/summary.json"))
+    probe = json.load(tar.extractfile("./probe/probe.json"))
   assert summary["complete"] and summary["schedule"]["fitted"] and summary["dose"]
+  assert set(summary["compile_s_by_recipe"]) == {"int8_sr", "s3r", "s3r_ec_dx"}
+  assert probe["settings"]["layers"] == 2 and probe["settings"]["schedule_steps"] == 4
+  # PROBE=always: the suite's XLA_FLAGS are the base; off the GPU only the default (the base alone) runs
+  assert [c["name"] for c in probe["candidates"]] == ["default"] and probe["candidates"][0]["status"] == "ok"
+  assert probe["chosen"] == "default" and summary["xla_flags"] == probe["xla_flags"] == os.environ.get("XLA_FLAGS", "")
+  assert "compile probe exit 0" in result.stdout
 
 
 @pytest.mark.slow  # see the module docstring
