@@ -11,10 +11,11 @@
 #     (python -m benchmarks.pallas_check -> pallas_check.json). If it fails (a kernel that does not
 #     compile, is not a Triton kernel, or differs), a "PALLAS CHECK FAILED" banner is printed, the
 #     GEMM steps run without the pallas formulation, and the script exits 1 after the other steps.
+#     Its exit 3 (only the diagnostic families of the tiled dW differ) keeps pallas and is reported.
 #   gemm_qwen, gemm_deepseek: the grouped GEMM formulations (tiled, ragged_dot, dense capacity,
 #     pallas), each step writing bench_moe_gpu.{json,md} (a formulation that fails to compile is
 #     logged with "!!!", recorded under "errors" and left out)
-#   block_qwen, block_deepseek: the MoE block fwd+bwd per recipe (default impl, the tiled path),
+#   block_qwen, block_deepseek: the MoE block fwd+bwd per recipe (default impl: Pallas on a GPU),
 #     each step writing bench_moe_block_gpu.{json,md}
 # Each step rewrites its files after every recipe's compilation and every timing round (the
 # timings so far under "in_progress"), so a step cut short by its limit keeps what it reached.
@@ -49,7 +50,9 @@ step() {  # step NAME SECONDS ARGS...: one bench run into $WORK/NAME
   check=$?
   echo "$check" > "$WORK/pallas_check/exit_code"
   FORMS=tiled,ragged,dense,pallas
-  if [ "$check" != 0 ]; then
+  if [ "$check" = 3 ]; then
+    banner "PALLAS CHECK PASSED, TILED dW DIAGNOSTICS FAILED: see pallas_check/pallas_check.json"
+  elif [ "$check" != 0 ]; then
     banner "PALLAS CHECK FAILED (exit $check; 124 = timed out): see pallas_check/pallas_check.json; GEMM steps run without pallas"
     FORMS=tiled,ragged,dense
   fi
@@ -61,9 +64,9 @@ step() {  # step NAME SECONDS ARGS...: one bench run into $WORK/NAME
   step block_deepseek "${BLOCK_S:-115}" --shapes "${SHAPE_D:-deepseek-v2-lite}" --tokens "${TOKENS:-4096}" \
     --gemm-tokens 0
   ls -laR "$WORK"
-  if [ "$check" != 0 ]; then banner "PALLAS CHECK FAILED (exit $check): the other steps ran; this run exits 1"; fi
+  if [ "$check" != 0 ] && [ "$check" != 3 ]; then banner "PALLAS CHECK FAILED (exit $check): the other steps ran; this run exits 1"; fi
 } 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 finish device_moe
 [ "$status" != 0 ] && exit "$status"
-[ "$(cat "$WORK/pallas_check/exit_code" 2>/dev/null)" = 0 ] || exit 1
+case "$(cat "$WORK/pallas_check/exit_code" 2>/dev/null)" in 0 | 3) ;; *) exit 1 ;; esac

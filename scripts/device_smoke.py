@@ -6,7 +6,8 @@ the smallest size, in one process, and stops if any fails:
 2. lockstep: the `tiny` preset, 3 steps of two recipes on a random token folder, with the
    attention resolution (cuDNN where it compiles), the evaluation and the final gradient errors;
 3. pallas: the Pallas grouped-GEMM check at a tiny MoE shape (compiled Triton kernels on a GPU,
-   interpret mode elsewhere);
+   interpret mode elsewhere); a failure of its diagnostic families only (the tiled dW, which the
+   GPU default does not run) is recorded under "diagnostic_failures" and does not stop the script;
 4. step: one timed training step per recipe of `python -m benchmarks step` on the `tiny` preset.
 Each stage's status, seconds and first error line go to DIR/smoke.json (rewritten after every
 stage). The exit status is 0 when every stage passed, else 1 after a line starting "SMOKE FAILED".
@@ -76,9 +77,12 @@ def _pallas(out: pathlib.Path) -> dict:
   from benchmarks import pallas_check
 
   code = pallas_check.main(["--shape", "64x8x2x48", "--tokens", "24", "--out-dir", str(out / "pallas")])
-  if code:
-    raise RuntimeError("the Pallas check failed (see pallas/pallas_check.json)")
-  return json.loads((out / "pallas" / "pallas_check.json").read_text())["backend"]
+  report = json.loads((out / "pallas" / "pallas_check.json").read_text())
+  if code not in (0, pallas_check.DIAGNOSTIC_EXIT):
+    raise RuntimeError(
+      f"the Pallas check failed in {', '.join(report['failed_families'])} (see pallas/pallas_check.json)"
+    )
+  return {"backend": report["backend"], "diagnostic_failures": report["failed_families"]}  # {} when all passed
 
 
 def _step(out: pathlib.Path) -> dict:

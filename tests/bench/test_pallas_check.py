@@ -1,7 +1,9 @@
 """benchmarks/pallas_check.py: every check carries its family, and a failure names the failing
-families and checks (the exit status stays 1 on any difference)."""
+families and checks; a failure of the paths the default takes is exit status 1, one of the
+diagnostic families alone is 3 (device scripts keep the Pallas path then)."""
 
 import json
+import pathlib
 
 from benchmarks import pallas_check
 
@@ -31,3 +33,37 @@ def test_the_cpu_run_passes_with_every_family_and_tile(tmp_path, capsys):
   names = {c["name"] for c in report["checks"]}
   assert {f"{t} dW tiled vs ragged, tile {n}" for t in ("int32", "f32") for n in (8, 32, 128)} <= names
   assert "PALLAS CHECK PASSED" in capsys.readouterr().out
+
+
+def test_only_diagnostic_failures_are_told_apart_from_failures_of_the_default_paths():
+  assert pallas_check.diagnostic_only({"tiled dW": ["a"], "xla dot": ["b"]})
+  assert pallas_check.diagnostic_only({"errors": ["tiled dW"]})
+  assert not pallas_check.diagnostic_only({})
+  assert not pallas_check.diagnostic_only({"tiled dW": ["a"], "pallas": ["b"]})
+  assert not pallas_check.diagnostic_only({"tiled dW": ["a"], "errors": ["s3r"]})
+
+
+def test_the_smoke_stage_passes_on_diagnostic_failures_and_stops_on_a_pallas_failure(tmp_path, monkeypatch):
+  import importlib.util
+
+  import pytest
+
+  root = pathlib.Path(__file__).resolve().parents[2]
+  spec = importlib.util.spec_from_file_location("device_smoke", root / "scripts" / "device_smoke.py")
+  smoke = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(smoke)
+
+  def fake_check(failed):
+    def main(argv):
+      out = pathlib.Path(argv[argv.index("--out-dir") + 1])
+      out.mkdir(parents=True, exist_ok=True)
+      (out / "pallas_check.json").write_text(json.dumps({"backend": "gpu", "failed_families": failed}))
+      return 0 if not failed else pallas_check.DIAGNOSTIC_EXIT if pallas_check.diagnostic_only(failed) else 1
+
+    return main
+
+  monkeypatch.setattr(pallas_check, "main", fake_check({"tiled dW": ["int32 dW tiled vs ragged, tile 8"]}))
+  assert smoke._pallas(tmp_path)["diagnostic_failures"] == {"tiled dW": ["int32 dW tiled vs ragged, tile 8"]}
+  monkeypatch.setattr(pallas_check, "main", fake_check({"pallas": ["int32 dW pallas vs ragged"]}))
+  with pytest.raises(RuntimeError, match="failed in pallas"):
+    smoke._pallas(tmp_path)
