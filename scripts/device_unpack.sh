@@ -1,17 +1,20 @@
 #!/bin/bash
-# Turns what a device call brought back into results files: bash scripts/device_unpack.sh FILES_AT
+# Turns what a device call brought back into results files: bash scripts/device_unpack.sh FILES_AT [SUFFIX]
 # Each <name>.tar.gz there (device_quality, device_step, device_moe, device_bench) is unpacked into
-# results/gpu/<name>/ with its log beside it; nothing else under results/ is touched. Refuses to
-# overwrite a folder that exists (move it first), so committed results are never replaced by accident.
+# results/gpu/<name><SUFFIX>/ with its log beside it; nothing else under results/ is touched. Refuses
+# to overwrite a folder that exists, so committed results are never replaced by accident: a second
+# run of a script goes beside the first with a SUFFIX (for example -2).
 set -euo pipefail
-src=${1:?usage: bash scripts/device_unpack.sh FILES_AT (the folder a device call brought back)}
+src=${1:?usage: bash scripts/device_unpack.sh FILES_AT [SUFFIX] (FILES_AT: the folder a device call brought back)}
+suffix=${2:-}
+case "$suffix" in */* | .*) echo "error: SUFFIX must be a plain name part such as -2, got '$suffix'" >&2; exit 2 ;; esac
 found=0
 for archive in "$src"/device_*.tar.gz; do
   [ -e "$archive" ] || continue
   name=$(basename "$archive" .tar.gz)
-  dest=results/gpu/$name
+  dest=results/gpu/$name$suffix
   if [ -e "$dest" ]; then
-    echo "error: $dest exists; move it away first (results are never overwritten)" >&2
+    echo "error: $dest exists; give a SUFFIX (bash scripts/device_unpack.sh $src -2) to put this run beside it" >&2
     exit 2
   fi
   mkdir -p "$dest"

@@ -131,7 +131,7 @@ def test_device_moe_dry_run(tmp_path):
   } <= files
 
 
-def test_device_unpack_puts_archives_under_results_gpu_and_never_overwrites(tmp_path):
+def test_device_unpack_puts_archives_under_results_gpu_never_overwrites_and_takes_a_suffix(tmp_path):
   src = tmp_path / "back"
   (src / "w").mkdir(parents=True)
   (src / "w" / "summary.json").write_text("{}")
@@ -140,7 +140,9 @@ def test_device_unpack_puts_archives_under_results_gpu_and_never_overwrites(tmp_
   repo = tmp_path / "repo"
   (repo / "scripts").mkdir(parents=True)
   (repo / "scripts" / "device_unpack.sh").write_text((ROOT / "scripts" / "device_unpack.sh").read_text())
-  run = lambda: subprocess.run(["bash", "scripts/device_unpack.sh", str(src)], cwd=repo, capture_output=True, text=True)
+  run = lambda *suffix: subprocess.run(
+    ["bash", "scripts/device_unpack.sh", str(src), *suffix], cwd=repo, capture_output=True, text=True
+  )
   first = run()
   assert first.returncode == 0, first.stderr
   assert sorted(p.name for p in (repo / "results/gpu/device_quality").iterdir()) == [
@@ -148,4 +150,8 @@ def test_device_unpack_puts_archives_under_results_gpu_and_never_overwrites(tmp_
     "summary.json",
   ]
   again = run()
-  assert again.returncode == 2 and "never overwritten" in again.stderr
+  assert again.returncode == 2 and "give a SUFFIX" in again.stderr
+  beside = run("-2")  # a second run of the script goes beside the first
+  assert beside.returncode == 0, beside.stderr
+  assert (repo / "results/gpu/device_quality-2/summary.json").exists()
+  assert run("/x").returncode == 2 and (repo / "results/gpu/device_quality/summary.json").exists()
