@@ -200,3 +200,32 @@ def test_scaling_doc_communication_tables_are_those_of_the_committed_comm_result
     assert table in committed, table[:3]
   meta = _load("results/comm.json")["meta"]
   assert meta["git"]["revision"] in (ROOT / "results" / "comm.md").read_text()
+
+
+DOSE_GRIDS = ("int8", "int6", "int4")
+
+
+def _signed(x: float) -> str:
+  return f"{x:+.3f}".replace("-", "−")  # the README's minus sign
+
+
+def dose_sentence(dose: dict) -> str:
+  """The README's dose-study sentence rebuilt from results/dose.json: per grid the mean gap to
+  `int8_sr` over the seeds finished so far, and how many they are."""
+  grids = dose["grids"]
+  seeds = ", ".join(f"{g} {len(grids[g]['s3r']['seeds'])}" for g in DOSE_GRIDS)
+  s3r = ", ".join(f"{_signed(grids[g]['s3r']['gap_mean'])} at {g}" for g in DOSE_GRIDS)
+  ec = ", ".join(_signed(grids[g]["s3r_ec_dx"]["gap_mean"]) for g in DOSE_GRIDS)
+  return (
+    f"(`results/dose.md`, means over the seeds finished so far: {seeds}): `s3r` − `int8_sr` is {s3r}, "
+    f"`s3r_ec_dx` − `int8_sr` {ec}."
+  )
+
+
+def test_readme_dose_sentence_matches_the_committed_dose_results():
+  readme = " ".join(README.read_text().split())  # line breaks as spaces
+  expected = dose_sentence(_load("results/dose.json"))
+  assert expected in readme, expected
+  changed = _load("results/dose.json")
+  changed["grids"]["int6"]["s3r"]["gap_mean"] += 0.01
+  assert dose_sentence(changed) not in readme  # the check can fail
