@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 
 from s3r.nn.dot_general import LinenDotGeneral, dot_general, kernel_fingerprint
-from s3r.quant.grouped import grouped_qmatmul
 from s3r.quant import formats
+from s3r.quant.grouped import grouped_qmatmul
 from s3r.quant.recipes import DEFAULT_RECIPE, FORMAT_SEPARATOR, RECIPES, Recipe
 from s3r.quant.recipes import recipe as get_recipe
 
@@ -199,7 +199,9 @@ def _moe_refusal(config: Any) -> str | None:
   config field and value, and what to do."""
   get = functools.partial(getattr, config)
   if not get("sparse_matmul", True):
-    return "sparse_matmul=False (MaxText's dense einsum/capacity expert path) is not wired to s3r; use sparse_matmul=True"
+    return (
+      "sparse_matmul=False (MaxText's dense einsum/capacity expert path) is not wired to s3r; use sparse_matmul=True"
+    )
   if not get("megablox", True) and not get("use_tokamax_gmm", False):
     return (
       "megablox=False runs the experts through jax.lax.ragged_dot directly, which has no hook; use megablox=True "
