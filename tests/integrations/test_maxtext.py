@@ -72,7 +72,9 @@ def test_config_values_select_s3r_and_leave_maxtexts_own_values_to_it(tmp_path):
 
 
 EXPERTS, TOP_K = 4, 2
-MOE = dict(decoder_block="mixtral", num_experts=EXPERTS, num_experts_per_tok=TOP_K, base_moe_mlp_dim=TINY["base_mlp_dim"])
+MOE = dict(
+  decoder_block="mixtral", num_experts=EXPERTS, num_experts_per_tok=TOP_K, base_moe_mlp_dim=TINY["base_mlp_dim"]
+)
 
 
 def test_moe_paths_the_s3r_backend_does_not_cover_raise_when_the_model_is_built(tmp_path):
@@ -294,7 +296,7 @@ def test_expert_keys_come_from_the_aqt_stream_fresh_per_step_and_per_layer(tmp_p
   assert len({k for layer in layers for k in layer}) == 2 * LAYERS  # (its GEMMs fold in their kernel's fingerprint)
 
 
-def _train(tmp_path, run_name, steps):
+def _train(tmp_path, run_name, steps, **overrides):
   """MaxText's own pre-training loop (`python -m s3r.integrations.maxtext`), s3r_ec_dx, checkpoints every 3 steps."""
   metrics = tmp_path / f"{run_name}-{steps}.jsonl"
   args = {
@@ -308,7 +310,7 @@ def _train(tmp_path, run_name, steps):
     "async_checkpointing": False,
     "quantization": "s3r:s3r_ec_dx",
     "metrics_file": str(metrics),
-  }
+  } | overrides
   cmd = [sys.executable, "-m", "s3r.integrations.maxtext", BASE_YML, *(f"{k}={v}" for k, v in args.items())]
   env = os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -326,6 +328,12 @@ def test_maxtext_trainer_trains_with_s3r_and_resumes_its_checkpoint_bit_for_bit(
   assert straight[8] < straight[0]
   assert [first[s] for s in range(6)] == [straight[s] for s in range(6)]
   assert [resumed[s] for s in (6, 7, 8)] == [straight[s] for s in (6, 7, 8)]
+
+
+def test_maxtext_trainer_trains_a_moe_model_with_s3r(tmp_path):
+  losses = _train(tmp_path, "moe", 8, enable_checkpointing=False, learning_rate_schedule_steps=8, **MOE)
+  assert sorted(losses) == list(range(8)) and all(np.isfinite(v) for v in losses.values())
+  assert losses[7] < losses[0]
 
 
 def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, monkeypatch):
