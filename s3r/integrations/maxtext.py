@@ -23,10 +23,23 @@ Tensor-parallel partial sums: where the kernel's logical axes put its contracted
 the `tensor` mesh axis the projection runs with `tp="row"`, where they put its output dimension
 there with `tp="column"` (see `s3r.qmatmul`); with `ici_tensor_parallelism=1` neither applies.
 
-Not wired: the mixture-of-experts layers (their expert GEMMs do not go through `dot_general_cls`),
-so an MoE config (`num_experts > 1`) raises rather than leaving the experts unquantized; Qwix's
-path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and conversion
-modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
+Mixture of experts (`num_experts > 1`): the expert GEMMs of MaxText's sparse (dropless) path,
+`RoutedMoE.sparse_matmul` with `sparse_matmul=True` and `megablox=True` (MaxText's defaults) or
+`use_tokamax_gmm=True`, run through `s3r.grouped_qmatmul` with the recipe (`expert_gmm`). MaxText computes
+them in a closure that calls `maxtext.kernels.megablox.gmm` inside a `shard_map` and asks the
+quantization object for nothing s3r could answer with a GEMM, so `register()` wraps two MaxText
+functions, narrowly (see `_patch_experts`): `RoutedMoE.sparse_matmul` of an s3r layer draws one key per
+call from the layer's `aqt` stream (fresh per step and per layer, as the dense hook's) and
+`megablox.gmm` runs `expert_gmm` while such a call is traced; other layers and other calls reach
+MaxText's code unchanged. Each GEMM uses `fold_in(key, kernel_fingerprint(kernel))`. The router's gate
+and any shared experts are `DenseGeneral`-style projections and take the dense hook. `backend()` refuses
+the MoE paths it does not cover, naming the config field: `sparse_matmul=False` (the dense einsum/capacity
+path), `megablox=False` without Tokamax (a direct `jax.lax.ragged_dot`), expert parallelism, ring of
+experts, TransformerEngine's MoE block, quantized token all-gathers, embedding chunks; an expert layer on
+a mesh of more than one device raises when traced.
+
+Not wired: Qwix's path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and
+conversion modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
 """
 
 from __future__ import annotations
