@@ -336,7 +336,8 @@ def _patch_experts() -> None:
       call.apply_defaults()
       a = call.arguments
       unsupported = {
-        "group_offset": a["group_offset"] not in (None, 0),
+        "group_offset": a["group_offset"] is not None
+        and not (isinstance(a["group_offset"], int) and a["group_offset"] == 0),
         "existing_out": a["existing_out"] is not None,
         "transpose_rhs": bool(a["transpose_rhs"]),
         "weight_gather_axes": bool(a["weight_gather_axes"]),
