@@ -23,25 +23,43 @@ Tensor-parallel partial sums: where the kernel's logical axes put its contracted
 the `tensor` mesh axis the projection runs with `tp="row"`, where they put its output dimension
 there with `tp="column"` (see `s3r.qmatmul`); with `ici_tensor_parallelism=1` neither applies.
 
-Not wired: the mixture-of-experts layers (their expert GEMMs do not go through `dot_general_cls`),
-so an MoE config (`num_experts > 1`) raises rather than leaving the experts unquantized; Qwix's
-path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and conversion
-modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
+Mixture of experts (`num_experts > 1`): the expert GEMMs of MaxText's sparse (dropless) path,
+`RoutedMoE.sparse_matmul` with `sparse_matmul=True` and `megablox=True` (MaxText's defaults) or
+`use_tokamax_gmm=True`, run through `s3r.grouped_qmatmul` with the recipe (`expert_gmm`). MaxText computes
+them in a closure that calls `maxtext.kernels.megablox.gmm` inside a `shard_map` and asks the
+quantization object for nothing s3r could answer with a GEMM, so `register()` wraps two MaxText
+functions, narrowly (see `_patch_experts`): `RoutedMoE.sparse_matmul` of an s3r layer draws one key per
+call from the layer's `aqt` stream (fresh per step and per layer, as the dense hook's) and
+`megablox.gmm` runs `expert_gmm` while such a call is traced; other layers and other calls reach
+MaxText's code unchanged. Each GEMM uses `fold_in(key, kernel_fingerprint(kernel))`. The router's gate
+and any shared experts are `DenseGeneral`-style projections and take the dense hook. `backend()` refuses
+the MoE paths it does not cover, naming the config field: `sparse_matmul=False` (the dense einsum/capacity
+path), `megablox=False` without Tokamax (a direct `jax.lax.ragged_dot`), expert parallelism, ring of
+experts, TransformerEngine's MoE block, quantized token all-gathers, embedding chunks; an expert layer on
+a mesh of more than one device raises when traced.
+
+Not wired: Qwix's path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and
+conversion modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import functools
+import inspect
 import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import flax.linen as linen
+import jax
+import jax.numpy as jnp
 
-from s3r.nn.dot_general import LinenDotGeneral, dot_general
+from s3r.nn.dot_general import LinenDotGeneral, dot_general, kernel_fingerprint
 from s3r.quant import formats
+from s3r.quant.grouped import grouped_qmatmul
 from s3r.quant.recipes import DEFAULT_RECIPE, FORMAT_SEPARATOR, RECIPES, Recipe
 from s3r.quant.recipes import recipe as get_recipe
 
@@ -148,8 +166,69 @@ class S3rQuantization:
 
   def einsum(self, mesh_axes: tuple = ()):
     raise NotImplementedError(
-      f"quantization={PREFIX}{SEPARATOR}{self.recipe.name}: MaxText's einsum path (the MoE experts) is not wired to s3r"
+      f"quantization={PREFIX}{SEPARATOR}{self.recipe.name}: MaxText's einsum path (the MoE experts with "
+      "sparse_matmul=False) is not wired to s3r"
     )
+
+  def expert_key(self, rngs: Any) -> jax.Array | None:
+    """The key of one MoE layer call's expert GEMMs: a draw from the layer's `aqt` stream (None for a
+    deterministic recipe, or where the layer has no such stream, as for the dense hook)."""
+    if not self.recipe.stochastic or rngs is None or RNG_STREAM not in rngs:
+      return None
+    return getattr(rngs, RNG_STREAM)()
+
+
+def expert_gmm(
+  lhs: jax.Array,
+  rhs: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  recipe: Recipe,
+  key: jax.Array | None,
+  preferred_element_type: Any = None,
+) -> jax.Array:
+  """One MaxText expert GEMM through s3r: `s3r.grouped_qmatmul(lhs, rhs, group_sizes)` with the key
+  `fold_in(key, kernel_fingerprint(rhs))` (the layer call's key, made distinct per expert kernel as the dense
+  hook does), in `preferred_element_type` (MaxText's gmm output dtype; None: lhs's)."""
+  k = None if key is None else jax.random.fold_in(key, kernel_fingerprint(rhs))
+  out = grouped_qmatmul(lhs, rhs, group_sizes.astype(jnp.int32), key=k, recipe=recipe)
+  return out if preferred_element_type is None else out.astype(preferred_element_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Experts:
+  """What an s3r MoE layer call hands its grouped GEMMs while MaxText traces them."""
+
+  recipe: Recipe
+  key: jax.Array | None
+
+
+# Set only while an s3r `RoutedMoE.sparse_matmul` runs (see register()); MaxText's gmm calls inside see it.
+_EXPERTS: contextvars.ContextVar[_Experts | None] = contextvars.ContextVar("s3r_maxtext_experts", default=None)
+
+
+def _moe_refusal(config: Any) -> str | None:
+  """Why the s3r backend cannot quantize this MoE config's expert GEMMs (None where it can): the
+  config field and value, and what to do."""
+  get = functools.partial(getattr, config)
+  if not get("sparse_matmul", True):
+    return (
+      "sparse_matmul=False (MaxText's dense einsum/capacity expert path) is not wired to s3r; use sparse_matmul=True"
+    )
+  if not get("megablox", True) and not get("use_tokamax_gmm", False):
+    return (
+      "megablox=False runs the experts through jax.lax.ragged_dot directly, which has no hook; use megablox=True "
+      "(MaxText's default)"
+    )
+  for field in ("ici_expert_parallelism", "dcn_expert_parallelism"):
+    if int(get(field, 1) or 1) > 1:
+      return f"{field}={get(field)}: expert parallelism is not supported on the s3r MaxText expert path"
+  for field in ("use_ring_of_experts", "te_moe_block", "moe_quantize_token_all_gather"):
+    if get(field, False):
+      return f"{field}=True is not supported on the s3r MaxText expert path"
+  if int(get("num_moe_emb_chunks", 0) or 0) > 0:
+    return f"num_moe_emb_chunks={get('num_moe_emb_chunks')} is not supported on the s3r MaxText expert path"
+  return None
 
 
 def backend(config: Any, quant_mode_str: str = "train") -> S3rQuantization | None:
@@ -168,12 +247,8 @@ def backend(config: Any, quant_mode_str: str = "train") -> S3rQuantization | Non
     )
   if getattr(config, "use_batch_split_schedule", False):
     raise NotImplementedError(f"{value}: use_batch_split_schedule=True is not supported by the s3r backend")
-  if int(getattr(config, "num_experts", 1) or 1) > 1:
-    raise NotImplementedError(
-      f"{value} with num_experts={config.num_experts}: the s3r MaxText backend quantizes the dense projections only; "
-      "MaxText's expert GEMMs are not wired to s3r.grouped_qmatmul, and the experts would silently stay in "
-      f"{getattr(config, 'dtype', 'bf16')}. Use a dense model, or s3r's own MoE models (s3r.model)"
-    )
+  if int(getattr(config, "num_experts", 1) or 1) > 1 and (why := _moe_refusal(config)):
+    raise NotImplementedError(f"{value} with num_experts={config.num_experts}: {why}")
   return S3rQuantization(recipe=recipe)
 
 
@@ -228,6 +303,83 @@ def register() -> None:
 
   configure_quantization.s3r_backend = True  # type: ignore[attr-defined]
   quantizations.configure_quantization = configure_quantization
+  _patch_experts()
+
+
+def _patch_experts() -> None:
+  """Routes the expert GEMMs of an s3r MoE layer through `expert_gmm` (two narrow wrappers).
+
+  MaxText's sparse MoE path (`RoutedMoE.sparse_matmul`) computes its expert GEMMs in a closure that
+  asks the quantization object for nothing but AQT's dtypes and calls
+  `maxtext.kernels.megablox.gmm` inside a `shard_map`, so there is no hook to hand s3r the GEMM:
+  - `RoutedMoE.sparse_matmul` is wrapped: for a layer whose `quant` is an `S3rQuantization` it draws the
+    call's key from the layer's `aqt` stream (outside the `shard_map`, where the stream's count is model
+    state) and sets it, with the recipe, in a context variable while MaxText traces the layer;
+    any other layer runs MaxText's method unchanged.
+  - `maxtext.kernels.megablox.gmm` (what the sparse path calls with `megablox=True` or
+    `use_tokamax_gmm=True`) is wrapped: while that context is set, a call is `expert_gmm` (i.e.
+    `s3r.grouped_qmatmul`); otherwise it is MaxText's gmm, unchanged.
+  """
+  from maxtext.kernels import megablox  # noqa: PLC0415
+  from maxtext.layers import moe  # noqa: PLC0415
+
+  original_gmm = megablox.gmm
+  if not getattr(original_gmm, "s3r_backend", False):
+    signature = inspect.signature(original_gmm)
+
+    @functools.wraps(original_gmm)
+    def gmm(*args, **kwargs):
+      experts = _EXPERTS.get()
+      if experts is None:
+        return original_gmm(*args, **kwargs)
+      call = signature.bind(*args, **kwargs)
+      call.apply_defaults()
+      a = call.arguments
+      unsupported = {
+        "group_offset": a["group_offset"] is not None
+        and not (isinstance(a["group_offset"], int) and a["group_offset"] == 0),
+        "existing_out": a["existing_out"] is not None,
+        "transpose_rhs": bool(a["transpose_rhs"]),
+        "weight_gather_axes": bool(a["weight_gather_axes"]),
+        "partial_sum": a["partial_sum"] is not None,
+        "a pre-quantized operand": not all(isinstance(v, jax.Array) for v in (a["lhs"], a["rhs"])),
+      }
+      if bad := [name for name, on in unsupported.items() if on]:
+        raise NotImplementedError(f"s3r MaxText expert GEMM: MaxText passed {', '.join(bad)}, which s3r does not cover")
+      return expert_gmm(
+        a["lhs"],
+        a["rhs"],
+        a["group_sizes"],
+        recipe=experts.recipe,
+        key=experts.key,
+        preferred_element_type=a["preferred_element_type"],
+      )
+
+    gmm.s3r_backend = True  # type: ignore[attr-defined]
+    megablox.gmm = gmm
+
+  original_sparse = moe.RoutedMoE.sparse_matmul
+  if not getattr(original_sparse, "s3r_backend", False):
+
+    @functools.wraps(original_sparse)
+    def sparse_matmul(self, *args, **kwargs):
+      quant = getattr(self, "quant", None)
+      if not isinstance(quant, S3rQuantization):
+        return original_sparse(self, *args, **kwargs)
+      mesh = getattr(self, "mesh", None)
+      if mesh is not None and mesh.size > 1:
+        raise NotImplementedError(
+          f"quantization={PREFIX}{SEPARATOR}{quant.recipe.name}: the MoE expert GEMMs run through s3r on a one-device "
+          f"mesh only (this mesh: {dict(mesh.shape)})"
+        )
+      token = _EXPERTS.set(_Experts(quant.recipe, quant.expert_key(getattr(self, "rngs", None))))
+      try:
+        return original_sparse(self, *args, **kwargs)
+      finally:
+        _EXPERTS.reset(token)
+
+    sparse_matmul.s3r_backend = True  # type: ignore[attr-defined]
+    moe.RoutedMoE.sparse_matmul = sparse_matmul
 
 
 def main(argv: Sequence[str] | None = None) -> None:

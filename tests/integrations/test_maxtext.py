@@ -4,6 +4,7 @@ Every test here builds or runs MaxText (its import alone takes seconds), so all 
     python -m pytest -m slow tests/integrations/test_maxtext.py
 """
 
+import collections
 import json
 import os
 import pathlib
@@ -70,11 +71,18 @@ def test_config_values_select_s3r_and_leave_maxtexts_own_values_to_it(tmp_path):
     _config(tmp_path, quantization="s3r:s3r_ecdx")
 
 
-def test_moe_config_raises_instead_of_leaving_the_experts_unquantized(tmp_path):
-  cfg = _config(
-    tmp_path, quantization="s3r", num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=TINY["base_mlp_dim"]
-  )
-  with pytest.raises(NotImplementedError, match="num_experts=4"):
+EXPERTS, TOP_K = 4, 2
+MOE = dict(
+  decoder_block="mixtral", num_experts=EXPERTS, num_experts_per_tok=TOP_K, base_moe_mlp_dim=TINY["base_mlp_dim"]
+)
+
+
+def test_moe_paths_the_s3r_backend_does_not_cover_raise_when_the_model_is_built(tmp_path):
+  cfg = _config(tmp_path, quantization="s3r", **MOE, sparse_matmul=False)
+  with pytest.raises(NotImplementedError, match=r"num_experts=4: sparse_matmul=False .* not wired to s3r"):
+    model_creation_utils.from_config(cfg, rngs=maxtext_utils_nnx.create_nnx_rngs(cfg))
+  cfg = _config(tmp_path, quantization="s3r", **MOE, megablox=False)
+  with pytest.raises(NotImplementedError, match=r"num_experts=4: megablox=False runs the experts through jax.lax"):
     model_creation_utils.from_config(cfg, rngs=maxtext_utils_nnx.create_nnx_rngs(cfg))
 
 
@@ -169,7 +177,126 @@ def test_keys_come_from_the_aqt_stream_fresh_per_call_and_per_layer(monkeypatch)
   assert np.asarray(jax.random.key_data(recorder.calls[-1][0])).tolist() == keys[0]
 
 
-def _train(tmp_path, run_name, steps):
+def _int8_dots_by_place(jaxpr, in_shard_map=False, counts=None):
+  """int8 GEMMs of a step program that run on this platform: {"experts": inside MaxText's MoE `shard_map`,
+  "dense": elsewhere}. s3r's "auto" grouped GEMM is a `platform_dependent` choice between the Pallas
+  kernels (the CUDA branch) and the tiled XLA GEMMs (elsewhere); the kernels' bodies are not counted."""
+  from jax.extend import core
+
+  counts = {"experts": 0, "dense": 0} if counts is None else counts
+  for eqn in (jaxpr.jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else jaxpr).eqns:
+    if jaxpr_analysis.is_int8_dot(eqn):
+      counts["experts" if in_shard_map else "dense"] += 1
+    if eqn.primitive.name == "pallas_call":
+      continue
+    for param in eqn.params.values():
+      for sub in jaxpr_analysis._sub_jaxprs(param):
+        _int8_dots_by_place(sub, in_shard_map or eqn.primitive.name == "shard_map", counts)
+  return counts
+
+
+@pytest.mark.parametrize(("recipe", "small"), [("s3r", 0), ("s3r_ec_dx", 1), ("bf16", None)])
+def test_moe_step_runs_the_expert_gemms_in_int8(tmp_path, recipe, small):
+  # Per MoE layer: the forward grouped GEMMs of wi_0, wi_1 and wo (3), the backward's dX and dW of each (6) and,
+  # for s3r_ec_dx, one small batched int8 product per GEMM (the dX correction, 3). remat_policy=minimal saves
+  # wi_0's and wo's outputs but not wi_1's (MaxText names it only "moe_mlpwi_1"), so wi_1's forward GEMM runs
+  # again in the backward (1). The dense hook keeps the attention projections and the router's gate.
+  cfg = _config(
+    tmp_path, quantization=f"s3r:{recipe}", scan_layers=False, remat_policy="minimal", enable_dropout=False, **MOE
+  )
+  counts = _int8_dots_by_place(_step_jaxpr(cfg))
+  if small is None:
+    assert counts == {"experts": 0, "dense": 0}
+    return
+  assert counts["experts"] == LAYERS * (3 + 1 + 6 + 3 * small)
+  assert counts["dense"] >= LAYERS * 5 * 3  # q, k, v, out and the gate: forward, dX and dW each
+
+
+class _ExpertTap:
+  """Wraps the backend's `expert_gmm` to fetch each expert GEMM's operands, key, output and output cotangent
+  from the run: they live inside MaxText's `shard_map`, so they come out through callbacks. `calls[i][name]`
+  lists the values of traced call i, one per execution (a rematerialized forward may add repeats)."""
+
+  def __init__(self, monkeypatch):
+    self.calls, original = [], smt.expert_gmm
+
+    def tapped(lhs, rhs, group_sizes, *, recipe, key, preferred_element_type=None):
+      record = collections.defaultdict(list)
+      self.calls.append(record)
+
+      def keep(name, value):
+        jax.debug.callback(lambda v: record[name].append(np.asarray(v)), value)
+
+      keep("lhs", lhs), keep("rhs", rhs), keep("group_sizes", group_sizes), keep("key", jax.random.key_data(key))
+      out = original(lhs, rhs, group_sizes, recipe=recipe, key=key, preferred_element_type=preferred_element_type)
+      keep("out", out)
+
+      @jax.custom_vjp
+      def tap(y):
+        return y
+
+      def tap_bwd(_, g):
+        keep("g", g)
+        return (g,)
+
+      tap.defvjp(lambda y: (y, None), tap_bwd)
+      return tap(out)
+
+    monkeypatch.setattr(smt, "expert_gmm", tapped)
+
+
+def _moe_model(tmp_path, recipe="s3r_ec_dx"):
+  cfg = _config(
+    tmp_path, quantization=f"s3r:{recipe}", scan_layers=False, remat_policy="minimal", enable_dropout=False, **MOE
+  )
+  return model_creation_utils.from_config(cfg, rngs=maxtext_utils_nnx.create_nnx_rngs(cfg))
+
+
+def _moe_loss(model):
+  tokens = jax.random.randint(jax.random.key(0), (B, S), 0, VOCAB)
+  positions, segments = jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.ones((B, S), jnp.int32)
+  logits = model(decoder_input_tokens=tokens, decoder_positions=positions, decoder_segment_ids=segments)
+  return -jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 0])
+
+
+def test_expert_gradient_equals_grouped_qmatmuls_on_the_same_operands_and_key(tmp_path, monkeypatch):
+  model = _moe_model(tmp_path)
+  tap = _ExpertTap(monkeypatch)
+  grads = nnx.grad(_moe_loss)(model)
+  jax.effects_barrier()
+  assert len(tap.calls) == LAYERS * 3  # wi_0, wi_1, wo of each layer, in that order
+  wi_0 = tap.calls[0]  # layer 0's wi_0: the kernel is cast to MaxText's dtype (bf16) for its gmm
+  key = jax.random.wrap_key_data(jnp.asarray(wi_0["key"][0]))
+  lhs, rhs, group_sizes = (jnp.asarray(wi_0[n][0]) for n in ("lhs", "rhs", "group_sizes"))
+  assert int(group_sizes.sum()) == B * S * TOP_K
+
+  def ref(w):
+    k = jax.random.fold_in(key, kernel_fingerprint(rhs))
+    return s3r.grouped_qmatmul(lhs, w.astype(rhs.dtype), group_sizes.astype(jnp.int32), key=k, recipe="s3r_ec_dx")
+
+  out, vjp = jax.vjp(ref, model.decoder.layers_0.MoeBlock_0.wi_0[...])
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(wi_0["out"][0], np.float32))
+  (dw,) = vjp(jnp.asarray(wi_0["g"][0]).astype(out.dtype))
+  np.testing.assert_array_equal(np.asarray(grads.decoder.layers_0.MoeBlock_0.wi_0[...]), np.asarray(dw))
+
+
+def test_expert_keys_come_from_the_aqt_stream_fresh_per_step_and_per_layer(tmp_path, monkeypatch):
+  model = _moe_model(tmp_path)
+  tap = _ExpertTap(monkeypatch)
+  step = nnx.jit(lambda m: _moe_loss(m))
+  step(model), step(model)  # the model's aqt stream count advances with every call, as in MaxText's train step
+  jax.effects_barrier()
+  gemms = LAYERS * 3  # each trace calls wi_0, wi_1, wo of each layer (nnx.jit may trace the model twice)
+  assert tap.calls and len(tap.calls) % gemms == 0
+  runs = [[k for c in tap.calls[g::gemms] for k in c["key"]] for g in range(gemms)]
+  keys = [list(dict.fromkeys(k.tobytes() for k in run)) for run in runs]  # distinct, in run order
+  assert all(len(k) == 2 for k in keys)  # a new key in the second step
+  layers = [keys[3 * i] for i in range(LAYERS)]
+  assert all(keys[3 * i + j] == layers[i] for i in range(LAYERS) for j in (1, 2))  # one draw per layer call
+  assert len({k for layer in layers for k in layer}) == 2 * LAYERS  # (its GEMMs fold in their kernel's fingerprint)
+
+
+def _train(tmp_path, run_name, steps, **overrides):
   """MaxText's own pre-training loop (`python -m s3r.integrations.maxtext`), s3r_ec_dx, checkpoints every 3 steps."""
   metrics = tmp_path / f"{run_name}-{steps}.jsonl"
   args = {
@@ -183,7 +310,7 @@ def _train(tmp_path, run_name, steps):
     "async_checkpointing": False,
     "quantization": "s3r:s3r_ec_dx",
     "metrics_file": str(metrics),
-  }
+  } | overrides
   cmd = [sys.executable, "-m", "s3r.integrations.maxtext", BASE_YML, *(f"{k}={v}" for k, v in args.items())]
   env = os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -201,6 +328,12 @@ def test_maxtext_trainer_trains_with_s3r_and_resumes_its_checkpoint_bit_for_bit(
   assert straight[8] < straight[0]
   assert [first[s] for s in range(6)] == [straight[s] for s in range(6)]
   assert [resumed[s] for s in (6, 7, 8)] == [straight[s] for s in (6, 7, 8)]
+
+
+def test_maxtext_trainer_trains_a_moe_model_with_s3r(tmp_path):
+  losses = _train(tmp_path, "moe", 8, enable_checkpointing=False, learning_rate_schedule_steps=8, **MOE)
+  assert sorted(losses) == list(range(8)) and all(np.isfinite(v) for v in losses.values())
+  assert losses[7] < losses[0]
 
 
 def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, monkeypatch):

@@ -38,8 +38,7 @@ def test_an_unknown_recipe_name_raises_naming_the_value():
 
 def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
   assert smt.backend(_config(quantization="s3r:int8_sr")).recipe.name == "int8_sr"
-  with pytest.raises(NotImplementedError, match=r"num_experts=4.*not wired to s3r.grouped_qmatmul"):
-    smt.backend(_config(num_experts=4))
+  assert smt.backend(_config(num_experts=4, sparse_matmul=True, megablox=True)).recipe.name == "s3r_ec_dx"
   with pytest.raises(ValueError, match=r"use_qwix_quantization=False"):
     smt.backend(_config(use_qwix_quantization=True))
   with pytest.raises(NotImplementedError, match=r"quant_mode_str='serve'"):
@@ -48,6 +47,31 @@ def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
     smt.backend(_config(use_batch_split_schedule=True))
   with pytest.raises(TypeError, match=r"S3rQuantization.recipe"):
     smt.S3rQuantization(recipe="s3r")
+
+
+@pytest.mark.parametrize(
+  ("field", "value", "message"),
+  [
+    ("sparse_matmul", False, r"sparse_matmul=False \(MaxText's dense einsum/capacity expert path\) is not wired"),
+    ("megablox", False, r"megablox=False runs the experts through jax.lax.ragged_dot"),
+    ("ici_expert_parallelism", 2, r"ici_expert_parallelism=2: expert parallelism"),
+    ("dcn_expert_parallelism", 2, r"dcn_expert_parallelism=2: expert parallelism"),
+    ("use_ring_of_experts", True, r"use_ring_of_experts=True is not supported"),
+    ("te_moe_block", True, r"te_moe_block=True is not supported"),
+    ("moe_quantize_token_all_gather", True, r"moe_quantize_token_all_gather=True is not supported"),
+    ("num_moe_emb_chunks", 2, r"num_moe_emb_chunks=2 is not supported"),
+  ],
+)
+def test_moe_paths_the_expert_hook_does_not_cover_are_refused_naming_the_field(field, value, message):
+  moe = dict(num_experts=4, sparse_matmul=True, megablox=True, use_tokamax_gmm=False)
+  with pytest.raises(NotImplementedError, match=rf"quantization=s3r:s3r_ec_dx with num_experts=4: {message}"):
+    smt.backend(_config(**(moe | {field: value})))
+  assert smt.backend(_config(**(moe | {field: value, "num_experts": 1}))) is not None  # dense: the field is moot
+
+
+def test_megablox_false_is_covered_where_tokamax_selects_maxtexts_gmm():
+  cfg = _config(num_experts=4, sparse_matmul=True, megablox=False, use_tokamax_gmm=True)
+  assert smt.backend(cfg).recipe.name == "s3r_ec_dx"
 
 
 @pytest.mark.parametrize(
