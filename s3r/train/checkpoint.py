@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 import jax
 import orbax.checkpoint as ocp
 
+from s3r.train.logs import RUN_LOG
+
 CHECKPOINT_DIR = "checkpoints"
 KNOWN_GOOD_FILE = "known_good.json"
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -176,6 +178,7 @@ class Checkpointer:
       try:
         value = read(step)
       except Exception as e:  # orbax, JSON and file-system errors of a damaged checkpoint all end here
+        RUN_LOG.warning("checkpoint step %d of %s is unreadable", step, self.directory, exc_info=True)
         why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"[:120]
         problems.append(f"step {step} ({why})")
         continue

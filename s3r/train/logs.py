@@ -16,6 +16,11 @@ import traceback
 
 LOG_FILE = "train.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# s3r's own details for <out>/train.log (a skipped checkpoint's traceback, ...): written there during
+# `library_logs`, silent everywhere else (it does not propagate to the console handlers of the root).
+RUN_LOG = logging.getLogger("s3r.run")
+RUN_LOG.propagate = False
+RUN_LOG.addHandler(logging.NullHandler())
 
 
 @contextlib.contextmanager
@@ -32,6 +37,7 @@ def library_logs(path: pathlib.Path, *, verbose: bool):
     for h in previous_handlers:
       root.removeHandler(h)
   root.addHandler(handler)
+  RUN_LOG.addHandler(handler)
   root.setLevel(min(previous_level or logging.WARNING, logging.INFO))
   logging.captureWarnings(True)
   sys.unraisablehook = _UnraisableToFile(path, sys.unraisablehook if verbose else None)
@@ -40,6 +46,7 @@ def library_logs(path: pathlib.Path, *, verbose: bool):
   finally:
     logging.captureWarnings(False)
     root.removeHandler(handler)
+    RUN_LOG.removeHandler(handler)
     handler.close()
     for h in previous_handlers:
       if h not in root.handlers:
