@@ -64,12 +64,12 @@ def summarize_run(out: pathlib.Path, *, recipe: str, lr: float, seed: int, statu
     "run": run.path.name, "recipe": recipe, "lr": lr, "seed": seed, "status": status, "wall_s": wall_s,
     "steps": records[-1]["step"] if records else 0, "val_losses": val_losses if status == "done" else {},
     "median_step_s": float(np.median(step_times)) if step_times else None,
-    "param_count": run.config.get("param_count"), "train_config": _portable(run.config.get("train")),
+    "param_count": run.config.get("param_count"), "train_config": portable(run.config.get("train")),
     "curve": run.loss_curve(CURVE_EVERY), "val_curve": run.val_curve,
   }  # fmt: skip
 
 
-def _portable(train: dict | None) -> dict | None:
+def portable(train: dict | None) -> dict | None:
   """A run's training config as a results file records it: paths (out, data, cache) without
   machine-specific prefixes (the run stores them absolute so that `s3r eval` finds them)."""
   return None if train is None else {k: repo_relative(v) if isinstance(v, str) else v for k, v in train.items()}

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from experiments.results import repo_relative, run_metadata, write_json
-from experiments.runs import read_run
+from experiments.runs import portable, read_run
 from s3r.train import report
 
 
@@ -28,7 +28,7 @@ def snapshot(run_dir: str, out: str, *, wall_s: float | None = None) -> dict:
   doc = {
     "meta": run_metadata(),
     "run": repo_relative(str(run.path)),
-    "config": run.config,
+    "config": {**run.config, "train": portable(run.config.get("train"))},
     "steps": records[-1]["step"],
     "final_val_losses": run.final_val_losses,
     "first_loss": records[0]["loss"],

@@ -259,6 +259,8 @@ def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tm
   doc = snapshot.snapshot(str(tmp_path / "runs" / "t" / only["run"]), str(tmp_path / "quick.json"), wall_s=1.0)
   assert doc["steps"] == 4 and doc["final_val_losses"]["val_loss"] == only["val_losses"]["val"]
   assert (tmp_path / "quick.png").exists() and doc["meta"]["jax_version"]
+  assert doc["config"]["train"]["out"] == runs.portable(only["train_config"])["out"]  # no machine path
+  assert not doc["config"]["train"]["out"].startswith("/")
 
 
 def test_contrasts_report_the_difference_and_welch_t_between_the_papers_pairs(tmp_path):
