@@ -1,6 +1,6 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load, maxtext. Each module
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load, eqx, maxtext. Each module
 defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
 when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
@@ -25,6 +25,10 @@ COMMANDS = {
   "merge": ("benchmarks.merge", "join ffn or quantizer results files that cover different shapes into one"),
   "comm": ("benchmarks.comm", "bytes moved by collectives in one compiled train step, per recipe"),
   "hf_load": ("benchmarks.hf_load", "time and peak host memory of loading a Hugging Face checkpoint (load_hf)"),
+  "eqx": (
+    "benchmarks.eqx",
+    "time training steps of an Equinox model applied per example (quantize_fn vs qmatmul+vmap)",
+  ),
   "maxtext": (
     "benchmarks.maxtext",
     "s3r's MaxText backend vs MaxText's int8 (AQT) and bf16 on a tiny model: step time and loss (needs maxtext)",

@@ -15,6 +15,12 @@ Configurations (`--configs`, MaxText `quantization` values; "" is MaxText unquan
 
 Reported: median step time after `--skip` steps and its ratio to `int8` (paired per step), the
 training loss (mean of the last 10 steps) and the validation loss on held-out text after the last step.
+
+`--model NAME --layers L` replaces the tiny model by MaxText's own config of a released model
+(`model_name=NAME`, e.g. `llama3.1-8b`) sliced to L decoder layers at full width: the device stage
+(`scripts/device_maxtext.sh`). `--tokens DIR` reads a token folder (`train.npy`, `val.npy`, as
+`python -m experiments.lockstep build-tokens` writes) instead of bytes of the enwiki shards. The results
+files are rewritten after every step (marked partial), so a run stopped by a time limit keeps its steps.
 """
 
 from __future__ import annotations
@@ -56,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=int, default=0, help="initialization seed (MaxText init_weights_seed) and batch order")
   p.add_argument("--val-batches", type=int, default=4, help="held-out batches for the validation loss")
   p.add_argument("--data", default=None, help="folder of enwiki shards (default: <data root>/enwiki)")
+  p.add_argument("--tokens", default=None, help="token folder (train.npy, val.npy) to read instead of enwiki bytes")
+  p.add_argument("--model", default=None, help="MaxText model_name (e.g. llama3.1-8b) instead of the tiny model")
+  p.add_argument("--layers", type=int, default=None, help="decoder layers of --model (default: its own)")
+  p.add_argument("--width", type=int, default=None, help="shrink --model to this width (dry runs; 2 heads)")
+  p.add_argument("--vocab", type=int, default=None, help="vocabulary of --model (dry runs; default: its own)")
+  p.add_argument("--attention", default=None, help="MaxText attention (default: dot_product; cudnn_flash_te on GPU)")
   p.add_argument(
     "--out-dir", default=str(RESULTS_DIR), help="where bench_maxtext_<platform>.{json,md} go (default %(default)s)"
   )
@@ -77,6 +89,48 @@ def _byte_batches(path: pathlib.Path, batch: int, seq: int, count: int, seed: in
   return np.stack([[stream[s : s + seq + 1] for s in row] for row in starts])
 
 
+def _token_batches(path: pathlib.Path, batch: int, seq: int, count: int, seed: int) -> np.ndarray:
+  """`count` batches [batch, seq + 1] cut at random offsets from a token array (`train.npy`, `val.npy`)."""
+  stream = np.load(path, mmap_mode="r")
+  if stream.size <= seq + 1:
+    raise SystemExit(f"benchmarks maxtext: {path} holds {stream.size} tokens, fewer than one sequence of {seq + 1}")
+  starts = np.random.default_rng(seed).integers(0, stream.size - seq - 1, (count, batch))
+  return np.stack([[np.asarray(stream[s : s + seq + 1], np.int32) for s in row] for row in starts])
+
+
+def _batches(args) -> tuple[np.ndarray, np.ndarray]:
+  """(train, validation) batches: from `--tokens` if given, else bytes of the enwiki shards."""
+  if args.tokens:
+    folder = pathlib.Path(args.tokens)
+    if not (folder / "train.npy").exists() or not (folder / "val.npy").exists():
+      raise SystemExit(f"benchmarks maxtext: --tokens {folder} needs train.npy and val.npy")
+    cut = _token_batches
+    train_path, val_path = folder / "train.npy", folder / "val.npy"
+  else:
+    cut = _byte_batches
+    train_path, val_path = _shards(args)
+  train = cut(train_path, args.batch, args.seq, args.steps, args.seed)
+  return train, cut(val_path, args.batch, args.seq, args.val_batches, args.seed + 1)
+
+
+def model_settings(args) -> dict:
+  """MaxText config values of the model: the tiny one, or `--model` sliced to `--layers`."""
+  if args.model is None:
+    return dict(MODEL, attention=args.attention or MODEL["attention"])
+  out = {k: v for k, v in MODEL.items() if not k.startswith("base_") and k not in ("head_dim", "vocab_size")}
+  out |= dict(model_name=args.model, attention=args.attention or MODEL["attention"])
+  if args.layers is not None:
+    out["base_num_decoder_layers"] = args.layers
+  if args.width is not None or args.vocab is not None:  # MaxText refuses such overrides unless asked to allow them
+    out["override_model_config"] = True
+  if args.width is not None:
+    w = args.width
+    out |= dict(base_emb_dim=w, base_mlp_dim=2 * w, base_num_query_heads=2, base_num_kv_heads=1, head_dim=w // 2)
+  if args.vocab is not None:
+    out["vocab_size"] = args.vocab
+  return out
+
+
 def _shards(args) -> tuple[pathlib.Path, pathlib.Path]:
   from s3r.data.sources import locate_data_root
 
@@ -88,7 +142,7 @@ def _shards(args) -> tuple[pathlib.Path, pathlib.Path]:
 
 
 def _build(value: str, args):
-  """(model, optimizer, jitted step, jitted eval) for one quantization value."""
+  """(model, optimizer, jitted step, jitted eval, MaxText config) for one quantization value."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -97,7 +151,7 @@ def _build(value: str, args):
   from maxtext.utils import maxtext_utils_nnx, model_creation_utils
 
   base = str(pathlib.Path(pyconfig.__file__).parent / "base.yml")
-  kw = MODEL | dict(run_name="bench", base_output_directory="runs/maxtext_bench", quantization=value)
+  kw = model_settings(args) | dict(run_name="bench", base_output_directory="runs/maxtext_bench", quantization=value)
   kw |= dict(max_target_length=args.seq, per_device_batch_size=args.batch, init_weights_seed=args.seed)
   cfg = pyconfig.initialize(["", base], **kw)
   model = model_creation_utils.from_config(cfg, rngs=maxtext_utils_nnx.create_nnx_rngs(cfg))
@@ -116,7 +170,7 @@ def _build(value: str, args):
     o.update(m, grads)
     return loss
 
-  return model, opt, step, nnx.jit(loss_fn)
+  return model, opt, step, nnx.jit(loss_fn), cfg
 
 
 def _same_weights(built: dict, source: str) -> None:
@@ -139,44 +193,63 @@ def run(args: argparse.Namespace) -> dict:
   configs = args.configs.split(",")
   if REFERENCE not in configs:
     raise SystemExit(f"benchmarks maxtext: --configs must include {REFERENCE!r} (the reference of the ratios)")
-  train_path, val_path = _shards(args)
-  train = _byte_batches(train_path, args.batch, args.seq, args.steps, args.seed)
-  val = _byte_batches(val_path, args.batch, args.seq, args.val_batches, args.seed + 1)
-  settings = {k: getattr(args, k) for k in ("configs", "steps", "skip", "batch", "seq", "lr", "seed", "val_batches")}
-  run_ = Run("maxtext", args.out_dir, **settings, model=MODEL)
-  built = {c: _build(c, args) for c in configs}
+  train, val = _batches(args)
+  keys = ("configs", "steps", "skip", "batch", "seq", "lr", "seed", "val_batches", "model", "layers", "width", "vocab")
+  settings = {k: getattr(args, k) for k in keys} | {"data": "tokens" if args.tokens else "enwiki bytes"}
+  run_ = Run("maxtext" if args.model is None else f"maxtext_{args.model}", args.out_dir, **settings)
+  run_.settings["model_config"] = model_settings(args)
+  built = {}
+  for c in configs:
+    t0 = time.perf_counter()
+    built[c] = _build(c, args)
+    log(f"[maxtext] built {c or 'none'} in {time.perf_counter() - t0:.1f} s")
   _same_weights(built, REFERENCE)
+  vocab = int(built[REFERENCE][4].vocab_size)
+  if max(int(train.max()), int(val.max())) >= vocab:
+    raise SystemExit(f"benchmarks maxtext: the tokens reach {int(train.max())}, beyond the model's vocabulary {vocab}")
   times = {c: [] for c in configs}
   losses = {c: [] for c in configs}
   log(f"[maxtext] {len(configs)} configs x {args.steps} steps, load {loadavg()}")
   for i in range(args.steps):
     tokens = jax.numpy.asarray(train[i])
     for c in configs[i % len(configs) :] + configs[: i % len(configs)]:  # rotate the order per step
-      model, opt, step, _ = built[c]
+      model, opt, step, *_ = built[c]
       t0 = time.perf_counter()
       loss = float(step(model, opt, tokens))
       times[c].append(time.perf_counter() - t0)
       losses[c].append(loss)
     if i % 10 == 0 or i == args.steps - 1:
       log(f"  step {i}: " + ", ".join(f"{c or 'none'} {losses[c][-1]:.3f}" for c in configs))
+    partial = _summary(configs, times, losses, args, {})
+    run_.write(partial, markdown(partial, args), complete=False)  # a time limit keeps the steps that ran
+  val_losses = {}
+  for c in configs:
+    eval_fn = built[c][3]
+    val_losses[c] = float(np.mean([float(eval_fn(built[c][0], jax.numpy.asarray(b))) for b in val]))
+  results = _summary(configs, times, losses, args, val_losses)
+  paths = run_.write(results, markdown(results, args))
+  log(f"[maxtext] wrote {', '.join(str(p) for p in paths.values())}")
+  return {"results": results, "paths": paths}
+
+
+def _summary(configs, times, losses, args, val_losses: dict) -> dict:
+  """Per configuration: median step time after `skip`, its paired ratio to int8, losses (NaN before any
+  step past `skip`; val_loss NaN until the evaluation after the last step)."""
   results = {}
   ref = np.asarray(times[REFERENCE][args.skip :])
   for c in configs:
     t = np.asarray(times[c][args.skip :])
-    _, _, _, eval_fn = built[c]
-    val_loss = float(np.mean([float(eval_fn(built[c][0], jax.numpy.asarray(b))) for b in val]))
     results[c or "none"] = {
       "quantization": c,
-      "step_s_median": float(np.median(t)),
-      "step_vs_int8_paired": float(np.median(t / ref)),
+      "steps_run": len(times[c]),
+      "step_s_median": float(np.median(t)) if t.size else float("nan"),
+      "step_vs_int8_paired": float(np.median(t / ref)) if t.size else float("nan"),
       "train_loss_last10": float(np.mean(losses[c][-10:])),
-      "val_loss": val_loss,
+      "val_loss": val_losses.get(c, float("nan")),
       "losses": losses[c],
       "step_s": times[c],
     }
-  paths = run_.write(results, markdown(results, args))
-  log(f"[maxtext] wrote {', '.join(str(p) for p in paths.values())}")
-  return {"results": results, "paths": paths}
+  return results
 
 
 def markdown(results: dict, args) -> str:
@@ -186,20 +259,29 @@ def markdown(results: dict, args) -> str:
       fmt_ms(r["step_s_median"]),
       fmt_ratio(r["step_vs_int8_paired"]),
       f"{r['train_loss_last10']:.3f}",
-      f"{r['val_loss']:.3f}",
+      "n/a" if np.isnan(r["val_loss"]) else f"{r['val_loss']:.3f}",
     ]
     for name, r in results.items()
   ]
   head = ["quantization=", "median step ms", "step / int8 (paired)", "train loss (last 10)", "val loss"]
   return "\n".join(
     [
-      f"## Tiny MaxText model, {args.steps} lockstep steps of {args.batch} x {args.seq} bytes (enwiki)",
+      f"## {_model_title(args)}, {args.steps} lockstep steps of {args.batch} x {args.seq} "
+      + ("tokens" if args.tokens else "bytes (enwiki)"),
       "",
       markdown_table(head, rows, align=["l", "r", "r", "r", "r"]),
       "",
       f"Step times: medians after the first {args.skip} steps; the ratio is the median over steps of the "
       "per-step ratio to `int8` (MaxText's AQT), measured in the same run, configurations interleaved. "
-      "Validation: held-out enwiki shard 9, after the last step. One seed.",
+      + ("Validation: the token folder's val.npy" if args.tokens else "Validation: held-out enwiki shard 9")
+      + ", after the last step. One seed.",
       "",
     ]
   )
+
+
+def _model_title(args) -> str:
+  if args.model is None:
+    return "Tiny MaxText model"
+  title = f"MaxText `{args.model}`" + ("" if args.layers is None else f" sliced to {args.layers} layers")
+  return title + ("" if args.width is None else f" at width {args.width} (a dry run)")

@@ -349,3 +349,31 @@ def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, mon
   with jax.set_mesh(model.mesh), spmd.logical_axis_rules(cfg.logical_axis_rules):
     model(decoder_input_tokens=tokens, decoder_positions=jnp.broadcast_to(jnp.arange(S), (B, S)))
   assert kinds == ["column", "column", "column", "row", "column", "column", "row"]
+
+
+def test_device_maxtext_script_dry_run_brings_back_the_bench_of_the_sliced_llama(tmp_path):
+  # the device script at the tiniest size: MaxText's own llama3.1-8b config, shrunk to width 64 and a
+  # 512-token vocabulary, one layer; no wheels to install (MaxText is here), versions-only smoke stage
+  import tarfile
+
+  tokens = tmp_path / "tokens"
+  tokens.mkdir()
+  rng = np.random.default_rng(0)
+  for name, size in (("train", 6000), ("val", 600)):
+    np.save(tokens / f"{name}.npy", rng.integers(0, 512, size).astype(np.uint16))
+  out, work = tmp_path / "out", tmp_path / "work"
+  env = os.environ | {"PY": sys.executable, "OUT": str(out), "WORK": str(work), "JAX_PLATFORMS": "cpu"}
+  env |= {"SMOKE_STAGES": "versions", "TOKENS": str(tokens), "WHEELS": str(tmp_path / "none"), "LAYERS": "1"}
+  env |= {"WIDTH": "64", "VOCAB": "512", "BATCH": "2", "SEQ": "32", "STEPS": "3", "SKIP": "1"}
+  proc = subprocess.run(
+    ["bash", "scripts/device_maxtext.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+  )
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert sorted(p.name for p in out.iterdir()) == ["device_maxtext.log", "device_maxtext.tar.gz"]
+  with tarfile.open(out / "device_maxtext.tar.gz") as tar:
+    names = {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+    doc = json.load(tar.extractfile("./bench_maxtext_llama3.1-8b_cpu.json"))
+  assert {"smoke/smoke.json", "bench_maxtext_llama3.1-8b_cpu.md"} <= names
+  assert doc["complete"] and doc["settings"]["model_config"]["model_name"] == "llama3.1-8b"
+  assert set(doc["results"]) == {"none", "int8", "s3r:bf16", "s3r:s3r_ec_dx"}
+  assert all(r["steps_run"] == 3 and np.isfinite(r["val_loss"]) for r in doc["results"].values())

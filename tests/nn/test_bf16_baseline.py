@@ -175,7 +175,7 @@ def test_quantize_fn_bf16_trains_like_the_unmodified_function():
 @pytest.mark.slow
 def test_quantize_fn_bf16_trains_like_the_unmodified_equinox_model():
   eqx = pytest.importorskip("equinox")
-  from tests.nn import eqx_transformer
+  from benchmarks import eqx_transformer
 
   params, static = eqx.partition(
     eqx_transformer.Transformer(V, DIM, H, 2 * DIM, 1, key=jax.random.key(3)), eqx.is_array

@@ -9,10 +9,9 @@ import pytest
 
 eqx = pytest.importorskip("equinox")
 
-import s3r  # noqa: E402
 import s3r.nn as snn  # noqa: E402
+from benchmarks import eqx_layers, eqx_transformer  # noqa: E402
 from s3r.analysis import jaxpr as jaxpr_analysis  # noqa: E402
-from tests.nn import eqx_transformer  # noqa: E402
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS, B, S = 32, 16, 2, 32, 2, 2, 8
 TOKENS = jax.random.randint(jax.random.key(0), (B, S + 1), 0, VOCAB)
@@ -24,38 +23,11 @@ def _model():
   return eqx_transformer.Transformer(VOCAB, DIM, HEADS, HIDDEN, LAYERS, key=jax.random.key(1))
 
 
-class QLinear(eqx.Module):
-  """The explicit path: an eqx.nn.Linear's weights through s3r.qmatmul with a key of its own."""
-
-  weight: jax.Array
-  bias: jax.Array | None
-  key: jax.Array
-  recipe: str = eqx.field(static=True)
-
-  def __call__(self, x):
-    y = s3r.qmatmul(x, self.weight.T, key=self.key, recipe=self.recipe)
-    return y if self.bias is None else y + self.bias
-
-
 def _explicit(model, key, recipe):
-  """The model with each Linear replaced by a QLinear keyed as quantize_fn keys its call site."""
+  """The model with each Linear calling s3r.qmatmul, keyed as quantize_fn keys its call site."""
   order = {s.param: s.index for s in snn.sites(eqx_transformer.loss, model, TOKENS)}
-  linears = [
-    (path, leaf)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda n: isinstance(n, eqx.nn.Linear))[0]
-    if isinstance(leaf, eqx.nn.Linear)
-  ]
-  for path, lin in linears:
-    index = order["/".join(snn.intercept._key_name(k) for k in path) + "/weight"]
-    q = QLinear(weight=lin.weight, bias=lin.bias, key=jax.random.fold_in(key, index), recipe=recipe)
-    model = eqx.tree_at(lambda m, path=path: _at(m, path), model, q)
-  return model
-
-
-def _at(tree, path):
-  for k in path:
-    tree = tree[k.idx] if hasattr(k, "idx") else getattr(tree, k.name)
-  return tree
+  index = lambda path: order["/".join(snn.intercept._key_name(k) for k in path) + "/weight"]
+  return eqx_layers.with_qmatmul(model, key, recipe, index)
 
 
 def _grads(loss, model):
