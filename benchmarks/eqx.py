@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> dict:
       rows,
     )
     + f"\nThe unquantized model (`eqx`, f32): {fmt_ms(ref.median)} ms per step, temp {_mib(info[REFERENCE])} MiB. "
-    "Ratios are medians of same-round ratios (interleaved rounds). A training step is the loss, its "
+    "Ratios are of step times (below 1: faster), medians of same-round ratios (interleaved rounds). "
+    "A training step is the loss, its "
     "gradient and an AdamW update. `quantize_fn` sees the batch inside the traced function; "
     "`qmatmul+vmap` calls `s3r.qmatmul` per token under two `jax.vmap`s and relies on its batching rule.\n"
   )
