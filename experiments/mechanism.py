@@ -181,50 +181,73 @@ def _summarize(rows: list[dict]) -> dict:
   }
 
 
-def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, log=print) -> None:
+def scale_config(study: ScaleStudy, spec: tuple, vocab_size: int) -> s3r_model.ModelConfig:
+  """The model of one SCALE_MODELS entry."""
+  _, d, layers, heads, kv, ff, _ = spec
+  return s3r_model.ModelConfig(
+    vocab_size=vocab_size,
+    d_model=d,
+    n_layers=layers,
+    n_heads=heads,
+    n_kv_heads=kv,
+    d_ff=ff,
+    max_seq_len=study.seq,
+    recipe=study.recipe,
+  )
+
+
+def train_visiting(study: ScaleStudy, cfg: s3r_model.ModelConfig, corpus, at: list[int], visit) -> None:
+  """Trains `cfg` as the study does and calls visit(step, params, last train loss) at each step of `at`."""
+  opt = OptimizerConfig(lr=study.lr, total_steps=study.steps, warmup_steps=min(10, study.steps))
+  tx = make_optimizer(opt)
+  init_key, train_key = jax.random.split(jax.random.key(study.seed))
+  state = init_state(s3r_model.init_params(cfg, init_key), tx)
+  step_fn = jax.jit(make_train_step(s3r_model.graphdef(cfg), tx, schedule(opt)))
+  loader = s3r_data.BatchLoader(corpus.train_tokens, batch_size=study.batch, seq_len=study.seq, seed=study.seed)
+  loss = None
+  for step in range(max(at) + 1):
+    if step in at:
+      visit(step, state.params, loss)
+    if step < max(at):
+      state, metrics = step_fn(state, loader.next(), train_key)
+      loss = float(metrics["loss"])
+
+
+def study_data(study: ScaleStudy, log=print):
+  """(corpus, the one validation batch every measurement uses)."""
   corpus = s3r_data.prepare(study.data, vocab_size=study.vocab, cache_dir=study.cache_dir, log=log)
   batch_val = next(
     s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=study.batch, seq_len=study.seq, max_batches=1)
   )
-  for name, d, layers, heads, kv, ff, tokens in models:
+  return corpus, batch_val
+
+
+def scale_study(study: ScaleStudy, results: dict, save, *, models=SCALE_MODELS, log=print) -> None:
+  corpus, batch_val = study_data(study, log=log)
+  for spec in models:
+    name, d, layers, *_, tokens = spec
     todo = [s for s in study.measure_at if f"{name}@{s}" not in results["entries"]]
     if not todo:
       continue
-    cfg = s3r_model.ModelConfig(
-      vocab_size=corpus.tokenizer.vocab_size,
-      d_model=d,
-      n_layers=layers,
-      n_heads=heads,
-      n_kv_heads=kv,
-      d_ff=ff,
-      max_seq_len=study.seq,
-      recipe=study.recipe,
-    )
-    opt = OptimizerConfig(lr=study.lr, total_steps=study.steps, warmup_steps=min(10, study.steps))
-    tx = make_optimizer(opt)
-    init_key, train_key = jax.random.split(jax.random.key(study.seed))
-    state = init_state(s3r_model.init_params(cfg, init_key), tx)
-    step_fn = jax.jit(make_train_step(s3r_model.graphdef(cfg), tx, schedule(opt)))
-    loader = s3r_data.BatchLoader(corpus.train_tokens, batch_size=study.batch, seq_len=study.seq, seed=study.seed)
-    t0, loss = time.time(), None
-    for step in range(max(todo) + 1):
-      if step in todo:
-        rows = measure(cfg, state.params, batch_val, tokens=tokens)
-        results["entries"][f"{name}@{step}"] = {
-          "study": "scale",
-          "model": name,
-          "d_model": d,
-          "n_layers": layers,
-          "step": step,
-          "train_loss": loss,
-          "summary": _summarize(rows),
-          "projections": rows,
-        }
-        save()
-        log(f"{name} step {step}: {_summarize(rows)} ({time.time() - t0:.0f}s)")
-      if step < max(todo):
-        state, metrics = step_fn(state, loader.next(), train_key)
-        loss = float(metrics["loss"])
+    cfg = scale_config(study, spec, corpus.tokenizer.vocab_size)
+    t0 = time.time()
+
+    def visit(step, params, loss, name=name, d=d, layers=layers, tokens=tokens, cfg=cfg, t0=t0):
+      rows = measure(cfg, params, batch_val, tokens=tokens)
+      results["entries"][f"{name}@{step}"] = {
+        "study": "scale",
+        "model": name,
+        "d_model": d,
+        "n_layers": layers,
+        "step": step,
+        "train_loss": loss,
+        "summary": _summarize(rows),
+        "projections": rows,
+      }
+      save()
+      log(f"{name} step {step}: {_summarize(rows)} ({time.time() - t0:.0f}s)")
+
+    train_visiting(study, cfg, corpus, todo, visit)
 
 
 def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256, n_keys: int = 4, log=print) -> None:
