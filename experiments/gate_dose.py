@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -151,10 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--seed", type=int, default=0, help="seed of the quantizer keys")
   p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
   args = p.parse_args(argv)
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  path = out.with_suffix(".json")
-  results = json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+  out, path, results = mechanism.open_results(args.out)
   if args.report_only:
     out.with_suffix(".md").write_text(_markdown(results))
     return results

@@ -378,6 +378,14 @@ def _plot(results: dict, path: pathlib.Path) -> None:
   plt.close(fig)
 
 
+def open_results(stem: str) -> tuple[pathlib.Path, pathlib.Path, dict]:
+  """(output stem, its .json, the results so far: a resumed study skips the entries it has)."""
+  out = pathlib.Path(stem)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  path = out.with_suffix(".json")
+  return out, path, json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+
+
 def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.mechanism", description=__doc__.split("\n")[0])
   p.add_argument("--out", default="runs/results/mechanism")
@@ -388,10 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the .json")
   p.add_argument("--models", default=",".join(m[0] for m in SCALE_MODELS), help="subset of SCALE_MODELS")
   args = p.parse_args(argv)
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  path = out.with_suffix(".json")
-  results = json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+  out, path, results = open_results(args.out)
   if args.report_only:
     out.with_suffix(".md").write_text(_markdown(results))
     _plot(results, out.with_suffix(".png"))
