@@ -11,10 +11,11 @@ of the same INT8 forward (`int8_exact_bwd`). Each recipe's ratio to `int8_sr` at
 95% interval from the spread of the per-key squared errors (delta method on the log of the ratio of means,
 independent keys per recipe).
 
-Models: `mechanism.ScaleStudy`'s short trainings (Shakespeare, batch 4 x 128, `int8_sr`, lr 2e-3), measured
-at `--step` (default 100, where the width scan found the gate projections' centred error above
-independent SR at width 768). Grids: `int8` (Q = 127), `int6` (31), `int4` (7), `nvfp4` (E2M1 with 16 x 16
-block scales); the forward stays INT8.
+For the gate projections the exact int8 ratios of `s3r` and of `token_centred` on the same operands
+(all tokens) are recorded beside them. Models: `mechanism.ScaleStudy`'s short trainings (Shakespeare,
+batch 4 x 128, `int8_sr`, lr 2e-3), measured at `--step` (default 100, where the width scan found the
+gate projections' centred error above independent SR at width 768). Grids: `int8` (Q = 127), `int6`
+(31), `int4` (7), `nvfp4` (E2M1 with 16 x 16 block scales); the forward stays INT8.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def measure(cfg, params, batch, grids, *, keys: int, seed: int, log=print) -> li
   rows = []
   for layer, proj, x, w, g in mechanism.projection_operands(cfg, params, batch):
     row = {"layer": layer, "proj": proj, "grids": {}}
+    if proj == "gate":  # exact, at int8 only (mechanism.local_errors): per-token sharing and its row part alone
+      exact = mechanism.local_errors(x, w, g, tokens=x.shape[0] * x.shape[1])
+      row["int8_exact"] = {"s3r": exact["dx_ratio"], "token_centred": exact["ec_ratio"], "rho": exact["rho"]}
     for grid in grids:
       errs = sampled_dx_errors(x, w, g, grid, keys=keys, seed=seed)
       ratios = {r: ratio_interval(errs[r]["sq"], errs[BASE]["sq"]) for r in RECIPES if r != BASE}
@@ -127,6 +131,16 @@ def _markdown(results: dict) -> str:
         p = "n/a" if gr["mean_p1mp"] is None else f"{gr['mean_p1mp']:.3f}"
         cells += [f"{ec[0]:.2f} ({ec[1]:.2f}-{ec[2]:.2f})", f"{s3[0]:.2f}", p]
       lines.append(f"| {row['layer']} {row['proj']} | " + " | ".join(cells) + " |")
+    gates = [r for r in entry["rows"] if "int8_exact" in r]
+    exact = "; ".join(
+      f"block {r['layer']}: s3r {r['int8_exact']['s3r']:.2f}, token-centred {r['int8_exact']['token_centred']:.2f}, "
+      f"ρ {r['int8_exact']['rho']:.1f}"
+      for r in gates
+    )
+    lines += [
+      "",
+      f"Gate projections at int8, exact ratios to `int8_sr` (all tokens, `experiments.mechanism`): {exact}.",
+    ]
     lines += [
       "",
       "Gate projections, median ratio of `s3r_ec_dx` / `int8_sr` by grid: "
