@@ -105,6 +105,8 @@ README_COMMANDS = {
   + ["--timed-ours", "s3r_ec_dx", "--repeats", "1", "--warmup", "0", "--keys", "1"],  # absent peers are skipped
   "bench-step": ["-m", "benchmarks", "step", "--preset", "tiny", "--batch", "2", "--seq", "8", "--repeats", "1"]
   + ["--warmup", "0", "--recipes", "bf16,s3r_ec_dx"],
+  "bench-eqx": ["-m", "benchmarks", "eqx", "--recipes", "int8_rtne", "--batch", "2", "--seq", "8", "--dim", "16"]
+  + ["--heads", "2", "--layers", "1", "--vocab", "32", "--repeats", "1", "--warmup", "0"],
   "bench-hf_load": ["-m", "benchmarks", "hf_load", "--preset", "llama-tiny", "--layers", "1", "--repeats", "1"],
   "bench-profile": ["-m", "benchmarks", "profile", "--shape", "64x128", "--tokens", "32", "--iters", "1"],
   "bench-comm": ["-m", "benchmarks", "comm", "--preset", "tiny", "--meshes", "data=2", "--recipes", "s3r"],
