@@ -35,8 +35,9 @@ MaxText's code unchanged. Each GEMM uses `fold_in(key, kernel_fingerprint(kernel
 and any shared experts are `DenseGeneral`-style projections and take the dense hook. `backend()` refuses
 the MoE paths it does not cover, naming the config field: `sparse_matmul=False` (the dense einsum/capacity
 path), `megablox=False` without Tokamax (a direct `jax.lax.ragged_dot`), expert parallelism, ring of
-experts, TransformerEngine's MoE block, quantized token all-gathers, embedding chunks; an expert layer on
-a mesh of more than one device raises when traced.
+experts, TransformerEngine's MoE block, quantized token all-gathers, embedding chunks. On a mesh of several
+devices (data or FSDP parallelism) each shard's rows are a grouped product of their own inside MaxText's
+`shard_map`, with the shard's index folded into the key (`shard_key`).
 
 Not wired: Qwix's path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and
 conversion modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
@@ -201,6 +202,18 @@ class _Experts:
 
   recipe: Recipe
   key: jax.Array | None
+  shard_axes: tuple[tuple[str, int], ...] = ()  # (name, size) of the mesh axes of size > 1, in mesh order
+
+
+def shard_key(key: jax.Array | None, axes: Sequence[tuple[str, int]]) -> jax.Array | None:
+  """Inside MaxText's `shard_map`: `key` folded with this shard's linear index over `axes`, so that no two
+  shards draw the same thresholds for their rows (None, or no axes: `key` itself)."""
+  if key is None or not axes:
+    return key
+  index = jnp.zeros((), jnp.int32)
+  for name, size in axes:
+    index = index * size + jax.lax.axis_index(name)
+  return jax.random.fold_in(key, index)
 
 
 # Set only while an s3r `RoutedMoE.sparse_matmul` runs (see register()); MaxText's gmm calls inside see it.
@@ -351,7 +364,7 @@ def _patch_experts() -> None:
         a["rhs"],
         a["group_sizes"],
         recipe=experts.recipe,
-        key=experts.key,
+        key=shard_key(experts.key, experts.shard_axes),
         preferred_element_type=a["preferred_element_type"],
       )
 
@@ -367,12 +380,8 @@ def _patch_experts() -> None:
       if not isinstance(quant, S3rQuantization):
         return original_sparse(self, *args, **kwargs)
       mesh = getattr(self, "mesh", None)
-      if mesh is not None and mesh.size > 1:
-        raise NotImplementedError(
-          f"quantization={PREFIX}{SEPARATOR}{quant.recipe.name}: the MoE expert GEMMs run through s3r on a one-device "
-          f"mesh only (this mesh: {dict(mesh.shape)})"
-        )
-      token = _EXPERTS.set(_Experts(quant.recipe, quant.expert_key(getattr(self, "rngs", None))))
+      axes = () if mesh is None else tuple((n, int(z)) for n, z in mesh.shape.items() if z > 1)
+      token = _EXPERTS.set(_Experts(quant.recipe, quant.expert_key(getattr(self, "rngs", None)), axes))
       try:
         return original_sparse(self, *args, **kwargs)
       finally:

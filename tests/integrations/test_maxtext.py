@@ -28,6 +28,7 @@ import s3r  # noqa: E402
 from s3r.analysis import jaxpr as jaxpr_analysis  # noqa: E402
 from s3r.integrations import maxtext as smt  # noqa: E402
 from s3r.nn.dot_general import kernel_fingerprint  # noqa: E402
+from tests.conftest import xla_flags  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BASE_YML = str(pathlib.Path(pyconfig.__file__).parent / "base.yml")
@@ -296,7 +297,7 @@ def test_expert_keys_come_from_the_aqt_stream_fresh_per_step_and_per_layer(tmp_p
   assert len({k for layer in layers for k in layer}) == 2 * LAYERS  # (its GEMMs fold in their kernel's fingerprint)
 
 
-def _train(tmp_path, run_name, steps, **overrides):
+def _train(tmp_path, run_name, steps, devices=1, **overrides):
   """MaxText's own pre-training loop (`python -m s3r.integrations.maxtext`), s3r_ec_dx, checkpoints every 3 steps."""
   metrics = tmp_path / f"{run_name}-{steps}.jsonl"
   args = {
@@ -313,6 +314,8 @@ def _train(tmp_path, run_name, steps, **overrides):
   } | overrides
   cmd = [sys.executable, "-m", "s3r.integrations.maxtext", BASE_YML, *(f"{k}={v}" for k, v in args.items())]
   env = os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+  if devices > 1:
+    env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
   rows = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -334,6 +337,21 @@ def test_maxtext_trainer_trains_a_moe_model_with_s3r(tmp_path):
   losses = _train(tmp_path, "moe", 8, enable_checkpointing=False, learning_rate_schedule_steps=8, **MOE)
   assert sorted(losses) == list(range(8)) and all(np.isfinite(v) for v in losses.values())
   assert losses[7] < losses[0]
+
+
+def test_maxtext_trains_a_moe_model_with_s3r_on_two_devices(tmp_path):
+  # MaxText's default mesh puts both devices on `fsdp`: the tokens split over it inside the MoE shard_map,
+  # each shard a grouped product of its own with a key of its own (smt.shard_key); the INT8 forward does
+  # not depend on the split, so the first step's loss is the one-device run's on the same global batch
+  kw = dict(enable_checkpointing=False, learning_rate_schedule_steps=6, **MOE)
+  one = _train(tmp_path, "moe1", 6, per_device_batch_size=2, **kw)
+  two = _train(tmp_path, "moe2", 6, devices=2, per_device_batch_size=1, **kw)
+  assert sorted(two) == list(range(6)) and all(np.isfinite(v) for v in two.values())
+  assert two[0] == pytest.approx(one[0], rel=1e-6)
+  assert two[5] < two[0]
+  # tensor parallelism instead: the projections and experts split their widths over `tensor`
+  tp = _train(tmp_path, "moe_tp", 6, devices=2, ici_fsdp_parallelism=1, ici_tensor_parallelism=2, **kw)
+  assert sorted(tp) == list(range(6)) and all(np.isfinite(v) for v in tp.values()) and tp[5] < tp[0]
 
 
 def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, monkeypatch):

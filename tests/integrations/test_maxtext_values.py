@@ -96,3 +96,34 @@ def test_register_without_maxtext_says_how_to_install_it():
       smt.register()
   else:
     pytest.skip("MaxText is installed (test_maxtext.py covers register())")
+
+
+SHARD_KEYS = """
+import jax, numpy as np
+from jax.sharding import PartitionSpec as P
+from s3r.integrations import maxtext as smt
+mesh = jax.make_mesh((2, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+key = jax.random.key(7)
+def body(x):
+  k = smt.shard_key(key, (("data", 2), ("fsdp", 2)))
+  return jax.random.key_data(k)[None]
+out = jax.shard_map(body, mesh=mesh, in_specs=P(("data", "fsdp")), out_specs=P(("data", "fsdp")))(np.zeros(4))
+rows = [tuple(r) for r in np.asarray(out)]
+assert len(set(rows)) == 4, rows  # a key of its own per shard
+assert rows[0] == tuple(np.asarray(jax.random.key_data(jax.random.fold_in(key, 0))))  # shard (0, 0): index 0
+assert rows[3] == tuple(np.asarray(jax.random.key_data(jax.random.fold_in(key, 3))))  # shard (1, 1): index 3
+assert smt.shard_key(key, ()) is key and smt.shard_key(None, (("data", 2),)) is None
+print("ok")
+"""
+
+
+def test_each_shard_of_a_moe_layer_draws_its_own_key():
+  import os
+  import subprocess
+  import sys
+
+  from tests.conftest import xla_flags
+
+  env = os.environ | {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", SHARD_KEYS], env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
