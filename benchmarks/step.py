@@ -15,6 +15,8 @@ time extrapolated to the preset's full depth (`benchmarks.step_report`). Results
 after every configuration, so a run that is cut short keeps what finished. Only the block
 projections are quantized (docs/algorithm.md §2); embedding, logits, attention and norms run in
 bf16 for every recipe. `--attention auto` uses cuDNN flash attention on GPUs, XLA's elsewhere.
+The training step of a model that is not an s3r preset, an Equinox transformer applied per example
+under `jax.vmap`, is `python -m benchmarks eqx`.
 """
 
 from __future__ import annotations
