@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     mechanism.train_visiting(study, cfg, corpus, [args.step], visit)
   results["complete"] = True
+  results["meta"]["loadavg_after"] = provenance.loadavg()
   provenance.write_json(path, results)
   out.with_suffix(".md").write_text(_markdown(results))
   print(out.with_suffix(".md").read_text())
