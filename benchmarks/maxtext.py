@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--layers", type=int, default=None, help="decoder layers of --model (default: its own)")
   p.add_argument("--width", type=int, default=None, help="shrink --model to this width (dry runs; 2 heads)")
   p.add_argument("--vocab", type=int, default=None, help="vocabulary of --model (dry runs; default: its own)")
-  p.add_argument("--attention", default=None, help="MaxText attention (default: dot_product; cudnn_flash_te on GPU)")
+  p.add_argument("--attention", default=None, help="MaxText attention (default: dot_product)")
   p.add_argument(
     "--out-dir", default=str(RESULTS_DIR), help="where bench_maxtext_<platform>.{json,md} go (default %(default)s)"
   )
