@@ -8,7 +8,7 @@
 # Each call installs the wheels that travelled with it, without network or dependency resolution,
 # into $SITE (--target; default .maxtext_site, ignored by git, so it stays on the warm machine between
 # calls), which goes on PYTHONPATH after the checkout. MODE=install stops there.
-# Then the smoke stage (versions only), then `python -m benchmarks maxtext` on MaxText's own config of
+# Then the smoke stage (SMOKE_STAGES, default versions only), then `python -m benchmarks maxtext` on MaxText's own config of
 # Llama 3.1-8B (`model_name=llama3.1-8b`) sliced to LAYERS decoder layers at full width, batch BATCH x SEQ
 # tokens of the carried token folder, CONFIGS in lockstep (MaxText unquantized, MaxText int8, s3r's bf16
 # and s3r_ec_dx through the backend), STEPS steps, the order rotating per step. The benchmark rewrites
@@ -18,7 +18,7 @@
 # Brings back device_maxtext.tar.gz (smoke/, bench_maxtext_llama3.1-8b_gpu.{json,md}) and device_maxtext.log.
 # Env: LAYERS (2), BATCH (4), SEQ (2048), STEPS (12), SKIP (4), CONFIGS (",int8,s3r:bf16,s3r:s3r_ec_dx"),
 #   MODEL (llama3.1-8b), ATTENTION (dot_product), TOKENS (.cache/maxtext_tokens), WHEELS (.whl[0-9]*),
-#   SITE (.maxtext_site), MODE (run; install), TOTAL_S (560), SMOKE_S (120), PY (python3), OUT, WORK; WIDTH and VOCAB
+#   SITE (.maxtext_site), MODE (run; install), SMOKE_STAGES (versions), TOTAL_S (560), SMOKE_S (120), PY (python3), OUT, WORK; WIDTH and VOCAB
 #   shrink the model for a dry run on the CPU (tests/integrations/test_maxtext.py).
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
@@ -40,7 +40,8 @@ mkdir -p "$DEST" "$WORK"
   if [ "${MODE:-run}" = install ]; then echo "MODE=install: done"; exit 0; fi
   $PY -c "import maxtext, s3r.integrations.maxtext as m; m.register(); print('maxtext', maxtext.__file__)" \
     || { banner "MAXTEXT DOES NOT IMPORT: carry its wheels (scripts/maxtext_wheels.sh)"; exit 1; }
-  smoke_or_stop "$WORK/smoke" || exit 1
+  # versions only by default: the tiny s3r stages (a minute of compiling) test nothing MaxText runs
+  SMOKE_STAGES=${SMOKE_STAGES:-versions} smoke_or_stop "$WORK/smoke" || exit 1
   budget=$(seconds_left "${TOTAL_S:-560}")
   echo "maxtext budget ${budget}s"
   timeout "$budget" $PY -m benchmarks maxtext --model "${MODEL:-llama3.1-8b}" --layers "${LAYERS:-2}" $SHRINK \
