@@ -8,8 +8,8 @@
 # Each call installs the wheels that travelled with it, without network or dependency resolution,
 # into $SITE (--target; default .maxtext_site, ignored by git, so it stays on the warm machine between
 # calls), which goes on PYTHONPATH after the checkout. MODE=install stops there.
-# Then the smoke stage (SMOKE_STAGES, default versions only), then `python -m benchmarks maxtext` on MaxText's own config of
-# Llama 3.1-8B (`model_name=llama3.1-8b`) sliced to LAYERS decoder layers at full width, batch BATCH x SEQ
+# Then the smoke stage (SMOKE_STAGES, default versions only), then `python -m benchmarks maxtext` on
+# MaxText's own config of Llama 3.1-8B (`model_name=llama3.1-8b`) sliced to LAYERS decoder layers at full width, batch BATCH x SEQ
 # tokens of the carried token folder, CONFIGS in lockstep (MaxText unquantized, MaxText int8, s3r's bf16
 # and s3r_ec_dx through the backend), STEPS steps, the order rotating per step. The benchmark rewrites
 # its files after every step, so a run stopped by its time limit keeps the steps it took.
