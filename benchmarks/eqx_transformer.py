@@ -1,6 +1,7 @@
 """A small causal transformer written the way Equinox writes models (eqx.nn layers, one example per
-call, `jax.vmap` over tokens inside and over examples outside), with no s3r in it: the fixture of
-test_equinox.py, which quantizes it through `s3r.nn.quantize_fn`."""
+call, `jax.vmap` over tokens inside and over examples outside), with no s3r in it: the model of
+`python -m benchmarks eqx` and the fixture of test_equinox.py, both of which quantize it through
+`s3r.nn.quantize_fn`."""
 
 import equinox as eqx
 import jax

@@ -29,17 +29,13 @@ import numpy as np
 
 from experiments import mechanism
 from experiments import results as provenance
-from s3r.quant import qmatmul
+from experiments.dose import recipe_at
+from s3r.quant import formats, qmatmul
 
 GRIDS = ("int8", "int6", "int4", "nvfp4")
 RECIPES = ("int8_sr", "s3r", "s3r_ec_dx")
 BASE = "int8_sr"
 REFERENCE = "int8_exact_bwd"
-QMAX = {"int8": 127, "int6": 31, "int4": 7}
-
-
-def recipe_at(recipe: str, grid: str) -> str:
-  return recipe if grid == "int8" else f"{recipe}@{grid}"
 
 
 def _dx(x, w, g, key, recipe):
@@ -78,13 +74,11 @@ def ratio_interval(a: list[float], b: list[float], z: float = 1.96) -> tuple[flo
 
 def concentration(x_BxSxK, w_KxN, g_BxSxN, grid: str) -> float | None:
   """Mean p(1 − p) of G'/Δ's residuals on a uniform grid (None for nvfp4): near 0 when concentrated."""
-  if grid not in QMAX:
+  fmt = formats.get_format(grid)
+  if fmt.grid != "uniform":
     return None
-  from s3r.quant import numerics
-
-  x, w, g = (jnp.asarray(a, jnp.float32) for a in (x_BxSxK, w_KxN, g_BxSxN))
-  gp = numerics.absmax_scale(x, axis=-1)[..., None] * g * numerics.absmax_scale(w, axis=0)
-  v = np.asarray(gp / (jnp.max(jnp.abs(gp)) / QMAX[grid]), np.float64)
+  gp = mechanism.scaled_gradient(x_BxSxK, w_KxN, g_BxSxN)[-1]
+  v = np.asarray(gp / (jnp.max(jnp.abs(gp)) / fmt.qmax), np.float64)
   p = v - np.floor(v)
   return float(np.mean(p * (1 - p)))
 

@@ -69,12 +69,17 @@ def common_row_statistic(wq_KxN: np.ndarray) -> float:
   return float(np.sum(w.sum(axis=1) ** 2) / np.sum(w**2))
 
 
+def scaled_gradient(x_BxSxK, w_KxN, g_BxSxN):
+  """(x, w in f32, s_x [B, S], s_w [N], G' = s_x G s_w [B, S, N]): what the backward rounds, before Δ."""
+  x, w, g = (jnp.asarray(a, jnp.float32) for a in (x_BxSxK, w_KxN, g_BxSxN))
+  sx_BxS, sw_N = numerics.absmax_scale(x, axis=-1), numerics.absmax_scale(w, axis=0)
+  return x, w, sx_BxS, sw_N, sx_BxS[..., None] * g * sw_N
+
+
 def local_errors(x_BxSxK, w_KxN, g_BxSxN, *, tokens: int) -> dict:
   """ρ of the weight codes and the exact relative dX / dW errors of each recipe on the first `tokens`
   tokens (Δ from the whole batch, as the backward computes it)."""
-  x, w, g = (jnp.asarray(a, jnp.float32) for a in (x_BxSxK, w_KxN, g_BxSxN))
-  sx_BxS, sw_N = numerics.absmax_scale(x, axis=-1), numerics.absmax_scale(w, axis=0)
-  gp = sx_BxS[..., None] * g * sw_N
+  x, w, sx_BxS, sw_N, gp = scaled_gradient(x_BxSxK, w_KxN, g_BxSxN)
   delta = float(jnp.max(jnp.abs(gp)) / numerics.QMAX) or 1.0
   v_TxN = np.asarray(gp, np.float64).reshape(-1, gp.shape[-1])[:tokens] / delta
   sx_T = np.asarray(sx_BxS, np.float64).reshape(-1)[:tokens]
