@@ -34,10 +34,12 @@ call from the layer's `aqt` stream (fresh per step and per layer, as the dense h
 MaxText's code unchanged. Each GEMM uses `fold_in(key, kernel_fingerprint(kernel))`. The router's gate
 and any shared experts are `DenseGeneral`-style projections and take the dense hook. `backend()` refuses
 the MoE paths it does not cover, naming the config field: `sparse_matmul=False` (the dense einsum/capacity
-path), `megablox=False` without Tokamax (a direct `jax.lax.ragged_dot`), expert parallelism, ring of
-experts, TransformerEngine's MoE block, quantized token all-gathers, embedding chunks. On a mesh of several
-devices (data or FSDP parallelism) each shard's rows are a grouped product of their own inside MaxText's
-`shard_map`, with the shard's index folded into the key (`shard_key`).
+path), `megablox=False` without Tokamax (a direct `jax.lax.ragged_dot`), expert parallelism through the ragged
+all-to-all (unverified: XLA:CPU cannot compile it), TransformerEngine's MoE block, quantized token
+all-gathers, embedding chunks. On a mesh of several devices (data, FSDP, tensor parallelism, or expert
+parallelism with `use_ring_of_experts=True`) each shard's rows are a grouped product of their own inside
+MaxText's `shard_map`, with the shard's index folded into the key (`shard_key`); under the ring of experts
+a shard's rows are the gathered tokens of its own experts.
 
 Not wired: Qwix's path (`use_qwix_quantization=True`), which deletes the modules' RNG streams; serving and
 conversion modes (`quant_mode_str` other than "train"); MaxText's batch-split schedule.
@@ -190,9 +192,14 @@ def expert_gmm(
 ) -> jax.Array:
   """One MaxText expert GEMM through s3r: `s3r.grouped_qmatmul(lhs, rhs, group_sizes)` with the key
   `fold_in(key, kernel_fingerprint(rhs))` (the layer call's key, made distinct per expert kernel as the dense
-  hook does), in `preferred_element_type` (MaxText's gmm output dtype; None: lhs's)."""
+  hook does), in `preferred_element_type` (MaxText's gmm output dtype; None: lhs's).
+
+  `group_sizes` may name more groups than `rhs` holds experts (MaxText's ring of experts passes every
+  expert's size with this shard's experts rolled to the front): as in MaxText's gmm with group offset 0,
+  the first `rhs.shape[0]` groups are computed and the rows after them are zero."""
   k = None if key is None else jax.random.fold_in(key, kernel_fingerprint(rhs))
-  out = grouped_qmatmul(lhs, rhs, group_sizes.astype(jnp.int32), key=k, recipe=recipe)
+  sizes_E = group_sizes.astype(jnp.int32)[: rhs.shape[0]]
+  out = grouped_qmatmul(lhs, rhs, sizes_E, key=k, recipe=recipe)
   return out if preferred_element_type is None else out.astype(preferred_element_type)
 
 
@@ -233,10 +240,14 @@ def _moe_refusal(config: Any) -> str | None:
       "megablox=False runs the experts through jax.lax.ragged_dot directly, which has no hook; use megablox=True "
       "(MaxText's default)"
     )
-  for field in ("ici_expert_parallelism", "dcn_expert_parallelism"):
-    if int(get(field, 1) or 1) > 1:
-      return f"{field}={get(field)}: expert parallelism is not supported on the s3r MaxText expert path"
-  for field in ("use_ring_of_experts", "te_moe_block", "moe_quantize_token_all_gather"):
+  ep = {f: int(get(f, 1) or 1) for f in ("ici_expert_parallelism", "dcn_expert_parallelism")}
+  if any(v > 1 for v in ep.values()) and not get("use_ring_of_experts", False):
+    field, value = next((f, v) for f, v in ep.items() if v > 1)
+    return (
+      f"{field}={value}: expert parallelism through MaxText's ragged all-to-all is not verified with s3r "
+      "(XLA:CPU cannot compile that collective); set use_ring_of_experts=True, which s3r covers"
+    )
+  for field in ("te_moe_block", "moe_quantize_token_all_gather"):
     if get(field, False):
       return f"{field}=True is not supported on the s3r MaxText expert path"
   if int(get("num_moe_emb_chunks", 0) or 0) > 0:

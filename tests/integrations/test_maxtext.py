@@ -357,6 +357,21 @@ def test_maxtext_trains_a_moe_model_with_s3r_on_two_devices(tmp_path):
   assert sorted(tp) == list(range(6)) and all(np.isfinite(v) for v in tp.values()) and tp[5] < tp[0]
 
 
+def test_maxtext_trains_a_moe_model_with_s3r_under_expert_parallelism_by_the_ring_of_experts(tmp_path):
+  # two devices on `expert`: every shard gathers the tokens and runs its own two experts' grouped products;
+  # the ring's output reduction runs in another order than the one-device sum, which moves MaxText's own bf16
+  # model too, so the INT8 forward may differ between the meshes by no more than that
+  kw = dict(enable_checkpointing=False, learning_rate_schedule_steps=6, **MOE)
+  ep = dict(devices=2, per_device_batch_size=1, ici_fsdp_parallelism=1, ici_expert_parallelism=2)
+  ep |= dict(use_ring_of_experts=True)
+  one = _train(tmp_path, "ep_one", 6, per_device_batch_size=2, **kw)
+  two = _train(tmp_path, "ep_two", 6, **ep, **kw)
+  assert sorted(two) == list(range(6)) and all(np.isfinite(v) for v in two.values()) and two[5] < two[0]
+  bf16_one = _train(tmp_path, "ep_bf16_one", 1, per_device_batch_size=2, **(kw | dict(quantization="")))
+  bf16_two = _train(tmp_path, "ep_bf16_two", 1, **ep, **(kw | dict(quantization="")))
+  assert abs(two[0] - one[0]) <= 2 * abs(bf16_two[0] - bf16_one[0]) + 1e-6 * abs(one[0])
+
+
 def test_tensor_parallel_split_follows_maxtexts_logical_axis_rules(tmp_path, monkeypatch):
   # under the rules MaxText's train step runs with, q/k/v and wi_0/wi_1 split their output on `tensor`
   # (column-parallel) and out/wo their contraction (row-parallel), as in Megatron

@@ -54,9 +54,8 @@ def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
   [
     ("sparse_matmul", False, r"sparse_matmul=False \(MaxText's dense einsum/capacity expert path\) is not wired"),
     ("megablox", False, r"megablox=False runs the experts through jax.lax.ragged_dot"),
-    ("ici_expert_parallelism", 2, r"ici_expert_parallelism=2: expert parallelism"),
-    ("dcn_expert_parallelism", 2, r"dcn_expert_parallelism=2: expert parallelism"),
-    ("use_ring_of_experts", True, r"use_ring_of_experts=True is not supported"),
+    ("ici_expert_parallelism", 2, r"ici_expert_parallelism=2: expert parallelism through MaxText's ragged all-to-all"),
+    ("dcn_expert_parallelism", 2, r"dcn_expert_parallelism=2: expert parallelism .* use_ring_of_experts=True"),
     ("te_moe_block", True, r"te_moe_block=True is not supported"),
     ("moe_quantize_token_all_gather", True, r"moe_quantize_token_all_gather=True is not supported"),
     ("num_moe_emb_chunks", 2, r"num_moe_emb_chunks=2 is not supported"),
@@ -67,6 +66,11 @@ def test_moe_paths_the_expert_hook_does_not_cover_are_refused_naming_the_field(f
   with pytest.raises(NotImplementedError, match=rf"quantization=s3r:s3r_ec_dx with num_experts=4: {message}"):
     smt.backend(_config(**(moe | {field: value})))
   assert smt.backend(_config(**(moe | {field: value, "num_experts": 1}))) is not None  # dense: the field is moot
+
+
+def test_expert_parallelism_is_covered_through_the_ring_of_experts():
+  moe = dict(num_experts=4, sparse_matmul=True, megablox=True, ici_expert_parallelism=2, use_ring_of_experts=True)
+  assert smt.backend(_config(**moe)).recipe.name == "s3r_ec_dx"
 
 
 def test_megablox_false_is_covered_where_tokamax_selects_maxtexts_gmm():
@@ -127,3 +131,26 @@ def test_each_shard_of_a_moe_layer_draws_its_own_key():
   env = os.environ | {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", SHARD_KEYS], env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_expert_gmm_computes_the_first_groups_where_maxtext_names_more_groups_than_the_kernel_holds():
+  # the ring of experts hands the gmm every expert's size, this shard's experts rolled to the front
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  kx, kw, kg, kq = jax.random.split(jax.random.key(0), 4)
+  x, w = jax.random.normal(kx, (12, 16)), jax.random.normal(kw, (2, 16, 8))
+  every, local = jnp.array([3, 4, 2, 3], jnp.int32), jnp.array([3, 4], jnp.int32)
+  recipe = s3r.recipe("s3r_ec_dx")
+
+  def loss(fn_x, fn_w, sizes):
+    out = smt.expert_gmm(fn_x, fn_w, sizes, recipe=recipe, key=kq)
+    return jnp.sum(out * jax.random.normal(kg, out.shape)), out
+
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w, every)
+  (_, ref), ref_grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w, local)
+  np.testing.assert_array_equal(out, ref)
+  assert not np.any(np.asarray(out[7:]))  # rows of the other shards' experts stay zero
+  for g, r in zip(grads, ref_grads, strict=True):
+    np.testing.assert_array_equal(g, r)
