@@ -170,6 +170,33 @@ def reference_points(results_root: pathlib.Path = provenance.REPO_ROOT / "result
   return out
 
 
+LONG_ARM = "dose_long"  # results/dose_long/runs/<run>.json: the 3200-step INT8 arm (`experiments sweep`)
+
+
+def long_arm_points(results_root: pathlib.Path = provenance.REPO_ROOT / "results") -> list[dict]:
+  """(excess, gap to int8_sr) of the 3200-step INT8 arm, per seed whose `int8_sr` run and recipe run
+  are both finished: the gap from their final validation losses (same seed: same initialization and
+  data order), the excess from the errors measured on the `int8_sr` run's final parameters (its `dose`),
+  as in the lockstep arms. No runs, no points."""
+  runs_dir = results_root / LONG_ARM / "runs"
+  runs = [json.loads(f.read_text()) for f in sorted(runs_dir.glob("*.json"))] if runs_dir.is_dir() else []
+  done = {(r["recipe"], r["seed"]): r for r in runs if r.get("status") == "done" and "val" in r.get("val_losses", {})}
+  out = []
+  for (recipe, seed), run in sorted(done.items()):
+    base = done.get((BASELINE, seed))
+    errors = ((base or {}).get("dose") or {}).get("errors") or {}
+    if recipe == BASELINE or recipe not in errors or BASELINE not in errors:
+      continue
+    out.append({
+      "recipe": recipe,
+      "source": f"3200-step INT8 arm (results/{LONG_ARM}), seed {seed}",
+      "seed": seed,
+      "excess": errors[recipe][METRIC] ** 2 - errors[BASELINE][METRIC] ** 2,
+      "gap": run["val_losses"]["val"] - base["val_losses"]["val"],
+    })  # fmt: skip
+  return out
+
+
 def summarize(config: dict, arms: list[dict], *, missing: list[str], meta: dict, baseline: str = BASELINE) -> dict:
   """The study's summary: every finished arm, the per-grid table, the plot's points and references."""
   pts = points(arms)
@@ -185,7 +212,7 @@ def summarize(config: dict, arms: list[dict], *, missing: list[str], meta: dict,
     "grids": by_grid(arms, baseline),
     "points": pts,
     "slope": slope_through_origin(pts),
-    "reference_points": reference_points(),
+    "reference_points": reference_points() + long_arm_points(),
   }
 
 

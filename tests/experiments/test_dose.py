@@ -229,6 +229,7 @@ def test_the_report_builds_its_tables_and_plot_from_a_summary(tmp_path):
 
 def test_the_reference_points_come_from_the_paper_and_the_committed_sweep():
   points = {p["recipe"]: p for p in dose_report.reference_points(ROOT / "results")}
+  assert all("3200-step" not in p["source"] for p in points.values())
   assert points["s3r"]["excess"] == pytest.approx(0.270, abs=1e-3) and points["s3r"]["gap"] == pytest.approx(0.126)
   assert points["s3r_ec_bcast"]["excess"] == pytest.approx(0.096, abs=1e-3)
   assert points["s3r_bcast"]["excess"] == pytest.approx(0.584, abs=1e-3) and points["s3r_bcast"][
@@ -236,3 +237,23 @@ def test_the_reference_points_come_from_the_paper_and_the_committed_sweep():
   ] == pytest.approx(0.313, abs=1e-3)
   assert points["s3r_ec_dx_bcast"]["excess"] == pytest.approx(0.148, abs=1e-3)
   assert points["s3r_ec_dx_bcast"]["gap"] == pytest.approx(0.070, abs=1e-3)
+
+
+def _long_run(tmp_path, recipe, seed, val, errors=None, status="done"):
+  run = {"recipe": recipe, "seed": seed, "status": status, "val_losses": {"val": val} if status == "done" else {}}
+  if errors is not None:
+    run["dose"] = {"errors": {r: {"dw_first": e} for r, e in errors.items()}}
+  folder = tmp_path / "dose_long" / "runs"
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f"{recipe}-lr0.004-s{seed}.json").write_text(json.dumps(run))
+
+
+def test_long_arm_points_pair_each_recipe_with_the_baseline_run_of_its_seed(tmp_path):
+  assert dose_report.long_arm_points(tmp_path) == []
+  _long_run(tmp_path, "int8_sr", 0, 5.0, {"int8_sr": 0.2, "s3r": 0.3, "s3r_ec_dx": 0.1})
+  _long_run(tmp_path, "s3r", 0, 5.05)
+  _long_run(tmp_path, "s3r_ec_dx", 1, 4.9)  # seed 1 has no int8_sr run yet: no point
+  _long_run(tmp_path, "s3r_ec_dx", 0, 5.0, status="diverged")  # unfinished: no point
+  (point,) = dose_report.long_arm_points(tmp_path)
+  assert point["recipe"] == "s3r" and point["seed"] == 0 and "seed 0" in point["source"]
+  assert point["gap"] == pytest.approx(0.05) and point["excess"] == pytest.approx(0.3**2 - 0.2**2)
