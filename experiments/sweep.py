@@ -126,13 +126,16 @@ def measure_dose(cfg: SweepConfig, out: pathlib.Path, log=print) -> dict:
   return {"step": run["step"], "n_keys": cfg.dose_keys, "reference": gradients.REFERENCE, "errors": errors}
 
 
-def sweep(cfg: SweepConfig, *, max_runs: int | None = None, log=log) -> dict:
-  """Runs what is missing (up to `max_runs`), rewriting the tables after each run."""
+def sweep(cfg: SweepConfig, *, max_runs: int | None = None, only: frozenset[str] | None = None, log=log) -> dict:
+  """Runs what is missing (up to `max_runs`; with `only`, just the runs of those names), rewriting the
+  tables after each run."""
   done = 0
   while max_runs is None or done < max_runs:
     summaries = load_summaries(cfg)
-    todo = next_runs(cfg, summaries)
+    todo = [t for t in next_runs(cfg, summaries) if only is None or cfg.run_name(*t) in only]
     if not todo:
+      if only is not None and (waiting := sorted(only - set(summaries))):
+        log(f"sweep {cfg.name}: not runnable now (unknown, or waiting for seed-0 rates): {', '.join(waiting)}")
       break
     recipe, lr, seed = todo[0]
     log(
@@ -193,6 +196,12 @@ def register(subparsers) -> None:
   for field in ("preset", "data", "runs_dir", "results_dir"):
     p.add_argument(f"--{field.replace('_', '-')}", default=None, help=f"default {getattr(d, field)}")
   p.add_argument("--max-runs", type=int, default=None, help="stop after this many runs (default: all)")
+  p.add_argument(
+    "--only",
+    default=None,
+    help="comma-separated run names (as --plan prints them): run just these, e.g. a second worker in another "
+    "checkout; copy its finished summaries into this checkout's runs folder and the sweep skips them",
+  )
   p.add_argument("--report-only", action="store_true", help="only rewrite the tables from finished runs")
   p.add_argument(
     "--plan",
@@ -243,7 +252,8 @@ def run(args) -> int:
     return 2
   lock.write_text(str(os.getpid()))
   try:
-    sweep(cfg, max_runs=args.max_runs)
+    only = frozenset(n.strip() for n in args.only.split(",") if n.strip()) if getattr(args, "only", None) else None
+    sweep(cfg, max_runs=args.max_runs, only=only)
   except RunInterrupted as e:
     print(f"s3r: error: {e}", file=sys.stderr)
     return 130

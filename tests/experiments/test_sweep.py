@@ -330,3 +330,23 @@ def test_gap_curves_subtract_the_same_seeds_bf16_at_every_evaluation(tmp_path):
   assert doc["gap_curves"]["int8_rtne"]["by_seed"]["1"] == pytest.approx([0.1, 0.3])
   assert doc["rows"]["int8_rtne"]["paired_vs_bf16"]["t"] is None
   assert "+0.300 ± 0.000 |" in (tmp_path / "results" / "t.md").read_text()
+
+
+def test_only_runs_the_named_runs_and_says_which_cannot_run_now(tmp_path, monkeypatch):
+  cfg = _cfg(tmp_path, recipes=("bf16", "int8_sr"), fixed_lrs={"bf16": 4e-3, "int8_sr": 2e-3}, seeds=2)
+  ran, lines = [], []
+
+  def fake_run_one(cfg, recipe, lr, seed, log=print):
+    ran.append(cfg.run_name(recipe, lr, seed))
+    s = _summary(recipe, lr, seed, 4.0)
+    cfg.summary_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.summary_dir / f"{s['run']}.json").write_text(json.dumps(s))
+    return s
+
+  monkeypatch.setattr(sweep, "run_one", fake_run_one)
+  only = frozenset({"int8_sr-lr0.002-s1", "bf16-lr0.004-s7"})
+  sweep.sweep(cfg, only=only, log=lines.append)
+  assert ran == ["int8_sr-lr0.002-s1"]  # not bf16-s0, which the full sweep would run first
+  assert any("not runnable now" in line and "bf16-lr0.004-s7" in line for line in lines)
+  sweep.sweep(cfg, only=only, log=lines.append)  # finished: skipped
+  assert ran == ["int8_sr-lr0.002-s1"]
