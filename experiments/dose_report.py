@@ -307,9 +307,42 @@ def markdown(summary: dict) -> str:
   return "\n".join(lines)
 
 
+ZOOM = (-0.15, 0.7)  # the right panel's excess range: INT8, int6, NVFP4 and the references
+
+
+def _draw(ax, summary: dict, *, annotate: bool, legend: bool) -> None:
+  """One panel: the points (marker by recipe, colour by grid), the references in grey, the band of
+  the hypothesis and the fitted slope."""
+  seen = set()
+  for p in summary["points"]:
+    label = f"{p['recipe']} @ {p['grid']}" if legend and (p["recipe"], p["grid"]) not in seen else None
+    seen.add((p["recipe"], p["grid"]))
+    colour = GRID_COLOURS.get(p["grid"], "k")
+    ax.scatter(p["excess"], p["gap"], marker=MARKERS.get(p["recipe"], "x"), color=colour, label=label, zorder=3)
+  for i, p in enumerate(summary["reference_points"]):
+    ax.scatter(p["excess"], p["gap"], marker="*", s=120, color="0.55", zorder=2)
+    if annotate:
+      ax.annotate(f"{p['recipe']} ({p['source'].split(' (')[0]})", (p["excess"], p["gap"]), fontsize=7,
+                  color="0.4", xytext=(6, 8 - 14 * (i % 3)), textcoords="offset points")  # fmt: skip
+  xs = [p["excess"] for p in summary["points"] + summary["reference_points"]] or [1.0]
+  x = np.linspace(min(0.0, min(xs)), max(max(xs), 1e-3) * 1.05, 200)
+  lo, hi = SLOPE_BAND
+  band = f"hypothesis: gap = {lo}-{hi} x excess" if legend else None
+  ax.fill_between(x, lo * x, hi * x, color="0.85", alpha=0.6, label=band, zorder=1)
+  if summary["slope"]:  # drawn over the measured excesses only, not extrapolated to the references
+    fitted = [p["excess"] for p in summary["points"] if p["recipe"] in summary["slope"]["recipes"]]
+    xf = np.linspace(min(0.0, min(fitted)), max(fitted), 200)
+    fit = f"fit through 0: {summary['slope']['k']:.2f} x excess" if legend else None
+    ax.plot(xf, summary["slope"]["k"] * xf, "k--", lw=1, label=fit)
+  ax.axhline(0, color="0.3", lw=0.6)
+  ax.axvline(0, color="0.3", lw=0.6)
+  ax.set_xlabel(f"excess e²(recipe) − e²({summary['baseline']}), dW block 0, same parameters")
+
+
 def plot(summary: dict, path: pathlib.Path) -> bool:
-  """The figure: gap against excess, marker by recipe, colour by grid, the references in grey and
-  the hypothesis' band of slopes. False (and nothing written) without matplotlib."""
+  """The figure: gap against excess over every point (left) and over the small excesses of INT8, int6,
+  NVFP4 and the references (right, `ZOOM`), which the int4 points would otherwise squeeze into a corner.
+  False (and nothing written) without matplotlib."""
   try:
     import matplotlib
   except ImportError:
@@ -317,32 +350,18 @@ def plot(summary: dict, path: pathlib.Path) -> bool:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(8, 5.5))
-  seen = set()
-  for p in summary["points"]:
-    label = f"{p['recipe']} @ {p['grid']}" if (p["recipe"], p["grid"]) not in seen else None
-    seen.add((p["recipe"], p["grid"]))
-    colour = GRID_COLOURS.get(p["grid"], "k")
-    ax.scatter(p["excess"], p["gap"], marker=MARKERS.get(p["recipe"], "x"), color=colour, label=label, zorder=3)
-  for i, p in enumerate(summary["reference_points"]):
-    ax.scatter(p["excess"], p["gap"], marker="*", s=120, color="0.55", zorder=2)
-    ax.annotate(f"{p['recipe']} ({p['source'].split(' (')[0]})", (p["excess"], p["gap"]), fontsize=7, color="0.4",
-                xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points")  # fmt: skip
-  xs = [p["excess"] for p in summary["points"] + summary["reference_points"]] or [1.0]
-  x = np.linspace(min(0.0, min(xs)), max(max(xs), 1e-3) * 1.05, 50)
-  lo, hi = SLOPE_BAND
-  ax.fill_between(x, lo * x, hi * x, color="0.85", alpha=0.6, label=f"hypothesis: gap = {lo}-{hi} x excess", zorder=1)
-  if summary["slope"]:  # drawn over the measured excesses only, not extrapolated to the references
-    fitted = [p["excess"] for p in summary["points"] if p["recipe"] in summary["slope"]["recipes"]]
-    xf = np.linspace(min(0.0, min(fitted)), max(fitted), 20)
-    ax.plot(xf, summary["slope"]["k"] * xf, "k--", lw=1, label=f"fit through 0: {summary['slope']['k']:.2f} x excess")
-  ax.axhline(0, color="0.3", lw=0.6)
-  ax.axvline(0, color="0.3", lw=0.6)
-  ax.set_xlabel(f"excess e²(recipe) − e²({summary['baseline']}), dW block 0, same parameters")
-  ax.set_ylabel(f"final validation loss − {summary['baseline']} (same seed)")
-  ax.set_title("Dose response: loss gap against excess gradient variance")
-  ax.legend(fontsize=7, loc="upper left")
-  fig.tight_layout()
+  fig, (ax_all, ax_zoom) = plt.subplots(1, 2, figsize=(15, 5.5))
+  _draw(ax_all, summary, annotate=False, legend=True)
+  _draw(ax_zoom, summary, annotate=True, legend=False)
+  ax_all.set_ylabel(f"final validation loss − {summary['baseline']} (same seed)")
+  ax_all.set_title("every point (references: grey stars)", fontsize=9)
+  fig.legend(fontsize=7, loc="center right")  # beside the panels: inside, it would hide points
+  inside = [p["gap"] for p in summary["points"] + summary["reference_points"] if ZOOM[0] <= p["excess"] <= ZOOM[1]]
+  ax_zoom.set_xlim(*ZOOM)
+  ax_zoom.set_ylim(min([-0.1, *inside]) - 0.03, max([0.3, *inside]) + 0.05)
+  ax_zoom.set_title(f"excess in [{ZOOM[0]}, {ZOOM[1]}]", fontsize=9)
+  fig.suptitle("Dose response: loss gap against excess gradient variance")
+  fig.tight_layout(rect=(0, 0, 0.86, 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return True
