@@ -202,7 +202,7 @@ def test_scaling_doc_communication_tables_are_those_of_the_committed_comm_result
   assert meta["git"]["revision"] in (ROOT / "results" / "comm.md").read_text()
 
 
-DOSE_GRIDS = ("int8", "int6", "int4")
+DOSE_GRIDS = ("int8", "int6", "int4", "nvfp4")
 
 
 def _signed(x: float) -> str:
@@ -211,13 +211,13 @@ def _signed(x: float) -> str:
 
 def dose_sentence(dose: dict) -> str:
   """The README's dose-study sentence rebuilt from results/dose.json: per grid the mean gap to
-  `int8_sr` over the seeds finished so far, and how many they are."""
+  `int8_sr` over its finished seeds, and how many they are."""
   grids = dose["grids"]
   seeds = ", ".join(f"{g} {len(grids[g]['s3r']['seeds'])}" for g in DOSE_GRIDS)
   s3r = ", ".join(f"{_signed(grids[g]['s3r']['gap_mean'])} at {g}" for g in DOSE_GRIDS)
   ec = ", ".join(_signed(grids[g]["s3r_ec_dx"]["gap_mean"]) for g in DOSE_GRIDS)
   return (
-    f"(`results/dose.md`, means over the seeds finished so far: {seeds}): `s3r` − `int8_sr` is {s3r}, "
+    f"(`results/dose.md`, means over the seeds per grid: {seeds}): `s3r` − `int8_sr` is {s3r}, "
     f"`s3r_ec_dx` − `int8_sr` {ec}."
   )
 
