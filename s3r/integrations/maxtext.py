@@ -240,9 +240,9 @@ def _moe_refusal(config: Any) -> str | None:
       "megablox=False runs the experts through jax.lax.ragged_dot directly, which has no hook; use megablox=True "
       "(MaxText's default)"
     )
-  ep = {f: int(get(f, 1) or 1) for f in ("ici_expert_parallelism", "dcn_expert_parallelism")}
-  if any(v > 1 for v in ep.values()) and not get("use_ring_of_experts", False):
-    field, value = next((f, v) for f, v in ep.items() if v > 1)
+  ep = [(f, v) for f in ("ici_expert_parallelism", "dcn_expert_parallelism") if (v := int(get(f, 1) or 1)) > 1]
+  if ep and not get("use_ring_of_experts", False):
+    field, value = ep[0]
     return (
       f"{field}={value}: expert parallelism through MaxText's ragged all-to-all is not verified with s3r "
       "(XLA:CPU cannot compile that collective); set use_ring_of_experts=True, which s3r covers"
