@@ -1,10 +1,10 @@
 """The README's numbers match the committed results files they come from.
 
-The Performance, Results and Mixture of experts sections of the README each open with one
-table. This module rebuilds those tables from `results/*.json` (the same rounding the README uses) and compares
-them cell by cell with the tables parsed from README.md, so a re-run that changes a results
-file, or an edit that changes a number, fails here until the two agree. The Quickstart's
-numbers are checked against `results/quickstart.json` the same way.
+The README's Performance and Results sections and docs/moe.md's CPU quality check each open
+with one table. This module rebuilds those tables from `results/*.json` (the same rounding the docs use)
+and compares them cell by cell with the tables parsed from the Markdown, so a re-run that changes a
+results file, or an edit that changes a number, fails here until the two agree. The Quickstart's
+numbers and the Results section's dose sentence are checked against their results files the same way.
 """
 
 from __future__ import annotations
