@@ -173,28 +173,78 @@ def reference_points(results_root: pathlib.Path = provenance.REPO_ROOT / "result
 LONG_ARM = "dose_long"  # results/dose_long/runs/<run>.json: the 3200-step INT8 arm (`experiments sweep`)
 
 
-def long_arm_points(results_root: pathlib.Path = provenance.REPO_ROOT / "results") -> list[dict]:
-  """(excess, gap to int8_sr) of the 3200-step INT8 arm, per seed whose `int8_sr` run and recipe run
-  are both finished: the gap from their final validation losses (same seed: same initialization and
-  data order), the excess from the errors measured on the `int8_sr` run's final parameters (its `dose`),
-  as in the lockstep arms. No runs, no points."""
-  runs_dir = results_root / LONG_ARM / "runs"
-  runs = [json.loads(f.read_text()) for f in sorted(runs_dir.glob("*.json"))] if runs_dir.is_dir() else []
+def _excess(run: dict, recipe: str, baseline: str) -> float | None:
+  """e²(recipe) − e²(baseline) of the errors `run` measured on its own final parameters (its `dose`)."""
+  errors = (run.get("dose") or {}).get("errors") or {}
+  if recipe not in errors or baseline not in errors:
+    return None
+  return errors[recipe][METRIC] ** 2 - errors[baseline][METRIC] ** 2
+
+
+def paired_dose(runs: list[dict], baseline: str = BASELINE) -> list[dict]:
+  """Every finished run of a sweep with `dose` measurements, other than the baseline's, paired with the
+  finished baseline run of its seed (same initialization and data order): the gap in final validation
+  loss, the excess measured on the baseline run's final parameters (as in the lockstep arms) and, where
+  the run measured one, on its own final parameters. Runs without such a partner give no row."""
   done = {(r["recipe"], r["seed"]): r for r in runs if r.get("status") == "done" and "val" in r.get("val_losses", {})}
   out = []
   for (recipe, seed), run in sorted(done.items()):
-    base = done.get((BASELINE, seed))
-    errors = ((base or {}).get("dose") or {}).get("errors") or {}
-    if recipe == BASELINE or recipe not in errors or BASELINE not in errors:
+    base = done.get((baseline, seed))
+    excess = None if recipe == baseline or base is None else _excess(base, recipe, baseline)
+    if excess is None:
       continue
     out.append({
       "recipe": recipe,
-      "source": f"3200-step INT8 arm (results/{LONG_ARM}), seed {seed}",
       "seed": seed,
-      "excess": errors[recipe][METRIC] ** 2 - errors[BASELINE][METRIC] ** 2,
       "gap": run["val_losses"]["val"] - base["val_losses"]["val"],
+      "excess": excess,
+      "excess_own_params": _excess(run, recipe, baseline),
     })  # fmt: skip
   return out
+
+
+def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE) -> list[str]:
+  """The paired rows as a table, then per recipe the mean ± sd over seeds and how many gaps are positive."""
+  if not rows:
+    return []
+  cells = [
+    [f"`{r['recipe']}`", r["seed"], _fmt(r["gap"]), _fmt(r["excess"], "+.4f"), _fmt(r["excess_own_params"], "+.4f")]
+    for r in rows
+  ]
+  lines = [
+    f"\nPaired by seed against `{baseline}` (same initialization and data order): gap in final validation "
+    f"loss, and the excess e²(recipe) − e²({baseline}) of the {METRIC} relative error measured on the "
+    f"`{baseline}` run's final parameters and on the recipe run's own:\n",
+    *provenance.markdown_table(["recipe", "seed", "gap", "excess", "excess, own parameters"], cells).splitlines(),
+    "",
+  ]
+  for recipe in dict.fromkeys(r["recipe"] for r in rows):
+    gaps = [r["gap"] for r in rows if r["recipe"] == recipe]
+    excess = [r["excess"] for r in rows if r["recipe"] == recipe]
+    (g, g_sd), (e, e_sd) = mean_sd(gaps), mean_sd(excess)
+    positive = sum(x > 0 for x in gaps)
+    lines.append(
+      f"- `{recipe}` − `{baseline}`: {_fmt(g)} ± {_fmt(g_sd, '.3f')} over {len(gaps)} seed(s), positive on "
+      f"{positive} of {len(gaps)}; excess {_fmt(e, '+.4f')} ± {_fmt(e_sd, '.4f')}"
+    )
+  return lines
+
+
+def long_arm_points(results_root: pathlib.Path = provenance.REPO_ROOT / "results") -> list[dict]:
+  """(excess, gap to int8_sr) of the 3200-step INT8 arm, per seed whose `int8_sr` run and recipe run
+  are both finished (`paired_dose` of its committed run summaries). No runs, no points."""
+  runs_dir = results_root / LONG_ARM / "runs"
+  runs = [json.loads(f.read_text()) for f in sorted(runs_dir.glob("*.json"))] if runs_dir.is_dir() else []
+  return [
+    {
+      "recipe": r["recipe"],
+      "source": f"3200-step INT8 arm (results/{LONG_ARM}), seed {r['seed']}",
+      "seed": r["seed"],
+      "excess": r["excess"],
+      "gap": r["gap"],
+    }
+    for r in paired_dose(runs)
+  ]
 
 
 def summarize(config: dict, arms: list[dict], *, missing: list[str], meta: dict, baseline: str = BASELINE) -> dict:

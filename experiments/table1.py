@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from experiments import stats
+from experiments import dose_report, stats
 from experiments.paper import PAPER_GAP
 from experiments.protocol import best_lr
 from experiments.results import markdown_table, metadata_markdown, run_metadata, write_json
@@ -151,9 +151,11 @@ def write_tables(cfg, summaries: dict) -> dict:
     "contrasts": build_contrasts(rows),
     "note": _rate_note(cfg),
     "gap_curves": gap_curves(cfg, summaries, rows),
+    "paired_dose": dose_report.paired_dose(list(summaries.values())),
   }
   write_json(stem.with_suffix(".json"), doc)
-  stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"]))
+  md = _markdown(cfg, rows, doc["cost"], meta, doc["contrasts"])
+  stem.with_suffix(".md").write_text("\n".join([md, *dose_report.paired_dose_markdown(doc["paired_dose"])]) + "\n")
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
   if doc["gap_curves"]:

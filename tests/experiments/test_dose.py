@@ -257,3 +257,26 @@ def test_long_arm_points_pair_each_recipe_with_the_baseline_run_of_its_seed(tmp_
   (point,) = dose_report.long_arm_points(tmp_path)
   assert point["recipe"] == "s3r" and point["seed"] == 0 and "seed 0" in point["source"]
   assert point["gap"] == pytest.approx(0.05) and point["excess"] == pytest.approx(0.3**2 - 0.2**2)
+
+
+def test_paired_dose_reports_each_seed_and_the_sign_count_per_recipe():
+  def run(recipe, seed, val, errors=None):
+    return {"recipe": recipe, "seed": seed, "status": "done", "val_losses": {"val": val}} | (
+      {"dose": {"errors": {r: {"dw_first": e} for r, e in errors.items()}}} if errors else {}
+    )
+
+  runs = [
+    run("int8_sr", 0, 5.0, {"int8_sr": 0.2, "s3r": 0.3}),
+    run("int8_sr", 1, 4.9, {"int8_sr": 0.1, "s3r": 0.2}),
+    run("s3r", 0, 5.04, {"int8_sr": 0.3, "s3r": 0.4}),  # its own parameters: another excess
+    run("s3r", 1, 4.88),
+  ]
+  rows = dose_report.paired_dose(runs)
+  assert [(r["recipe"], r["seed"]) for r in rows] == [("s3r", 0), ("s3r", 1)]
+  assert rows[0]["gap"] == pytest.approx(0.04) and rows[1]["gap"] == pytest.approx(-0.02)
+  assert rows[0]["excess"] == pytest.approx(0.05) and rows[0]["excess_own_params"] == pytest.approx(0.07)
+  assert rows[1]["excess"] == pytest.approx(0.03) and rows[1]["excess_own_params"] is None
+  md = "\n".join(dose_report.paired_dose_markdown(rows))
+  assert "| `s3r` | 0 | +0.040 | +0.0500 | +0.0700 |" in md and "| `s3r` | 1 | -0.020 | +0.0300 | – |" in md
+  assert "`s3r` − `int8_sr`: +0.010 ± 0.042 over 2 seed(s), positive on 1 of 2; excess +0.0400 ± 0.0141" in md
+  assert dose_report.paired_dose_markdown([]) == []

@@ -350,3 +350,21 @@ def test_only_runs_the_named_runs_and_says_which_cannot_run_now(tmp_path, monkey
   assert any("not runnable now" in line and "bf16-lr0.004-s7" in line for line in lines)
   sweep.sweep(cfg, only=only, log=lines.append)  # finished: skipped
   assert ran == ["int8_sr-lr0.002-s1"]
+
+
+def test_a_sweep_with_dose_measurements_reports_them_paired_by_seed(tmp_path):
+  cfg = _cfg(tmp_path, recipes=("int8_sr", "s3r"), fixed_lrs={"int8_sr": 4e-3, "s3r": 4e-3}, seeds=1)
+  base = _summary("int8_sr", 4e-3, 0, 5.0) | {
+    "dose": {"errors": {"int8_sr": {"dw_first": 0.2}, "s3r": {"dw_first": 0.3}}}
+  }
+  s = {}
+  _add(s, base, _summary("s3r", 4e-3, 0, 5.03))
+  table1.write_tables(cfg, s)
+  doc = json.loads((tmp_path / "results" / "t.json").read_text())
+  (row,) = doc["paired_dose"]
+  assert row["gap"] == pytest.approx(0.03) and row["excess"] == pytest.approx(0.05)
+  md = (tmp_path / "results" / "t.md").read_text()
+  assert "| `s3r` | 0 | +0.030 | +0.0500 | – |" in md and "positive on 1 of 1" in md
+  # Without dose measurements (the Table I sweeps) the report has no such section.
+  table1.write_tables(_cfg(tmp_path, name="u"), {})
+  assert "Paired by seed" not in (tmp_path / "results" / "u.md").read_text()
