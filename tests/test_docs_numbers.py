@@ -229,3 +229,26 @@ def test_readme_dose_sentence_matches_the_committed_dose_results():
   changed = _load("results/dose.json")
   changed["grids"]["int6"]["s3r"]["gap_mean"] += 0.01
   assert dose_sentence(changed) not in readme  # the check can fail
+
+
+def _long_arm_section() -> tuple[str, str]:
+  doc = (ROOT / "docs" / "results.md").read_text()
+  match = re.search(r"^### The long INT8 arm \(([^)]*)\)\n(.*?)(?=^##)", doc, flags=re.S | re.M)
+  assert match, "docs/results.md has no '### The long INT8 arm (...)' section"
+  return match.group(1), match.group(2)
+
+
+def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
+  """The heading counts the finished runs of results/dose_long/runs; the section quotes each finished
+  run's final validation loss, and the paired table of results/dose_long.md once it has one."""
+  runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "dose_long" / "runs").glob("*.json"))]
+  done = [r for r in runs if r.get("status") == "done"]
+  total = len(_load("results/dose_long.json")["sweep"]["recipes"]) * _load("results/dose_long.json")["sweep"]["seeds"]
+  heading, body = _long_arm_section()
+  assert re.search(rf"\b{len(done)} of {total} runs\b", heading), (heading, len(done), total)
+  text = " ".join(body.split())
+  missing = [r["run"] for r in done if f"{r['val_losses']['val']:.4f}" not in text]
+  assert not missing, f"runs whose final validation loss the section does not quote: {missing}"
+  paired = [t for t in _tables((ROOT / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
+  for table in paired:
+    assert table in _tables(body), "the section does not quote results/dose_long.md's paired table"
