@@ -94,19 +94,26 @@ def build_contrasts(rows: dict) -> list[dict]:
   return out
 
 
+def gap_reference(cfg) -> str | None:
+  """The recipe the gap curves subtract: `bf16` when the sweep has it, else `int8_sr` (a dose sweep)."""
+  return next((r for r in ("bf16", "int8_sr") if r in cfg.recipes), None)
+
+
 def gap_curves(cfg, summaries: dict, rows: dict) -> dict:
-  """Validation-loss gap to bf16 at every evaluation, seed by seed (same seed: same initialization and
-  data order): {recipe: {"steps": [...], "by_seed": {seed: [gap per step]}}} over finished runs."""
+  """Validation-loss gap to the reference recipe (`gap_reference`) at every evaluation, seed by seed
+  (same seed: same initialization and data order): {recipe: {"steps": [...], "by_seed": {seed: [gap
+  per step]}}} over finished runs."""
 
   def curves(recipe):
     lr = rows.get(recipe, {}).get("best_lr")
     runs = [summaries.get(cfg.run_name(recipe, lr, s)) for s in range(cfg.seeds)] if lr else []
     return {s["seed"]: dict(s["val_curve"]) for s in runs if s and s["status"] == "done" and s.get("val_curve")}
 
-  ref = curves("bf16")
+  reference = gap_reference(cfg)
+  ref = curves(reference) if reference else {}
   out = {}
   for recipe in rows:
-    mine = curves(recipe) if recipe != "bf16" else {}
+    mine = curves(recipe) if recipe != reference else {}
     by_seed = {seed: c for seed, c in mine.items() if seed in ref}
     if not by_seed:
       continue
@@ -150,6 +157,7 @@ def write_tables(cfg, summaries: dict) -> dict:
     "rows": rows,
     "contrasts": build_contrasts(rows),
     "note": _rate_note(cfg),
+    "gap_reference": gap_reference(cfg),
     "gap_curves": gap_curves(cfg, summaries, rows),
     "paired_dose": dose_report.paired_dose(list(summaries.values())),
   }
@@ -308,7 +316,7 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
 
 
 def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
-  """Validation-loss gap to bf16 over training: one thin line per seed, the seed mean bold."""
+  """Validation-loss gap to the reference recipe over training: one thin line per seed, the seed mean bold."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -329,8 +337,9 @@ def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
     for curve in per_seed if len(per_seed) > 1 else ():
       ax.plot(g["steps"], curve, color=line.get_color(), lw=0.7, alpha=0.5)
   ax.set_xlabel("step")
-  ax.set_ylabel("validation loss − bf16's (same seed)")
-  ax.set_title(f"{cfg.name}: gap to bf16 during training (thin: one seed; bold: mean over seeds)", fontsize=9)
+  reference = gap_reference(cfg)
+  ax.set_ylabel(f"validation loss − {reference}'s (same seed)")
+  ax.set_title(f"{cfg.name}: gap to {reference} during training (thin: one seed; bold: mean over seeds)", fontsize=9)
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=120)

@@ -365,6 +365,9 @@ def test_a_sweep_with_dose_measurements_reports_them_paired_by_seed(tmp_path):
   assert row["gap"] == pytest.approx(0.03) and row["excess"] == pytest.approx(0.05)
   md = (tmp_path / "results" / "t.md").read_text()
   assert "| `s3r` | 0 | +0.030 | +0.0500 | – |" in md and "positive on 1 of 1" in md
+  # No bf16 in the sweep: the gap curves subtract int8_sr's curve of the same seed.
+  assert doc["gap_reference"] == "int8_sr" and doc["gap_curves"]["s3r"]["by_seed"]["0"] == pytest.approx([0.03])
+  assert (tmp_path / "results" / "t_gap.png").stat().st_size > 0
   # Without dose measurements (the Table I sweeps) the report has no such section.
   table1.write_tables(_cfg(tmp_path, name="u"), {})
   assert "Paired by seed" not in (tmp_path / "results" / "u.md").read_text()
