@@ -162,8 +162,7 @@ def write_tables(cfg, summaries: dict) -> dict:
     "paired_dose": dose_report.paired_dose(list(summaries.values())),
   }
   write_json(stem.with_suffix(".json"), doc)
-  md = _markdown(cfg, rows, doc["cost"], meta, doc["contrasts"])
-  stem.with_suffix(".md").write_text("\n".join([md, *dose_report.paired_dose_markdown(doc["paired_dose"])]) + "\n")
+  stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"], doc["paired_dose"]))
   if any(s["status"] == "done" for s in summaries.values()):
     plot_curves(cfg, summaries, rows, stem.with_suffix(".png"))
   if doc["gap_curves"]:
@@ -185,7 +184,7 @@ def _rate_note(cfg) -> str:
   return "; ".join(parts)
 
 
-def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
+def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
   head = metadata_markdown(f"python -m experiments sweep {cfg.name}", meta, {})
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
   tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
@@ -253,6 +252,7 @@ def _markdown(cfg, rows, cost, meta, contrasts=()) -> str:
       "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
       + markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows)
     )
+  lines += dose_report.paired_dose_markdown(list(paired_dose))
   return "\n".join(lines)
 
 

@@ -243,7 +243,8 @@ def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
   run's final validation loss, and the paired table of results/dose_long.md once it has one."""
   runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "dose_long" / "runs").glob("*.json"))]
   done = [r for r in runs if r.get("status") == "done"]
-  total = len(_load("results/dose_long.json")["sweep"]["recipes"]) * _load("results/dose_long.json")["sweep"]["seeds"]
+  sweep = _load("results/dose_long.json")["sweep"]
+  total = len(sweep["recipes"]) * sweep["seeds"]
   heading, body = _long_arm_section()
   assert re.search(rf"\b{len(done)} of {total} runs\b", heading), (heading, len(done), total)
   text = " ".join(body.split())
