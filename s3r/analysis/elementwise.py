@@ -38,6 +38,27 @@ def _loop_fusions(comps: dict[str, Computation]) -> dict[str, int]:
   return out
 
 
+# Top-level instructions that write no new array of their own.
+_NOT_WRITES = ("parameter", "constant", "bitcast", "reshape", "get-tuple-element", "tuple", "broadcast")
+
+
+def _sized_reduce_operands(ins, shapes: dict, elements: int) -> int:
+  """How many reduced operands of `ins` (the first half of its operands) have `elements` elements."""
+  reduced = ins.operands[: max(1, len(ins.operands) // 2)]
+  return sum(1 for o in reduced if o in shapes and shapes[o].elements == elements)
+
+
+def _writer(computation: str, ins, executions: int) -> dict:
+  return {
+    "computation": computation,
+    "name": ins.name,
+    "opcode": ins.opcode,
+    "dtype": ins.dtype,
+    "dims": list(ins.dims),
+    "executions": executions,
+  }
+
+
 def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
   """Per-element ops of the work on `elements`-sized arrays, and bytes of such arrays written.
 
@@ -73,28 +94,13 @@ def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
         if ins.elements == elements or per_element_body:
           by_op[ins.opcode] += mult
       elif ins.opcode in REDUCES:
-        n_in = sum(
-          1 for o in ins.operands[: max(1, len(ins.operands) // 2)] if o in shapes and shapes[o].elements == elements
-        )
+        n_in = _sized_reduce_operands(ins, shapes, elements)
         if n_in:
           by_op[ins.opcode] += mult * n_in
           shape_only += mult * n_in
-      if (
-        c.name not in fused
-        and ins.elements == elements
-        and ins.opcode not in ("parameter", "constant", "bitcast", "reshape", "get-tuple-element", "tuple", "broadcast")
-      ):
+      if c.name not in fused and ins.elements == elements and ins.opcode not in _NOT_WRITES:
         written[ins.dtype] += mult * elements * DTYPE_BYTES.get(ins.dtype, 4)
-        writers.append(
-          {
-            "computation": c.name,
-            "name": ins.name,
-            "opcode": ins.opcode,
-            "dtype": ins.dtype,
-            "dims": list(ins.dims),
-            "executions": mult,
-          }
-        )
+        writers.append(_writer(c.name, ins, mult))
   ew = sum(v for k, v in by_op.items() if k in ELEMENTWISE)
   red = sum(v for k, v in by_op.items() if k in REDUCES)
   return {

@@ -115,7 +115,31 @@ def prepare(
   arrays, cache_info = {}, {}
   for split, docs in splits.items():
     arrays[split], cache_info[split] = cached_tokens(split, docs, tok, tok_info["cache_key"], cache, log)
-  info = {
+  info = _corpus_info(
+    src,
+    root,
+    splits,
+    arrays,
+    tok,
+    tok_info=tok_info,
+    cache_info=cache_info,
+    requested_vocab_size=vocab_size,
+    val_fraction=val_fraction,
+    max_train_docs=max_train_docs,
+  )
+  log(
+    f"data: {src.name}: "
+    + ", ".join(f"{k} {info['n_docs'][k]:,} docs / {info['n_tokens'][k]:,} tokens" for k in splits)
+  )
+  train = arrays.pop("train")
+  return Corpus(name=src.name, tokenizer=tok, train_tokens=train, val_tokens=arrays, info=info)
+
+
+def _corpus_info(
+  src, root, splits, arrays, tok, *, tok_info, cache_info, requested_vocab_size, val_fraction, max_train_docs
+) -> dict:
+  """The provenance a run records for its corpus: sources, sizes, tokenizer and caches."""
+  return {
     "name": src.name,
     "split": src.split,
     "data_root": str(root) if root else None,
@@ -125,7 +149,7 @@ def prepare(
     "n_chars": {k: sum(len(d) for d in v) for k, v in splits.items()},
     "n_tokens": {k: int(len(v)) for k, v in arrays.items()},
     "vocab_size": tok.vocab_size,
-    "requested_vocab_size": vocab_size,
+    "requested_vocab_size": requested_vocab_size,
     "eot_id": tok.eot_id,
     "dtype": arrays["train"].dtype.name,
     "val_fraction": val_fraction,
@@ -133,12 +157,6 @@ def prepare(
     "tokenizer": tok_info,
     "token_cache": cache_info,
   }
-  log(
-    f"data: {src.name}: "
-    + ", ".join(f"{k} {info['n_docs'][k]:,} docs / {info['n_tokens'][k]:,} tokens" for k in splits)
-  )
-  train = arrays.pop("train")
-  return Corpus(name=src.name, tokenizer=tok, train_tokens=train, val_tokens=arrays, info=info)
 
 
 def select_documents(

@@ -171,26 +171,13 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     start = int(state.step)
     if train_step is None and start < cfg.steps:  # resumed from before a damaged final checkpoint
       train_step = compile_train_step(setup, cfg, log)
-    meta = lambda: {
-      "train_config": cfg.to_dict(),
-      "model_config": setup.model_cfg.to_dict(),
-      "loader": loader.state(),
-      "tokenizer": corpus.tokenizer.hf.to_str(),
-      "eot": corpus.tokenizer.eot,
-      "mesh": dict(setup.mesh.shape),
-      "process_count": jax.process_count(),
-      "wall_s": wall_before + time.time() - t_start,
-    }
+    wall = lambda: wall_before + time.time() - t_start
+    meta = lambda: _checkpoint_meta(cfg, setup, loader, corpus, wall())
     writer = None
     if main:
       _write_config(out, cfg, setup, corpus)
       writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
-    processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
-    log(
-      f"model: {cfg.model_name} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
-      f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
-    )
-    wall = lambda: wall_before + time.time() - t_start
+    _log_start(cfg, setup, start, log)
     history, initial_val = [], None
     if start == 0:
       initial_loss, record = _step_zero(setup, state, batches, loader, val_sets, eval_step)
@@ -215,6 +202,28 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       "process_index": jax.process_index(),
     }
   return _finish(cfg, out, val_losses, last_ckpt, time.time() - t_start, wall(), log)
+
+
+def _checkpoint_meta(cfg: TrainConfig, setup, loader, corpus, wall_s: float) -> dict:
+  """What a checkpoint records beside the state: enough to resume and to read the run back."""
+  return {
+    "train_config": cfg.to_dict(),
+    "model_config": setup.model_cfg.to_dict(),
+    "loader": loader.state(),
+    "tokenizer": corpus.tokenizer.hf.to_str(),
+    "eot": corpus.tokenizer.eot,
+    "mesh": dict(setup.mesh.shape),
+    "process_count": jax.process_count(),
+    "wall_s": wall_s,
+  }
+
+
+def _log_start(cfg: TrainConfig, setup, start: int, log) -> None:
+  processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  log(
+    f"model: {cfg.model_name} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
+    f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
+  )
 
 
 @dataclasses.dataclass

@@ -44,3 +44,29 @@ ENTRY %main (x: f32[4,8], v: f32[4]) -> f32[4,8] {
   assert out["shape_only_ops_per_element"] == 12
   # the fusion output in the loop (5x), the negate, the broadcast-multiply fusion
   assert out["written_bytes"]["f32"] == 5 * 32 * 4 + 32 * 4 + 32 * 4
+
+
+def test_a_reduce_counts_once_per_reduced_operand_of_gradient_size():
+  text = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[4,8], y: f32[4,8], v: f32[4]) -> f32[4] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %y = f32[4,8]{1,0} parameter(1)
+  %v = f32[4]{0} parameter(2)
+  %z = f32[] constant(0)
+  %r1 = f32[4]{0} reduce(%x, %z), dimensions={1}, to_apply=%add
+  %r2 = (f32[4]{0}, f32[4]{0}) reduce(%x, %y, %z, %z), dimensions={1}, to_apply=%add
+  ROOT %r3 = f32[] reduce(%v, %z), dimensions={0}, to_apply=%add
+}
+"""
+  out = gradient_sized_ops(text, 32)
+  # r1 reduces one gradient-sized operand, r2 two (its inits are not reduced), r3 none
+  assert out["by_opcode"] == {"reduce": 3}
+  assert out["reduce"] == 3 and out["elementwise"] == 0
+  assert out["written_bytes"] == {}
