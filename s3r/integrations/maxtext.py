@@ -53,7 +53,7 @@ import enum
 import functools
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import flax.linen as linen
@@ -347,59 +347,73 @@ def _patch_experts() -> None:
   from maxtext.kernels import megablox  # noqa: PLC0415
   from maxtext.layers import moe  # noqa: PLC0415
 
+  _patch_gmm(megablox)
+  _patch_sparse_matmul(moe)
+
+
+def _unsupported_gmm_arguments(a: Mapping[str, Any]) -> list[str]:
+  """The options of a bound `megablox.gmm` call that `expert_gmm` does not cover, by name."""
+  offset = a["group_offset"]
+  unsupported = {
+    "group_offset": offset is not None and not (isinstance(offset, int) and offset == 0),
+    "existing_out": a["existing_out"] is not None,
+    "transpose_rhs": bool(a["transpose_rhs"]),
+    "weight_gather_axes": bool(a["weight_gather_axes"]),
+    "partial_sum": a["partial_sum"] is not None,
+    "a pre-quantized operand": not all(isinstance(v, jax.Array) for v in (a["lhs"], a["rhs"])),
+  }
+  return [name for name, on in unsupported.items() if on]
+
+
+def _patch_gmm(megablox) -> None:
   original_gmm = megablox.gmm
-  if not getattr(original_gmm, "s3r_backend", False):
-    signature = inspect.signature(original_gmm)
+  if getattr(original_gmm, "s3r_backend", False):
+    return
+  signature = inspect.signature(original_gmm)
 
-    @functools.wraps(original_gmm)
-    def gmm(*args, **kwargs):
-      experts = _EXPERTS.get()
-      if experts is None:
-        return original_gmm(*args, **kwargs)
-      call = signature.bind(*args, **kwargs)
-      call.apply_defaults()
-      a = call.arguments
-      unsupported = {
-        "group_offset": a["group_offset"] is not None
-        and not (isinstance(a["group_offset"], int) and a["group_offset"] == 0),
-        "existing_out": a["existing_out"] is not None,
-        "transpose_rhs": bool(a["transpose_rhs"]),
-        "weight_gather_axes": bool(a["weight_gather_axes"]),
-        "partial_sum": a["partial_sum"] is not None,
-        "a pre-quantized operand": not all(isinstance(v, jax.Array) for v in (a["lhs"], a["rhs"])),
-      }
-      if bad := [name for name, on in unsupported.items() if on]:
-        raise NotImplementedError(f"s3r MaxText expert GEMM: MaxText passed {', '.join(bad)}, which s3r does not cover")
-      return expert_gmm(
-        a["lhs"],
-        a["rhs"],
-        a["group_sizes"],
-        recipe=experts.recipe,
-        key=shard_key(experts.key, experts.shard_axes),
-        preferred_element_type=a["preferred_element_type"],
-      )
+  @functools.wraps(original_gmm)
+  def gmm(*args, **kwargs):
+    experts = _EXPERTS.get()
+    if experts is None:
+      return original_gmm(*args, **kwargs)
+    call = signature.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    if bad := _unsupported_gmm_arguments(a):
+      raise NotImplementedError(f"s3r MaxText expert GEMM: MaxText passed {', '.join(bad)}, which s3r does not cover")
+    return expert_gmm(
+      a["lhs"],
+      a["rhs"],
+      a["group_sizes"],
+      recipe=experts.recipe,
+      key=shard_key(experts.key, experts.shard_axes),
+      preferred_element_type=a["preferred_element_type"],
+    )
 
-    gmm.s3r_backend = True  # type: ignore[attr-defined]
-    megablox.gmm = gmm
+  gmm.s3r_backend = True  # type: ignore[attr-defined]
+  megablox.gmm = gmm
 
+
+def _patch_sparse_matmul(moe) -> None:
   original_sparse = moe.RoutedMoE.sparse_matmul
-  if not getattr(original_sparse, "s3r_backend", False):
+  if getattr(original_sparse, "s3r_backend", False):
+    return
 
-    @functools.wraps(original_sparse)
-    def sparse_matmul(self, *args, **kwargs):
-      quant = getattr(self, "quant", None)
-      if not isinstance(quant, S3rQuantization):
-        return original_sparse(self, *args, **kwargs)
-      mesh = getattr(self, "mesh", None)
-      axes = () if mesh is None else tuple((n, int(z)) for n, z in mesh.shape.items() if z > 1)
-      token = _EXPERTS.set(_Experts(quant.recipe, quant.expert_key(getattr(self, "rngs", None)), axes))
-      try:
-        return original_sparse(self, *args, **kwargs)
-      finally:
-        _EXPERTS.reset(token)
+  @functools.wraps(original_sparse)
+  def sparse_matmul(self, *args, **kwargs):
+    quant = getattr(self, "quant", None)
+    if not isinstance(quant, S3rQuantization):
+      return original_sparse(self, *args, **kwargs)
+    mesh = getattr(self, "mesh", None)
+    axes = () if mesh is None else tuple((n, int(z)) for n, z in mesh.shape.items() if z > 1)
+    token = _EXPERTS.set(_Experts(quant.recipe, quant.expert_key(getattr(self, "rngs", None)), axes))
+    try:
+      return original_sparse(self, *args, **kwargs)
+    finally:
+      _EXPERTS.reset(token)
 
-    sparse_matmul.s3r_backend = True  # type: ignore[attr-defined]
-    moe.RoutedMoE.sparse_matmul = sparse_matmul
+  sparse_matmul.s3r_backend = True  # type: ignore[attr-defined]
+  moe.RoutedMoE.sparse_matmul = sparse_matmul
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -154,3 +154,38 @@ def test_expert_gmm_computes_the_first_groups_where_maxtext_names_more_groups_th
   assert not np.any(np.asarray(out[7:]))  # rows of the other shards' experts stay zero
   for g, r in zip(grads, ref_grads, strict=True):
     np.testing.assert_array_equal(g, r)
+
+
+def _gmm_call(**kw):
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  base = dict(
+    lhs=jnp.zeros((4, 8)),
+    rhs=jnp.zeros((2, 8, 8)),
+    group_offset=None,
+    existing_out=None,
+    transpose_rhs=False,
+    weight_gather_axes=None,
+    partial_sum=None,
+  )
+  return base | kw
+
+
+def test_a_plain_expert_gemm_call_is_covered_and_a_zero_group_offset_too():
+  assert smt._unsupported_gmm_arguments(_gmm_call()) == []
+  assert smt._unsupported_gmm_arguments(_gmm_call(group_offset=0)) == []
+
+
+@pytest.mark.parametrize(
+  "field, value, name",
+  [
+    ("group_offset", 1, "group_offset"),
+    ("existing_out", 0.0, "existing_out"),
+    ("transpose_rhs", True, "transpose_rhs"),
+    ("weight_gather_axes", ("fsdp",), "weight_gather_axes"),
+    ("partial_sum", 0.0, "partial_sum"),
+    ("rhs", types.SimpleNamespace(qvalue=None), "a pre-quantized operand"),
+  ],
+)
+def test_each_expert_gemm_option_the_backend_does_not_cover_is_named(field, value, name):
+  assert smt._unsupported_gmm_arguments(_gmm_call(**{field: value})) == [name]
