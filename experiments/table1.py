@@ -187,6 +187,7 @@ def _rate_note(cfg) -> str:
 def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
   head = metadata_markdown(f"python -m experiments sweep {cfg.name}", meta, {})
   params = f"{cost['param_count']:,}" if cost["param_count"] else "?"
+  has_bf16 = "bf16" in cfg.recipes
   tokens = f"{cost['tokens_per_run']:,}" if cost["tokens_per_run"] else "?"
   lines = [
     head,
@@ -194,8 +195,13 @@ def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
     f"x {cost['batch']} x {cost['seq']} tokens = {tokens} tokens per run; "
     f"{cost['runs']} runs, {cost['total_wall_h']:.2f} h of wall time in all.\n",
     "Final validation loss (enwiki shard 9; C4 out of domain), mean ± sample std over seeds. "
-    f"Rates: {_rate_note(cfg)}. Welch's t (p) against `bf16` and `int8_sr`; paired: the per-seed "
-    "difference to `bf16` (same initialization and data order), mean ± sd, and the paired t (p).\n",
+    f"Rates: {_rate_note(cfg)}. "
+    + (
+      "Welch's t (p) against `bf16` and `int8_sr`; paired: the per-seed difference to `bf16` (same "
+      "initialization and data order), mean ± sd, and the paired t (p).\n"
+      if has_bf16
+      else "Welch's t (p) against `int8_sr` (the sweep has no `bf16`, so no columns against it).\n"
+    ),
   ]
   table_rows = []
   for recipe, r in rows.items():
@@ -213,23 +219,10 @@ def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
         stats.fmt(r["paper_gap"]),
       ]
     )
-  lines.append(
-    markdown_table(
-      [
-        "recipe",
-        "lr",
-        "seeds",
-        "val loss",
-        "C4 loss",
-        "gap to bf16",
-        "t vs bf16 (p)",
-        "t vs int8_sr (p)",
-        "paired vs bf16",
-        "paper gap",
-      ],
-      table_rows,
-    )
-  )
+  header = ["recipe", "lr", "seeds", "val loss", "C4 loss", "gap to bf16", "t vs bf16 (p)", "t vs int8_sr (p)"]
+  header += ["paired vs bf16", "paper gap"]
+  shown = [i for i, h in enumerate(header) if has_bf16 or "bf16" not in h]
+  lines.append(markdown_table([header[i] for i in shown], [[row[i] for i in shown] for row in table_rows]))
   lr_rows = [
     [f"`{recipe}`", ", ".join(f"{lr:g}: {stats.fmt(v)}" for lr, v in r["seed0_by_lr"].items())]
     for recipe, r in rows.items()

@@ -113,7 +113,9 @@ def test_table_reports_mean_std_gap_and_welch_t(tmp_path):
   assert t == pytest.approx(0.5 / (0.1 * (2 / 3) ** 0.5)) and p < 0.01
   doc = json.loads((tmp_path / "results" / "t.json").read_text())
   assert doc["cost"]["runs"] == 6 and doc["meta"]["git"] is not None
-  assert (tmp_path / "results" / "t.md").read_text().count("| `int8_sr` |") == 2  # Table I and the lr table
+  md = (tmp_path / "results" / "t.md").read_text()
+  assert md.count("| `int8_sr` |") == 2  # Table I and the lr table
+  assert "| gap to bf16 | t vs bf16 (p) | t vs int8_sr (p) | paired vs bf16 |" in md
   assert (tmp_path / "results" / "t.png").stat().st_size > 0
 
 
@@ -365,6 +367,8 @@ def test_a_sweep_with_dose_measurements_reports_them_paired_by_seed(tmp_path):
   assert row["gap"] == pytest.approx(0.03) and row["excess"] == pytest.approx(0.05)
   md = (tmp_path / "results" / "t.md").read_text()
   assert "| `s3r` | 0 | +0.030 | +0.0500 | – |" in md and "positive on 1 of 1" in md
+  # No bf16 in the sweep: the table has no columns against it.
+  assert "| recipe | lr | seeds | val loss | C4 loss | t vs int8_sr (p) | paper gap |" in md and "bf16 (p)" not in md
   # No bf16 in the sweep: the gap curves subtract int8_sr's curve of the same seed.
   assert doc["gap_reference"] == "int8_sr" and doc["gap_curves"]["s3r"]["by_seed"]["0"] == pytest.approx([0.03])
   assert (tmp_path / "results" / "t_gap.png").stat().st_size > 0
