@@ -101,17 +101,17 @@ def _adam_nu(opt_state):
   return found[0]
 
 
-def load_run(path: str, *, log=print, batch: int | None = None) -> dict:
-  """The latest checkpoint of a run: model config, params, Adam's ν, the init params of the
-  same seed, the step and the first validation batch (host numpy) of `batch` sequences (default:
-  the run's batch)."""
+def load_run(path: str, *, log=print, batch: int | None = None, step: int | None = None) -> dict:
+  """The checkpoint of `step` (default: the latest) of a run: model config, params, Adam's ν, the init
+  params of the same seed, the step and the first validation batch (host numpy) of `batch` sequences
+  (default: the run's batch)."""
   from s3r import data as s3r_data
   from s3r.train.loop import build, make_mesh, open_run, prepare_data
 
-  ckpt, cfg, _ = open_run(path)
+  ckpt, cfg, _ = open_run(path, step=step)
   corpus = prepare_data(cfg, log)
   setup = build(cfg, corpus.tokenizer.vocab_size, make_mesh(dataclasses.replace(cfg, mesh=None)))
-  state, _ = ckpt.restore(setup.abstract_state)
+  state, _ = ckpt.restore(setup.abstract_state, step)
   ckpt.close()
   val_batch = next(
     s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=batch or cfg.batch, seq_len=cfg.seq, max_batches=1)
