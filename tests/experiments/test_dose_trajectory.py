@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from experiments import dose_trajectory, protocol, runs, sweep
+from experiments import dose_trajectory, runs, sweep
+from tests.experiments.conftest import tiny_sweep_config
 
 
 def test_excess_is_the_difference_of_squared_errors_to_int8_sr_per_metric():
@@ -24,22 +25,8 @@ def test_recipes_without_the_base_and_a_folder_without_checkpoints_are_refused(t
 
 @pytest.mark.slow
 def test_each_checkpoint_is_measured_and_the_last_reproduces_the_sweeps_dose(tmp_path, tiny_corpus):
-  cfg = protocol.SweepConfig(
-    name="t",
-    recipes=("int8_sr", "s3r"),
-    fixed_lrs={"int8_sr": 2e-3, "s3r": 2e-3},
-    seeds=1,
-    dose_keys=2,
-    preset="tiny",
-    steps=4,
-    warmup=1,
-    batch=2,
-    seq=32,
-    eval_every=2,
-    eval_batches=1,
-    data=str(tiny_corpus),
-    runs_dir=str(tmp_path / "runs"),
-    results_dir=str(tmp_path / "results"),
+  cfg = tiny_sweep_config(
+    tmp_path, tiny_corpus, recipes=("int8_sr", "s3r"), fixed_lrs={"int8_sr": 2e-3, "s3r": 2e-3}, dose_keys=2
   )
   sweep.sweep(cfg, max_runs=1, only=frozenset({"int8_sr-lr0.002-s0"}), log=lambda m: None)
   (summary,) = runs.load_summaries(cfg).values()

@@ -8,6 +8,7 @@ from scipy import stats as scipy_stats
 
 from experiments import protocol, runs, stats, sweep, table1
 from experiments.paper import PAPER_GAP
+from tests.experiments.conftest import tiny_sweep_config
 
 
 def _cfg(tmp_path, **kw):
@@ -227,20 +228,8 @@ def test_negative_dose_keys_are_rejected(tmp_path):
 
 @pytest.mark.slow
 def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tmp_path, tiny_corpus):
-  cfg = _cfg(
-    tmp_path,
-    recipes=("s3r_ec_dx", "int8_sr"),
-    fixed_lrs={"s3r_ec_dx": 2e-3, "int8_sr": 2e-3},
-    dose_keys=2,
-    seeds=1,
-    preset="tiny",
-    steps=4,
-    warmup=1,
-    batch=2,
-    seq=32,
-    eval_every=2,
-    eval_batches=1,
-    data=str(tiny_corpus),
+  cfg = tiny_sweep_config(
+    tmp_path, tiny_corpus, recipes=("s3r_ec_dx", "int8_sr"), fixed_lrs={"s3r_ec_dx": 2e-3, "int8_sr": 2e-3}, dose_keys=2
   )
   sweep.sweep(cfg, max_runs=1, log=lambda m: None)
   summaries = runs.load_summaries(cfg)
