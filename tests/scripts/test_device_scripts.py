@@ -2,10 +2,10 @@
 a change that would break a script on a borrowed GPU fails here first. Each script must exit 0
 and bring back exactly its archive and its log, with the files its README entry promises.
 
-The default suite dry-runs every script: `device_quality.sh` (smoke stage, compile probe, lockstep
-with a fitted schedule, the dose, packing), the failing-smoke stop, `device_step.sh`, `device_bench.sh`
-and `device_moe.sh` (15-25 s each with a warm compilation cache). Only the full smoke stage is slow:
-its working stages are the entry points the dry runs already run at the same sizes."""
+The dry runs of `device_quality.sh` (smoke stage, compile probe, lockstep with a fitted schedule,
+the dose, packing), `device_step.sh`, `device_bench.sh` and `device_moe.sh` take 15-80 s each, so
+they are slow tests: run `pytest -m "slow or not slow" tests/scripts` before borrowing a GPU. The
+default suite keeps the fast ones (the failing-smoke stop, the unpacking)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def test_a_failing_smoke_stage_stops_the_script(tmp_path, tokens):
   assert "SMOKE STAGE FAILED" in result.stdout and "lockstep budget" not in result.stdout
 
 
+@pytest.mark.slow
 def test_device_quality_dry_run(tmp_path, tokens):
   env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
   env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
@@ -94,6 +95,7 @@ def test_device_quality_dry_run(tmp_path, tokens):
   assert "compile probe exit 0" in result.stdout
 
 
+@pytest.mark.slow
 def test_device_step_dry_run_keeps_every_family_it_starts(tmp_path):
   env = {"PRESETS": "llama3.1-8b:1 gemma3-12b:1", "RECIPES": "bf16,s3r_ec_dx", "WIDTH": "64", "VOCAB": "512"}
   env |= {"BATCH": "2", "SEQ": "32", "REPEATS": "1", "WARMUP": "0", "TOTAL_S": "900", "FIRST_S": "1", **QUICK_SMOKE}
@@ -103,6 +105,7 @@ def test_device_step_dry_run_keeps_every_family_it_starts(tmp_path):
   assert {"bench_step_llama3.1-8b_cpu.json", "bench_step_gemma3-12b_cpu.json", "skipped.json"} <= files
 
 
+@pytest.mark.slow
 def test_device_bench_dry_run(tmp_path):
   env = {"SHAPES": "W1", "FFN_TOKENS": "64", "Q_TOKENS": "64", "MEM_SHAPES": "W1", "MEM_TOKENS": "64", **QUICK_SMOKE}
   result = _run("device_bench", tmp_path / "out", env)
@@ -113,6 +116,7 @@ def test_device_bench_dry_run(tmp_path):
   assert {"bench_ffn_cpu.json", "bench_quantizer_cpu.json", "static_memory/bench_static_cpu.json"} <= files
 
 
+@pytest.mark.slow
 def test_device_moe_dry_run(tmp_path):
   env = {"TOKENS": "16", "GEMM_TOKENS": "16", "CHECK_TOKENS": "16", "SHAPE_Q": "32x8x2x16", "SHAPE_D": "32x4x2x24+1"}
   env |= {"REPEATS": "1", "NUMBER": "1", "RECIPES": "s3r_ec_dx", "CHECK_S": "600", "GEMM_S": "600"}
