@@ -9,7 +9,8 @@ same keys and batch, it reproduces the sweep's end-of-run `dose`.
     python -m experiments.dose_trajectory --checkpoints CKPTS --out runs/results/dose_trajectory
 
 `--checkpoints`: a run directory, or a folder of its checkpoints (`checkpoints/400`, `checkpoints/800`,
-...). A run keeps only its last two checkpoints, so a trajectory needs them copied as they are written.
+...). A run keeps only its last two checkpoints unless it was trained with `s3r train --keep-every N`
+(the sweep's `keep_every`), which keeps every N-th; otherwise copy them as they are written.
 Resumable: steps already in the output's .json are skipped.
 """
 

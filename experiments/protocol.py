@@ -49,6 +49,9 @@ class SweepConfig:
   # > 0: at the end of each finished run, every recipe's relative gradient errors on the run's
   # final parameters over this many keys (the dose of rounding noise the run ends with)
   dose_keys: int = 0
+  # > 0: each run keeps every checkpoint whose step is a multiple of this (`s3r train --keep-every`;
+  # a multiple of eval_every, the checkpoint interval), for `python -m experiments.dose_trajectory`
+  keep_every: int | None = None
   runs_dir: str = "runs/sweeps"  # run directories (checkpoints)
   results_dir: str = "runs/results"  # summaries and tables (the committed sweeps: results)
 
@@ -76,6 +79,8 @@ class SweepConfig:
       object.__setattr__(self, "fixed_lrs", {r: float(v) for r, v in fixed.items()})
     if self.dose_keys < 0:
       raise ValueError(f"SweepConfig.dose_keys must be >= 0, got {self.dose_keys}")
+    if self.keep_every is not None and (self.keep_every < 1 or self.keep_every % self.eval_every):
+      raise ValueError(f"SweepConfig.keep_every must be a positive multiple of eval_every, got {self.keep_every}")
     if self.seeds < 1:
       raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
 

@@ -75,6 +75,8 @@ def _train_command(cfg: SweepConfig, recipe: str, lr: float, seed: int, out: pat
   ]
   if cfg.data:
     cmd += ["--data", cfg.data]
+  if cfg.keep_every:
+    cmd += ["--keep-every", str(cfg.keep_every)]
   if (out / "checkpoints").is_dir():
     cmd.append("--resume")
   return cmd

@@ -4,7 +4,8 @@ item with the batch loader's position and the run and model configs.
 Layout: <out>/checkpoints/<step>/{state,meta}. Saves are synchronous (the train step
 donates its state buffers right after), and the last `max_to_keep` checkpoints are kept, plus
 the one known to be good (`mark_good`, recorded in checkpoints/known_good.json), which the
-rotation never deletes. A checkpoint that cannot be read (a truncated or deleted state file, a
+rotation never deletes, and with `keep_every` every checkpoint whose step is a multiple of it.
+A checkpoint that cannot be read (a truncated or deleted state file, a
 garbled or missing meta) is skipped with a one-line note, falling back to the one before
 (`restore_latest`, `read_latest_meta`).
 
@@ -63,11 +64,16 @@ class _KeepKnownGood:
 class Checkpointer:
   """Saves and restores (TrainState, meta) pairs under one directory."""
 
-  def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, create: bool = True):
+  def __init__(
+    self, directory: str | pathlib.Path, *, max_to_keep: int = 2, keep_every: int | None = None, create: bool = True
+  ):
+    """Keeps the last `max_to_keep` checkpoints, the known-good one and, with `keep_every`, every
+    checkpoint whose step is a multiple of it."""
     self.directory = pathlib.Path(directory).absolute()
-    keep = ocp.checkpoint_managers.AnyPreservationPolicy(
-      [ocp.checkpoint_managers.LatestN(max_to_keep), _KeepKnownGood(self)]
-    )
+    policies: list = [ocp.checkpoint_managers.LatestN(max_to_keep), _KeepKnownGood(self)]
+    if keep_every is not None:
+      policies.append(ocp.checkpoint_managers.EveryNSteps(keep_every))
+    keep = ocp.checkpoint_managers.AnyPreservationPolicy(policies)
     if create:  # temporary folders of a save cut short; removed here, synchronously (Orbax's own clean-up runs in
       # a background thread, which fails noisily when a failed run's directory is removed under it)
       for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):

@@ -35,6 +35,7 @@ RESUMABLE_CHANGES = (
   "eval_every",
   "eval_batches",
   "ckpt_every",
+  "keep_every",
   "progress",
   "verbose",
   "cache_dir",
@@ -126,6 +127,13 @@ class TrainConfig:
   eval_every: int = _flag(100, "validation loss every N steps (and at step 0 and the end)")
   eval_batches: int = _flag(16, "batches per validation set")
   ckpt_every: int = _flag(100, "checkpoint every N steps (and at the end and on Ctrl-C)")
+  keep_every: int | None = _flag(
+    None,
+    "also keep every checkpoint whose step is a multiple of N, a multiple of --ckpt-every (for analysis "
+    "along the run, e.g. python -m experiments.dose_trajectory)",
+    default_help="only the last two checkpoints and the newest known-good one",
+    metavar="N",
+  )
   resume: bool = _flag(False, "continue the run in --out with its own settings (see below)")
   mesh: str | None = _flag(
     None,
@@ -172,10 +180,12 @@ class TrainConfig:
       raise _error("seq", f"<= {MAX_SEQ:,}", self.seq)
     if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
       raise _error("lr", f"a finite number in (0, {MAX_LR:g}]", self.lr)
-    for field in ("max_train_docs", "init_layers"):
+    for field in ("max_train_docs", "init_layers", "keep_every"):
       value = getattr(self, field)
       if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise _error(field, "an integer >= 1 (or unset)", value)
+    if self.keep_every is not None and self.keep_every % self.ckpt_every:
+      raise _error("keep_every", f"a multiple of {flag('ckpt_every')}={self.ckpt_every}", self.keep_every)
     if self.init_layers is not None and self.init_from is None:
       raise _error("init_layers", f"unset without {flag('init_from')}", self.init_layers)
     if not self.out:

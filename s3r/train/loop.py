@@ -152,7 +152,7 @@ def _remove_if_unused(out: pathlib.Path) -> None:
 
 def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | None, main: bool, log) -> dict:
   t_start = time.time()
-  ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR)
+  ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR, keep_every=cfg.keep_every)
   try:
     resume_step = _resume_step(cfg, ckpt, saved, log)
     if resume_step is not None and saved is not None:

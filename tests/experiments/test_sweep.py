@@ -226,6 +226,19 @@ def test_negative_dose_keys_are_rejected(tmp_path):
     _cfg(tmp_path, dose_keys=-1)
 
 
+@pytest.mark.parametrize("keep_every", [0, 150])  # not positive; not a multiple of eval_every (100)
+def test_keep_every_must_be_a_positive_multiple_of_the_checkpoint_interval(tmp_path, keep_every):
+  with pytest.raises(ValueError, match="SweepConfig.keep_every"):
+    _cfg(tmp_path, keep_every=keep_every, eval_every=100)
+
+
+def test_keep_every_reaches_the_train_command_only_when_set(tmp_path):
+  command = lambda cfg: sweep._train_command(cfg, "s3r", 2e-3, 0, tmp_path / "run")
+  assert "--keep-every" not in command(_cfg(tmp_path))
+  cmd = command(_cfg(tmp_path, keep_every=200, eval_every=100))
+  assert cmd[cmd.index("--keep-every") + 1] == "200"
+
+
 @pytest.mark.slow
 def test_one_real_run_writes_its_summary_dose_and_machine_and_is_then_skipped(tmp_path, tiny_corpus):
   cfg = tiny_sweep_config(

@@ -48,6 +48,8 @@ def test_default_warmup_scales_with_short_runs(steps, warmup):
     ("max_train_docs", 0, "--max-train-docs"),
     ("eval_every", -1, "--eval-every"),
     ("seed", -1, "--seed"),
+    ("keep_every", 0, "--keep-every"),
+    ("keep_every", 150, "--keep-every"),  # not a multiple of --ckpt-every (100)
     ("preset", "huge", "--preset"),
     ("recipe", "fp4", "--recipe"),
     ("recipe", "bf16@int4", "--recipe"),

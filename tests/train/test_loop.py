@@ -123,9 +123,13 @@ def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished
   from s3r.train.optimizer import schedule
 
   cfg, _ = finished_run
-  longer = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "longer"), "resume": True, "steps": 12})
+  # checkpoints every 2 steps from the resume on, keeping every 4th besides the last two
+  changes = {"resume": True, "steps": 12, "ckpt_every": 2, "keep_every": 4}
+  longer = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "longer"), **changes})
   shutil.copytree(cfg.out, longer.out)
   loop.train(longer, log=_quiet)
+  kept = checkpoint.Checkpointer(f"{longer.out}/checkpoints", create=False).all_steps()
+  assert {4, 8, 10, 12} <= set(kept) and len(kept) <= 5  # at most one more: the known-good one
   records, full = _records(longer), _records(cfg)
   assert [r["step"] for r in records] == list(range(0, 13))
   assert [r["loss"] for r in records[:9]] == [r["loss"] for r in full]  # steps before the extension kept

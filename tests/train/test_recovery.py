@@ -102,3 +102,18 @@ def test_the_known_good_checkpoint_survives_rotation_and_is_forgotten_when_overw
   ckpt.save(2, state, meta)
   assert ckpt.known_good() is None
   ckpt.close()
+
+
+def test_keep_every_keeps_the_multiples_besides_the_last_two_and_the_known_good_one(tmp_path):
+  import jax.numpy as jnp
+
+  from s3r.train.checkpoint import Checkpointer
+
+  ckpt = Checkpointer(tmp_path / "checkpoints", keep_every=4)
+  state, meta = {"w": jnp.ones(3)}, {"train_config": {}}
+  ckpt.save(2, state, meta)
+  ckpt.mark_good(2)
+  for step in (4, 6, 8, 10, 14, 18):
+    ckpt.save(step, state, meta)
+  assert ckpt.all_steps() == [2, 4, 8, 14, 18]  # known good; multiples of 4; the last two
+  ckpt.close()
