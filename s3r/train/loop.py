@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -50,13 +49,12 @@ import time
 from collections.abc import Callable
 
 import jax
-import numpy as np
 from tqdm.auto import tqdm
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, logs, recovery, report, resume
+from s3r.train import checkpoint, logs, placement, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -156,10 +154,10 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
   try:
     resume_step = _resume_step(cfg, ckpt, saved, log)
     if resume_step is not None and saved is not None:
-      cfg = _record_lr_change(cfg, saved.config, resume_step, log)
-    corpus = _prepare_data_once(cfg, log)
+      cfg = resume.record_lr_change(cfg, saved.config, resume_step, log)
+    corpus = placement.prepare_data_once(cfg, log)
     if resume_step is not None and saved is not None and saved.meta is not None:
-      _check_corpus(cfg, corpus, saved.meta)
+      resume.check_corpus(cfg, corpus, saved.meta)
     setup = build(cfg, corpus.tokenizer.vocab_size, mesh)
     # Compiled (and its memory checked) before any batch or state is built.
     train_step = compile_train_step(setup, cfg, log) if resume_step is None or resume_step < cfg.steps else None
@@ -167,7 +165,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     loader = batches.loader(corpus.train_tokens, seed=cfg.seed)
     val_sets = validation_batches(corpus.val_tokens, cfg, log)
     eval_step = compile_eval_step_on_first_use(setup, cfg, log)
-    state, wall_before = _initial_state(setup, ckpt, loader, resume_step, log)
+    state, wall_before = resume.initial_state(setup, ckpt, loader, resume_step, log)
     start = int(state.step)
     if train_step is None and start < cfg.steps:  # resumed from before a damaged final checkpoint
       train_step = compile_train_step(setup, cfg, log)
@@ -185,7 +183,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       if writer is not None:
         writer.write({**record, "wall_s": wall()})
     else:
-      history = _loss_history(out, start, main)
+      history = placement.loss_history(out, start, main)
     run = _Run(cfg, setup, ckpt, batches, loader, val_sets, eval_step, writer, meta, wall, main, log, initial_val)
     val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor.following(history))
   except (TrainingDiverged, TrainingInterrupted):
@@ -333,43 +331,6 @@ def _resume_step(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, saved: resume.
   return saved.step
 
 
-def _check_corpus(cfg: TrainConfig, corpus: s3r_data.Corpus, meta: dict) -> None:
-  """ConfigError naming what changed when the corpus is not the one the checkpoint `meta` was trained on."""
-  changes = [change] if (change := tokenizer_change(corpus, cfg, meta)) else []
-  n_tokens = meta.get("loader", {}).get("n_tokens")
-  if n_tokens is not None and n_tokens != len(corpus.train_tokens):
-    changes.append(f"its training split has {len(corpus.train_tokens):,} tokens, the run's had {n_tokens:,}")
-  if changes:
-    raise resume.corpus_error(changes)
-
-
-def _record_lr_change(cfg: TrainConfig, saved: TrainConfig, step: int, log) -> TrainConfig:
-  """`cfg` continuing the run `saved` at `step`; a lower --lr becomes a recorded schedule change (lr_changes)."""
-  resumed = cfg.resumed_at(saved, step)
-  if resumed.lr_changes != saved.lr_changes:
-    log(
-      f"resume: peak learning rate {saved.current_lr:g} -> {resumed.current_lr:g} from step {step} on "
-      f"(the schedule up to step {step} is unchanged; recorded in lr_changes)"
-    )
-  return resumed
-
-
-def _initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):
-  """(state, wall-clock seconds already spent): fresh, or the newest readable checkpoint up to `resume_step`."""
-  if resume_step is None:
-    return setup.init_state(setup.keys["init"]), 0.0
-  try:
-    step, state, meta = ckpt.restore_latest(setup.abstract_state, log, newest=resume_step)
-  except checkpoint.CorruptCheckpoint as e:
-    raise ConfigError(f"{e}; {resume.NEW_RUN}") from None
-  try:
-    loader.restore(meta["loader"])
-  except ValueError as e:
-    raise resume.corpus_error([str(e)]) from None
-  log(f"resume: restored step {step} from {ckpt.directory / str(step)}")
-  return state, float(meta.get("wall_s", 0.0))
-
-
 def _step_zero(setup: Setup, state, batches: Batches, loader, val_sets, eval_step) -> tuple[float, dict]:
   """(initial loss, the step-0 metrics record): the loss of the initial parameters on the first training
   batch (the loader is rewound, so training sees the same batches) and the validation losses."""
@@ -383,43 +344,6 @@ def _step_zero(setup: Setup, state, batches: Batches, loader, val_sets, eval_ste
 
 def _quiet(*_):
   pass
-
-
-def _loss_history(out: pathlib.Path, start: int, main: bool) -> list[float]:
-  """The training losses of steps 0..start from the run's metrics, which process 0 writes and reads; with
-  several processes it sends them to all, so that every process's divergence guard decides alike."""
-  history = [r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] <= start] if main else []
-  if jax.process_count() == 1:
-    return history
-  from jax.experimental import multihost_utils
-
-  n = int(multihost_utils.broadcast_one_to_all(np.int32(len(history))))
-  losses = np.zeros(n, np.float32)
-  losses[: len(history)] = history
-  return [float(v) for v in multihost_utils.broadcast_one_to_all(losses)]
-
-
-def _prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:
-  """The corpus; with several processes, process 0 prepares (and caches) it first, and every
-  process checks that it has the same tokenizer and token counts as process 0."""
-  if jax.process_count() == 1:
-    return prepare_data(cfg, log)
-  from jax.experimental import multihost_utils
-
-  corpus = prepare_data(cfg, log) if is_main_process() else None
-  multihost_utils.sync_global_devices("s3r: corpus prepared")
-  if corpus is None:
-    corpus = prepare_data(cfg, log)
-  digest = hashlib.sha256(corpus.tokenizer.hf.to_str().encode())
-  digest.update(np.asarray([len(corpus.train_tokens)] + [len(v) for v in corpus.val_tokens.values()]).tobytes())
-  mine = np.frombuffer(digest.digest()[:8], np.int64)
-  every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
-  if not np.all(every == every[0]):
-    raise ConfigError(
-      "the processes prepared different corpora or tokenizers; give every process the same "
-      "--data and a shared --cache-dir"
-    )
-  return corpus
 
 
 def _write_config(out: pathlib.Path, cfg: TrainConfig, setup: Setup, corpus: s3r_data.Corpus) -> None:

@@ -1,17 +1,24 @@
-"""Per-process batch placement: which rows of each global batch [B, S+1] this process loads.
+"""What each process of a run loads: its rows of every batch, the corpus, the loss history.
 
 With several processes (after `jax.distributed.initialize`) the batch is sharded over
-(data, fsdp) and every process loads only the rows its own devices hold.
+(data, fsdp) and every process loads only the rows its own devices hold (`Batches`). Process 0
+prepares the corpus first and every process checks that its copy matches (`prepare_data_once`);
+process 0 reads the run's loss history on resume and sends it to all (`loss_history`).
 """
 
 from __future__ import annotations
+
+import hashlib
+import pathlib
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
 from s3r import data as s3r_data
-from s3r.train.config import ConfigError
+from s3r.train import report
+from s3r.train.builder import prepare_data
+from s3r.train.config import ConfigError, TrainConfig
 
 
 def is_main_process() -> bool:
@@ -67,3 +74,40 @@ class Batches:
   def from_global(self, batch: np.ndarray) -> jax.Array:
     """The global array from a whole batch that every process has (validation batches)."""
     return self.from_local(np.asarray(batch)[self.start : self.stop])
+
+
+def loss_history(out: pathlib.Path, start: int, main: bool) -> list[float]:
+  """The training losses of steps 0..start from the run's metrics, which process 0 writes and reads; with
+  several processes it sends them to all, so that every process's divergence guard decides alike."""
+  history = [r["loss"] for r in report.read_metrics(out / report.METRICS_FILE) if r["step"] <= start] if main else []
+  if jax.process_count() == 1:
+    return history
+  from jax.experimental import multihost_utils
+
+  n = int(multihost_utils.broadcast_one_to_all(np.int32(len(history))))
+  losses = np.zeros(n, np.float32)
+  losses[: len(history)] = history
+  return [float(v) for v in multihost_utils.broadcast_one_to_all(losses)]
+
+
+def prepare_data_once(cfg: TrainConfig, log) -> s3r_data.Corpus:
+  """The corpus; with several processes, process 0 prepares (and caches) it first, and every
+  process checks that it has the same tokenizer and token counts as process 0."""
+  if jax.process_count() == 1:
+    return prepare_data(cfg, log)
+  from jax.experimental import multihost_utils
+
+  corpus = prepare_data(cfg, log) if is_main_process() else None
+  multihost_utils.sync_global_devices("s3r: corpus prepared")
+  if corpus is None:
+    corpus = prepare_data(cfg, log)
+  digest = hashlib.sha256(corpus.tokenizer.hf.to_str().encode())
+  digest.update(np.asarray([len(corpus.train_tokens)] + [len(v) for v in corpus.val_tokens.values()]).tobytes())
+  mine = np.frombuffer(digest.digest()[:8], np.int64)
+  every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
+  if not np.all(every == every[0]):
+    raise ConfigError(
+      "the processes prepared different corpora or tokenizers; give every process the same "
+      "--data and a shared --cache-dir"
+    )
+  return corpus

@@ -4,8 +4,8 @@
 config": the newest checkpoint whose meta is readable (damaged newer ones are skipped, with a
 note), else the run's config.json (a run stopped before its first checkpoint). The command line
 merges its flags onto that config, and the loop checks the merged config against it
-(`check_config`), restores that checkpoint and checks the corpus against it
-(`corpus_changes`). A checkpoint restores onto any mesh, so a resumed run whose saved mesh
+(`check_config`; a lower --lr becomes a recorded schedule change: `record_lr_change`), restores
+that checkpoint (`initial_state`) and checks the corpus against it (`check_corpus`). A checkpoint restores onto any mesh, so a resumed run whose saved mesh
 does not fit the devices present may use one that does (`mesh_for_resume`).
 """
 
@@ -18,9 +18,11 @@ import pathlib
 
 import jax
 
+from s3r import data as s3r_data
 from s3r.train import checkpoint, sharding
-from s3r.train.builder import make_mesh
+from s3r.train.builder import Setup, make_mesh
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.evaluate import tokenizer_change
 
 NEW_RUN = "start a new run with another --out"
 
@@ -150,3 +152,40 @@ def mesh_hint(cfg: TrainConfig) -> str:
   spec = fitting_mesh(cfg) or "data=1"
   reshard = " (checkpoints reshard on restore)" if cfg.resume else ""
   return f"--mesh {spec} fits the {jax.device_count()} device(s) present{reshard}"
+
+
+def check_corpus(cfg: TrainConfig, corpus: s3r_data.Corpus, meta: dict) -> None:
+  """ConfigError naming what changed when the corpus is not the one the checkpoint `meta` was trained on."""
+  changes = [change] if (change := tokenizer_change(corpus, cfg, meta)) else []
+  n_tokens = meta.get("loader", {}).get("n_tokens")
+  if n_tokens is not None and n_tokens != len(corpus.train_tokens):
+    changes.append(f"its training split has {len(corpus.train_tokens):,} tokens, the run's had {n_tokens:,}")
+  if changes:
+    raise corpus_error(changes)
+
+
+def record_lr_change(cfg: TrainConfig, saved: TrainConfig, step: int, log) -> TrainConfig:
+  """`cfg` continuing the run `saved` at `step`; a lower --lr becomes a recorded schedule change (lr_changes)."""
+  resumed = cfg.resumed_at(saved, step)
+  if resumed.lr_changes != saved.lr_changes:
+    log(
+      f"resume: peak learning rate {saved.current_lr:g} -> {resumed.current_lr:g} from step {step} on "
+      f"(the schedule up to step {step} is unchanged; recorded in lr_changes)"
+    )
+  return resumed
+
+
+def initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):
+  """(state, wall-clock seconds already spent): fresh, or the newest readable checkpoint up to `resume_step`."""
+  if resume_step is None:
+    return setup.init_state(setup.keys["init"]), 0.0
+  try:
+    step, state, meta = ckpt.restore_latest(setup.abstract_state, log, newest=resume_step)
+  except checkpoint.CorruptCheckpoint as e:
+    raise ConfigError(f"{e}; {NEW_RUN}") from None
+  try:
+    loader.restore(meta["loader"])
+  except ValueError as e:
+    raise corpus_error([str(e)]) from None
+  log(f"resume: restored step {step} from {ckpt.directory / str(step)}")
+  return state, float(meta.get("wall_s", 0.0))
