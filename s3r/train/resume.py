@@ -5,8 +5,9 @@ config": the newest checkpoint whose meta is readable (damaged newer ones are sk
 note), else the run's config.json (a run stopped before its first checkpoint). The command line
 merges its flags onto that config, and the loop checks the merged config against it
 (`check_config`; a lower --lr becomes a recorded schedule change: `record_lr_change`), restores
-that checkpoint (`initial_state`) and checks the corpus against it (`check_corpus`). A checkpoint restores onto any mesh, so a resumed run whose saved mesh
-does not fit the devices present may use one that does (`mesh_for_resume`).
+that checkpoint (`initial_state`) and checks the corpus against it (`check_corpus`). A
+checkpoint restores onto any mesh, so a resumed run whose saved mesh does not fit the devices
+present may use one that does (`mesh_for_resume`).
 """
 
 from __future__ import annotations
