@@ -253,3 +253,31 @@ def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
   paired = [t for t in _tables((ROOT / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
   for table in paired:
     assert table in _tables(body), "the section does not quote results/dose_long.md's paired table"
+
+
+def _signed(x: float) -> str:
+  return f"{x:+.3f}".replace("-", "−")
+
+
+def long_arm_sentence(doc: dict) -> str:
+  """The README's per-seed gaps of the long INT8 arm, from results/dose_long.json's paired table."""
+  gaps = {}
+  for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
+    gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
+  join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
+  return (
+    f"`s3r` − `int8_sr` is {join(gaps['s3r'])}, positive on every seed and at every evaluation, and "
+    f"`s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])}."
+  )
+
+
+def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
+  readme = " ".join(README.read_text().split())
+  doc = _load("results/dose_long.json")
+  assert long_arm_sentence(doc) in readme, long_arm_sentence(doc)
+  assert all(r["gap"] > 0 for r in doc["paired_dose"] if r["recipe"] == "s3r")  # "positive on every seed"
+  # "at every evaluation": every evaluation after step 0, on every seed
+  by_seed = doc["gap_curves"]["s3r"]["by_seed"].values()
+  assert len(by_seed) == doc["sweep"]["seeds"] and all(g > 0 for gaps in by_seed for g in gaps[1:])
+  doc["paired_dose"][0]["gap"] += 0.01
+  assert long_arm_sentence(doc) not in readme  # the check can fail
