@@ -19,6 +19,7 @@ import numpy as np
 
 from experiments import paper
 from experiments import results as provenance
+from experiments import stats
 from s3r.quant import formats
 
 BASELINE = "int8_sr"
@@ -204,7 +205,8 @@ def paired_dose(runs: list[dict], baseline: str = BASELINE) -> list[dict]:
 
 
 def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE) -> list[str]:
-  """The paired rows as a table, then per recipe the mean ± sd over seeds and how many gaps are positive."""
+  """The paired rows as a table, then per recipe the mean ± sd over seeds, how many gaps are positive and
+  the paired t-test of the gaps against 0 (two or more seeds)."""
   if not rows:
     return []
   cells = [
@@ -223,9 +225,11 @@ def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE) -> list[str
     excess = [r["excess"] for r in rows if r["recipe"] == recipe]
     (g, g_sd), (e, e_sd) = mean_sd(gaps), mean_sd(excess)
     positive = sum(x > 0 for x in gaps)
+    test = stats.paired(dict(enumerate(gaps)), dict.fromkeys(range(len(gaps)), 0.0))  # the gap against 0
+    t_cell = "" if not test or test["t"] is None else f", paired t {test['t']:+.2f} (p {test['p']:.3g})"
     lines.append(
       f"- `{recipe}` − `{baseline}`: {_fmt(g)} ± {_fmt(g_sd, '.3f')} over {len(gaps)} seed(s), positive on "
-      f"{positive} of {len(gaps)}; excess {_fmt(e, '+.4f')} ± {_fmt(e_sd, '.4f')}"
+      f"{positive} of {len(gaps)}{t_cell}; excess {_fmt(e, '+.4f')} ± {_fmt(e_sd, '.4f')}"
     )
   return lines
 

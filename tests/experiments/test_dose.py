@@ -278,5 +278,7 @@ def test_paired_dose_reports_each_seed_and_the_sign_count_per_recipe():
   assert rows[1]["excess"] == pytest.approx(0.03) and rows[1]["excess_own_params"] is None
   md = "\n".join(dose_report.paired_dose_markdown(rows))
   assert "| `s3r` | 0 | +0.040 | +0.0500 | +0.0700 |" in md and "| `s3r` | 1 | -0.020 | +0.0300 | – |" in md
-  assert "`s3r` − `int8_sr`: +0.010 ± 0.042 over 2 seed(s), positive on 1 of 2; excess +0.0400 ± 0.0141" in md
+  # t = 0.010 / (0.042 / √2) = 1/3 on 1 degree of freedom: p = 1 − 2·atan(1/3)/π = 0.795
+  line = "`s3r` − `int8_sr`: +0.010 ± 0.042 over 2 seed(s), positive on 1 of 2, paired t +0.33 (p 0.795); excess"
+  assert line + " +0.0400 ± 0.0141" in md
   assert dose_report.paired_dose_markdown([]) == []
