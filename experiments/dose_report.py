@@ -17,9 +17,8 @@ import pathlib
 
 import numpy as np
 
-from experiments import paper
+from experiments import paper, stats
 from experiments import results as provenance
-from experiments import stats
 from s3r.quant import formats
 
 BASELINE = "int8_sr"
