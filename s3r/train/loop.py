@@ -65,7 +65,7 @@ from s3r.train.builder import (  # noqa: F401
   prepare_data,
 )
 from s3r.train.config import ConfigError, TrainConfig
-from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, tokenizer_change, validation_batches  # noqa: F401
+from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, validation_batches  # noqa: F401
 from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted
 from s3r.train.placement import Batches, is_main_process
 
