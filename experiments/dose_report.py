@@ -203,9 +203,58 @@ def paired_dose(runs: list[dict], baseline: str = BASELINE) -> list[dict]:
   return out
 
 
-def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE) -> list[str]:
+def paired_tests(rows: list[dict], baseline: str = BASELINE, margin: float | None = None) -> dict:
+  """Per recipe, and per pair of recipes, the paired gaps over the seeds they share: mean ± sd, the
+  paired t-test against 0 with its 95% interval, the equivalence test within ±`margin` (when given)
+  and the verdict of the decision rules (`stats.verdict`). Keys "recipe − baseline" and "a − b"."""
+  gaps = {}
+  for r in rows:
+    gaps.setdefault(r["recipe"], {})[r["seed"]] = r["gap"]
+  pairs = [(r, baseline, g) for r, g in gaps.items()]
+  names = list(gaps)
+  for i, a in enumerate(names):  # a − b = (a − baseline) − (b − baseline), seed by seed
+    for b in names[i + 1 :]:
+      common = sorted(set(gaps[a]) & set(gaps[b]))
+      pairs.append((a, b, {s: gaps[a][s] - gaps[b][s] for s in common}))
+  out = {}
+  for a, b, by_seed in pairs:
+    diffs = [by_seed[s] for s in sorted(by_seed)]
+    test = stats.paired(by_seed, dict.fromkeys(by_seed, 0.0)) or {}
+    out[f"{a} − {b}"] = {
+      "seeds": sorted(by_seed),
+      "mean": test.get("mean"),
+      "sd": test.get("sd"),
+      "positive": sum(x > 0 for x in diffs),
+      "t": test.get("t"),
+      "p": test.get("p"),
+      "ci95": test.get("ci95"),
+      "tost": None if margin is None else stats.tost(diffs, margin),
+      "verdict": stats.verdict(diffs, margin),
+    }
+  return out
+
+
+def _test_line(name: str, d: dict) -> str:
+  n = len(d["seeds"])
+  line = f"- `{name.replace(' − ', '` − `')}`: {_fmt(d['mean'])} ± {_fmt(d['sd'], '.3f')} over {n} seed(s), "
+  line += f"positive on {d['positive']} of {n}"
+  if d["t"] is not None:
+    lo, hi = d["ci95"]
+    line += f", paired t {d['t']:+.2f} (p {d['p']:.3g}), 95% interval [{lo:+.3f}, {hi:+.3f}]"
+  if d["tost"]:
+    eq = d["tost"]
+    lo, hi = eq["ci"]
+    line += (
+      f"; equivalence within ±{eq['margin']:g} (TOST): {eq['level']:.0%} interval [{lo:+.3f}, {hi:+.3f}], "
+      f"p {eq['p']:.3g}"
+    )
+  return line + f"; rule: {d['verdict']}"
+
+
+def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE, margin: float | None = None) -> list[str]:
   """The paired rows as a table, then per recipe the mean ± sd over seeds, how many gaps are positive and
-  the paired t-test of the gaps against 0 (two or more seeds)."""
+  the paired t-test of the gaps against 0 (two or more seeds); with a margin, the tests of
+  `paired_tests` for every recipe and pair of recipes."""
   if not rows:
     return []
   cells = [
@@ -230,6 +279,14 @@ def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE) -> list[str
       f"- `{recipe}` − `{baseline}`: {_fmt(g)} ± {_fmt(g_sd, '.3f')} over {len(gaps)} seed(s), positive on "
       f"{positive} of {len(gaps)}{t_cell}; excess {_fmt(e, '+.4f')} ± {_fmt(e_sd, '.4f')}"
     )
+  if margin is not None:
+    lines += [
+      f"\nPaired tests with the decision rules (two-sided 95% t interval; equivalence within ±{margin:g} by "
+      "two one-sided tests at 0.05). Rule: 'above 0' or 'below 0' when the 95% interval excludes 0; "
+      f"'equivalent within ±{margin:g}' when the 90% interval lies inside the margin; 'below +{margin:g}' "
+      "when the 95% interval lies below the margin without equivalence; otherwise 'open':\n",
+      *(_test_line(name, d) for name, d in paired_tests(rows, baseline, margin).items()),
+    ]
   return lines
 
 

@@ -52,6 +52,9 @@ class SweepConfig:
   # > 0: each run keeps every checkpoint whose step is a multiple of this (`s3r train --keep-every`;
   # a multiple of eval_every, the checkpoint interval), for `python -m experiments.dose_trajectory`
   keep_every: int | None = None
+  # the smallest loss difference of interest, fixed before the runs: with it, the paired reports add the
+  # 95% intervals, the equivalence test within ±margin and the decision rules' verdicts
+  equivalence_margin: float | None = None
   runs_dir: str = "runs/sweeps"  # run directories (checkpoints)
   results_dir: str = "runs/results"  # summaries and tables (the committed sweeps: results)
 
@@ -81,6 +84,10 @@ class SweepConfig:
       raise ValueError(f"SweepConfig.dose_keys must be >= 0, got {self.dose_keys}")
     if self.keep_every is not None and (self.keep_every < 1 or self.keep_every % self.eval_every):
       raise ValueError(f"SweepConfig.keep_every must be a positive multiple of eval_every, got {self.keep_every}")
+    if self.equivalence_margin is not None and not 0 < self.equivalence_margin < math.inf:
+      raise ValueError(
+        f"SweepConfig.equivalence_margin must be a positive loss difference, got {self.equivalence_margin}"
+      )
     if self.seeds < 1:
       raise ValueError(f"SweepConfig.seeds must be >= 1, got {self.seeds}")
 
