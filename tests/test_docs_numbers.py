@@ -260,14 +260,17 @@ def _signed(x: float) -> str:
 
 
 def long_arm_sentence(doc: dict) -> str:
-  """The README's per-seed gaps of the long INT8 arm, from results/dose_long.json's paired table."""
+  """The README's per-seed gaps of the long INT8 arm and their 95% intervals, from results/dose_long.json."""
   gaps = {}
   for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
     gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
   join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
+  ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
+  n = len(gaps["s3r"])
   return (
-    f"`s3r` − `int8_sr` is {join(gaps['s3r'])}, positive on every seed and at every evaluation, and "
-    f"`s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])}."
+    f"(`results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval {ci['s3r']}) "
+    f"and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} ({ci['s3r_ec_dx']}): consistent with the "
+    f"paper's pattern at a seventh of its size, and undecided at {n} seeds"
   )
 
 
@@ -275,9 +278,8 @@ def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
   readme = " ".join(README.read_text().split())
   doc = _load("results/dose_long.json")
   assert long_arm_sentence(doc) in readme, long_arm_sentence(doc)
-  assert all(r["gap"] > 0 for r in doc["paired_dose"] if r["recipe"] == "s3r")  # "positive on every seed"
-  # "at every evaluation": every evaluation after step 0, on every seed
-  by_seed = doc["gap_curves"]["s3r"]["by_seed"].values()
-  assert len(by_seed) == doc["sweep"]["seeds"] and all(g > 0 for gaps in by_seed for g in gaps[1:])
+  # "undecided": the pre-registered rules decide neither half yet
+  assert doc["paired_tests"]["s3r − int8_sr"]["verdict"] == "open"
+  assert doc["paired_tests"]["s3r_ec_dx − int8_sr"]["verdict"] == "open"
   doc["paired_dose"][0]["gap"] += 0.01
   assert long_arm_sentence(doc) not in readme  # the check can fail
