@@ -119,6 +119,8 @@ def gap_curves(cfg, summaries: dict, rows: dict) -> dict:
       continue
     steps = sorted(set.intersection(*(set(c) & set(ref[seed]) for seed, c in by_seed.items())))
     out[recipe] = {
+      "lr": rows[recipe]["best_lr"],
+      "ref_lr": rows[reference]["best_lr"],
       "steps": steps,
       "by_seed": {seed: [c[st] - ref[seed][st] for st in steps] for seed, c in sorted(by_seed.items())},
     }
@@ -291,7 +293,8 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
   ax.set_xscale("log")
   ax.set_xlabel("step")
   ax.set_ylabel("training loss (EMA)")
-  ax.set_title(f"{cfg.name}: training loss at each recipe's best rate (band: min-max over seeds)", fontsize=9)
+  rate = "its fixed rate" if cfg.fixed_lrs and set(cfg.recipes) <= set(cfg.fixed_lrs) else "each recipe's best rate"
+  ax.set_title(f"{cfg.name}: training loss at {rate} (band: min-max over seeds)", fontsize=9)
   if ax.lines:
     ax.legend(fontsize=7)
   lo = min((np.nanmin(line.get_ydata()) for line in ax.lines), default=None)
@@ -327,7 +330,8 @@ def plot_gaps(cfg, gaps: dict, path: pathlib.Path) -> None:
       marker="o",
       ms=3,
       lw=2,
-      label=f"{recipe} ({len(per_seed)} seed{'s' if len(per_seed) > 1 else ''})",
+      label=f"{recipe} at lr {g['lr']:g} − {gap_reference(cfg)} at {g['ref_lr']:g} ({len(per_seed)} seed"
+      + ("s)" if len(per_seed) > 1 else ")"),
     )
     for curve in per_seed if len(per_seed) > 1 else ():
       ax.plot(g["steps"], curve, color=line.get_color(), lw=0.7, alpha=0.5)
