@@ -5,7 +5,9 @@
 
 The other experiments are modules with their own `main`: `python -m experiments.lockstep`,
 `experiments.mechanism`, `experiments.section3`, `experiments.same_rate`, `experiments.evalsize`,
-`experiments.snapshot` and `experiments.dose`. They import the `s3r` library; the library never imports them.
+`experiments.snapshot`, `experiments.dose`, `experiments.dose_trajectory`, `experiments.gate_dose`,
+`experiments.compile_probe`, `experiments.bf16_seeds` and `experiments.provenance`. They import the `s3r`
+library; the library never imports them.
 """
 
 import sys

@@ -31,3 +31,16 @@ def test_sweep_provenance_counts_revisions_and_names_runs_with_library_changes(t
   assert provenance.main([str(tmp_path / "demo")]) == 0
   out = capsys.readouterr().out
   assert "demo: 4 runs from 3 revision(s)" in out and "a-s1: s3r/quant/ec.py" in out
+
+
+def test_the_experiments_help_names_every_module_that_is_a_command():
+  """`python -m experiments`'s docstring lists every experiments module with a `__main__` guard."""
+  import importlib
+  import pathlib
+
+  folder = pathlib.Path(__file__).parents[2] / "experiments"
+  commands = sorted(
+    p.stem for p in folder.glob("*.py") if p.stem != "__main__" and '__name__ == "__main__"' in p.read_text()
+  )
+  doc = " ".join(importlib.import_module("experiments.__main__").__doc__.split())
+  assert commands and not [c for c in commands if f"experiments.{c}`" not in doc]
