@@ -98,3 +98,13 @@ def test_missing_paths_placeholders_without_a_match_and_undefined_names_are_repo
     and defines("grouped.py", "GlobalRows.index")
   )
   assert not defines("ec.py", "_dx") and not defines("s3r/quant/matmul.py", "_round")
+
+
+def test_the_docs_index_links_every_doc():
+  """docs/index.md maps every page under docs/ (a new page must be added to it)."""
+  import pathlib as _pathlib
+
+  docs = _pathlib.Path(__file__).parents[1] / "docs"
+  index = (docs / "index.md").read_text()
+  missing = [p.name for p in sorted(docs.glob("*.md")) if p.name != "index.md" and f"]({p.name})" not in index]
+  assert not missing, f"docs/index.md does not link {missing}"
