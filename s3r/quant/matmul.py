@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_parallel, thresholds, vmapped
+from s3r.quant import arguments, ec, explicit, formats, numerics, reductions, tensor_parallel, thresholds, vmapped
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
@@ -305,7 +305,7 @@ def scale_gradient(recipe: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) ->
   not depend on the device mesh; `axes` names mesh axes to take that max over explicitly
   (inside `shard_map`).
   """
-  amax = jnp.max(jnp.abs(gp))
+  amax = reductions.abs_max(gp)  # +inf when G' holds a NaN or an Inf: Δ too, so dX and dW are NaN
   delta = formats.get_format(recipe.grad_format).scale(jax.lax.pmax(amax, axes) if axes else amax)
   return delta, gp * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from s3r.quant.formats import FORWARD_FORMAT, Format
+from s3r.quant.reductions import abs_max
 
 QMAX = FORWARD_FORMAT.qmax  # the forward's largest code (127: the int8 range made symmetric)
 INV_QMAX = FORWARD_FORMAT.inv_qmax  # f32 reciprocal of QMAX
@@ -23,9 +24,10 @@ def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
 
   Computed as max|x| * f32(1/127) (`Format.scale`). A slice whose max is below 127 times the
   smallest normal f32 (~1.5e-36) gets a subnormal scale, which XLA:CPU flushes to zero, so it
-  takes the zero-slice path and quantizes to all-zero codes.
+  takes the zero-slice path and quantizes to all-zero codes. A slice holding a NaN or an Inf gets
+  the scale +inf (`reductions.abs_max`): its codes are 0 and every product rescaled by it NaN.
   """
-  return FORWARD_FORMAT.scale(jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis))
+  return FORWARD_FORMAT.scale(abs_max(x, axis=axis))
 
 
 def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:

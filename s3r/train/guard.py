@@ -7,7 +7,8 @@
   saves a checkpoint and stops (`TrainingInterrupted`). A second Ctrl-C interrupts at once
   (KeyboardInterrupt), except inside `Interrupts.deferred()` (a checkpoint being written):
   there every signal waits until the block ends, so a save is never cut short.
-* `DivergenceMonitor`: stops on a non-finite loss or gradient norm, on a loss far above its
+* `DivergenceMonitor`: stops on a non-finite loss or gradient norm (naming the first parameter whose
+  gradient is not finite, `param_name`), on a loss far above its
   running level (a blow-up), on a loss that rose fast over consecutive steps, on a loss that stays
   well above the initial one (worse than the model training started from) and on a gradient
   norm of exactly 0 (dead training).
@@ -149,11 +150,15 @@ class DivergenceMonitor:
         monitor._accept(loss)
     return monitor
 
-  def check(self, step: int, loss: float, grad_norm: float) -> str | None:
-    """Why training diverged at `step`, or None (then the loss enters the running level)."""
+  def check(self, step: int, loss: float, grad_norm: float, nonfinite_grad: str | None = None) -> str | None:
+    """Why training diverged at `step`, or None (then the loss enters the running level).
+
+    `nonfinite_grad` names the first parameter whose gradient is not finite, if the step saw one: a
+    non-finite loss or gradient norm is reported with it."""
     if not math.isfinite(loss) or not math.isfinite(grad_norm):
       what = "loss" if not math.isfinite(loss) else "gradient norm"
-      return f"non-finite {what} at step {step} (loss {loss}, grad_norm {grad_norm})"
+      where = f"; first non-finite gradient: {nonfinite_grad}" if nonfinite_grad else ""
+      return f"non-finite {what} at step {step} (loss {loss}, grad_norm {grad_norm}{where})"
     if grad_norm == 0.0:
       return f"dead training at step {step}: gradient norm exactly 0 (loss {loss:.4f})"
     if why := (
@@ -199,3 +204,13 @@ class DivergenceMonitor:
       f"loss rose fast at step {step}: {window[0]:.4g} -> {loss:.4g} over {self.rise_steps} steps, each "
       f"above the one before (running level {self.level:.4g}, grad_norm {grad_norm:.4g})"
     )
+
+
+def param_name(params, index: int) -> str | None:
+  """The path ("blocks/0/attn/wq") of leaf `index` of `params` in `jax.tree.leaves` order; None for -1."""
+  if index < 0:
+    return None
+  import jax  # the guard's other parts run without JAX
+
+  path, _ = jax.tree_util.tree_flatten_with_path(params)[0][index]
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)

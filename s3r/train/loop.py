@@ -66,8 +66,16 @@ from s3r.train.builder import (  # noqa: F401
 )
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, validation_batches  # noqa: F401
-from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock, TrainingDiverged, TrainingInterrupted
+from s3r.train.guard import (
+  DivergenceMonitor,
+  Interrupts,
+  RunLock,
+  TrainingDiverged,
+  TrainingInterrupted,
+  param_name,
+)
 from s3r.train.placement import Batches, is_main_process
+from s3r.train.step import FIRST_NONFINITE_GRAD
 
 TOKENIZER_DIR = "tokenizer"  # <out>/tokenizer/: the tokenizer files of the --init-from checkpoint
 
@@ -256,9 +264,10 @@ class _Run:
           t0 = time.time()
           state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
           metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          bad_grad = param_name(state.params, int(metrics.pop(FIRST_NONFINITE_GRAD, -1)))
           step_time = time.time() - t0
           level = monitor.level
-          if why := monitor.check(step, metrics["loss"], metrics["grad_norm"]):
+          if why := monitor.check(step, metrics["loss"], metrics["grad_norm"], bad_grad):
             raise TrainingDiverged(f"{why}; stopping: {recovery.diverged(cfg, self.ckpt, step, main=self.main)}")
           good.healthy(step, metrics["loss"], level)
           record = {

@@ -57,9 +57,27 @@ def training_loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Arr
   return total, (ce, aux)
 
 
+FIRST_NONFINITE_GRAD = "first_nonfinite_grad"  # a metric the loop reads and never logs (see `first_nonfinite`)
+
+
+def first_nonfinite(grads: dict) -> jax.Array:
+  """int32: the index (in `jax.tree.leaves` order) of the first gradient leaf whose sum of squares is not
+  finite (a NaN or an Inf in it, or an overflow of its norm), -1 if there is none.
+
+  The sums of squares are those `optax.tree.norm` takes for the gradient norm: XLA computes each
+  once for both (no extra pass over the gradients).
+  """
+  leaves = jax.tree.leaves(grads)
+  if not leaves:
+    return jnp.int32(-1)
+  bad = jnp.stack([~jnp.isfinite(jnp.sum(jnp.square(g.real) + jnp.square(g.imag))) for g in leaves])  # as optax
+  return jnp.where(jnp.any(bad), jnp.argmax(bad), -1).astype(jnp.int32)
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule | None):
   """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics): loss (the cross-entropy),
-  grad_norm, lr, and for MoE models load_balance_loss and dropped_fraction.
+  grad_norm, first_nonfinite_grad (see `first_nonfinite`), lr, and for MoE models load_balance_loss
+  and dropped_fraction.
 
   With `lr_schedule=None` the learning rate is an argument instead, train_step(state, batch_BxS1,
   train_key, lr), and the updates of `tx` (built at a constant rate of 1) are multiplied by it: the
@@ -75,7 +93,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: opt
       updates = jax.tree.map(lambda u: u * lr.astype(u.dtype), updates)
     params = cast(dict, optax.apply_updates(state.params, updates))  # the tree of state.params
     rate = lr if lr_schedule is None else lr_schedule(state.step)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": rate, **aux}
+    metrics = {
+      "loss": loss,
+      "grad_norm": optax.tree.norm(grads),
+      FIRST_NONFINITE_GRAD: first_nonfinite(grads),
+      "lr": rate,
+      **aux,
+    }
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   if lr_schedule is None:
