@@ -182,7 +182,8 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     writer = None
     if main:
       _write_config(out, cfg, setup, corpus)
-      writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start)
+      # a start from step 0 (a fresh run, or one stopped before its first checkpoint) writes step 0 anew
+      writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start if start else -1)
     _log_start(cfg, setup, start, log)
     history, initial_val = [], None
     if start == 0:

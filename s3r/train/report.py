@@ -37,12 +37,16 @@ def read_metrics(path: str | pathlib.Path, *, tolerant: bool = False) -> list[di
 
 
 class MetricsWriter:
-  """Appends one JSON object per line; on resume, first drops the records after `keep_until_step`."""
+  """Appends one JSON object per line; on resume, first drops the records after `keep_until_step` (all
+  of them for -1) and any second record of a step, so that the file holds each step once."""
 
   def __init__(self, path: str | pathlib.Path, *, keep_until_step: int = 0):
     self.path = pathlib.Path(path)
-    kept = [r for r in read_metrics(self.path, tolerant=True) if r.get("step", 0) <= keep_until_step]
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    kept: dict[int, dict] = {}
+    for r in read_metrics(self.path, tolerant=True):
+      if r.get("step", 0) <= keep_until_step:
+        kept.setdefault(r.get("step", 0), r)
+    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept.values()))
 
   def write(self, record: dict) -> None:
     with self.path.open("a") as f:

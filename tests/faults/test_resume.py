@@ -46,6 +46,21 @@ def test_resume_of_a_run_without_checkpoints_starts_over_with_the_runs_settings(
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "resume: no checkpoint in" in proc.stdout and "steps 0->6, batch 2 x seq 32" in proc.stdout
   assert (run_copy / "checkpoints" / "6").is_dir()
+  assert [json.loads(line)["step"] for line in metrics_lines(run_copy)] == list(range(7))  # each step once
+
+
+def test_restarts_before_the_first_checkpoint_leave_one_record_per_step(cli, tmp_path):
+  """A run stopped before its first checkpoint (here: steps 1 and 2 of 6, checkpoints every 4),
+  resumed twice: its metrics file holds step 0 once, not once per restart."""
+  out = tmp_path / "run"
+  first = cli.train(out, "--steps", "2", "--ckpt-every", "4", "--eval-every", "4", in_process=True)
+  assert first.returncode == 0, first.stderr[-3000:]
+  shutil.rmtree(out / "checkpoints")  # what a kill before the first save leaves: metrics without checkpoints
+  for _ in range(2):
+    proc = cli("train", "--out", out, "--resume", "--steps", "2", in_process=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.rmtree(out / "checkpoints")
+  assert [json.loads(line)["step"] for line in metrics_lines(out)] == [0, 1, 2]
 
 
 def test_resume_with_another_recipe_is_refused_naming_the_flag_and_changes_nothing(cli, run_copy):
