@@ -325,6 +325,11 @@ def register_eval(subparsers) -> None:
   )
   p.add_argument("--eval-batches", type=int, default=None, help="batches per validation set (default: the run's)")
   p.add_argument(
+    "--cache-dir",
+    default=None,
+    help="tokenizer and token cache, as for `s3r train --cache-dir` (default: the run's; .cache/s3r with --init-from)",
+  )
+  p.add_argument(
     "--dtype",
     choices=ACT_DTYPES,
     default="bfloat16",
@@ -345,17 +350,30 @@ def run_eval(args) -> int:
     raise ConfigError(f"--step must be an integer >= 0, got {args.step}")
   if (args.checkpoint_dir is None) == (args.init_from is None):
     raise ConfigError("give a run (CHECKPOINT_DIR) or --init-from HF_DIR, not both")
+  if args.cache_dir is not None and os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
+    raise ConfigError(f"--cache-dir {args.cache_dir} is an existing file, not a directory")
   if args.init_from is None:
     given = [f"--{k.replace('_', '-')}" for k in ("init_layers", "batch", "seq") if getattr(args, k) is not None]
     if given:
       raise ConfigError(f"{', '.join(given)}: only with --init-from (a run evaluates with its own)")
     losses = evaluate_checkpoint(
-      args.checkpoint_dir, step=args.step, data=args.data, max_batches=args.eval_batches, act_dtype=args.dtype
+      args.checkpoint_dir,
+      step=args.step,
+      data=args.data,
+      max_batches=args.eval_batches,
+      act_dtype=args.dtype,
+      cache_dir=args.cache_dir,
     )
   else:
     if args.step is not None:
       raise ConfigError("--step: only with a run (CHECKPOINT_DIR)")
-    fields = {"init_layers": args.init_layers, "batch": args.batch, "seq": args.seq, "eval_batches": args.eval_batches}
+    fields = {
+      "init_layers": args.init_layers,
+      "batch": args.batch,
+      "seq": args.seq,
+      "eval_batches": args.eval_batches,
+      "cache_dir": args.cache_dir,
+    }
     given = {k: v for k, v in fields.items() if v is not None}
     losses = evaluate_pretrained(args.init_from, data=args.data, act_dtype=args.dtype, **given)
   for name, loss in losses.items():

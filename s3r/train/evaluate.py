@@ -157,6 +157,7 @@ def evaluate_checkpoint(
   data: str | None = None,
   max_batches: int | None = None,
   act_dtype: str = "bfloat16",
+  cache_dir: str | None = None,
   log=print,
   warn=_warn,
 ) -> dict[str, float]:
@@ -167,12 +168,15 @@ def evaluate_checkpoint(
   otherwise every document of `data` (a path, or a name such as "shakespeare" or "python-stdlib"
   resolved as `s3r train --data` does), encoded with the run's tokenizer; `warn` reports how many
   of them are training documents of the run. `act_dtype`: the activations' (s3r.model.ModelConfig.act_dtype;
-  bfloat16, as training evaluates: the run's own numbers).
+  bfloat16, as training evaluates: the run's own numbers). `cache_dir`: the tokenizer and token cache
+  (default: the run's).
   """
   restored = restore_run(path, step=step, log=log, act_dtype=act_dtype)
   cfg, setup, step, state, meta, tok, _ = restored
   if max_batches is not None:
     cfg = dataclasses.replace(cfg, eval_batches=max_batches)
+  if cache_dir is not None:
+    cfg = dataclasses.replace(cfg, cache_dir=os.path.abspath(os.path.expanduser(cache_dir)))
   if data is None or _same_corpus(data, cfg):
     corpus = prepare_data(cfg, log)
     if changed := tokenizer_change(corpus, cfg, meta):

@@ -64,6 +64,22 @@ def test_eval_of_a_damaged_step_fails_in_one_line_instead_of_falling_back(cli, r
   )
 
 
+def test_eval_cache_dir_reads_and_writes_the_token_cache_there_with_the_same_losses(cli, base_run, tmp_path):
+  cache = tmp_path / "other-cache"
+  default = cli("eval", base_run, "--step", "4", in_process=True)
+  moved = cli("eval", base_run, "--step", "4", "--cache-dir", cache, in_process=True)
+  assert moved.returncode == 0, moved.stderr[-3000:]
+  assert any(cache.rglob("*")), "nothing was written into --cache-dir"
+  losses = lambda proc: [line for line in proc.stdout.splitlines() if ": loss " in line]  # noqa: E731
+  assert losses(moved) == losses(default) and losses(default)
+
+
+def test_eval_refuses_a_cache_dir_that_is_a_file(cli, base_run, tmp_path):
+  (tmp_path / "file").write_text("")
+  proc = cli("eval", base_run, "--cache-dir", tmp_path / "file", in_process=True)
+  assert_one_line_error(proc, 2, "--cache-dir", "is an existing file")
+
+
 def test_eval_refuses_a_negative_step(cli, base_run):
   assert_one_line_error(cli("eval", base_run, "--step", "-1", in_process=True), 2, "--step must be an integer >= 0")
 
