@@ -10,6 +10,7 @@ the same for a Hugging Face checkpoint (`s3r eval --init-from`), before any fine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -24,7 +25,7 @@ import tokenizers
 from s3r import data as s3r_data
 from s3r.data import cache as s3r_cache
 from s3r.data import corpus as s3r_corpus
-from s3r.train import checkpoint
+from s3r.train import checkpoint, logs
 from s3r.train.builder import Setup, build, compile_eval_step, imported_params, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.placement import Batches
@@ -213,6 +214,22 @@ def restore_run(path: str, *, step: int | None = None, log=print, **model_overri
   checkpoint's folder) with its config, compiled pieces and tokenizer; `model_overrides` replace fields of the
   run's model config that leave its parameters as they are (e.g. act_dtype="float32")."""
   directory, step = checkpoint_location(path, step)
+  with _library_logs_of(directory):
+    return _restore_run(path, directory, step, log, model_overrides)
+
+
+@contextlib.contextmanager
+def _library_logs_of(directory: pathlib.Path):
+  """While reading the checkpoints in `directory`, the libraries' logs and the tracebacks their callbacks
+  report (tensorstore's "Event loop is closed" after a damaged checkpoint) go to the run's log file
+  (train.log beside checkpoints/; nowhere if the run cannot be written), not to the console."""
+  run_dir = directory.parent
+  path = run_dir / logs.LOG_FILE if os.access(run_dir, os.W_OK) else pathlib.Path(os.devnull)
+  with logs.library_logs(path, verbose=False):
+    yield
+
+
+def _restore_run(path: str, directory: pathlib.Path, step: int | None, log, model_overrides: dict) -> Restored:
   ckpt, cfg, meta = open_run(path if step is None else str(directory), log=lambda *_: None, step=step)
   try:
     tok = checkpoint_tokenizer(meta)

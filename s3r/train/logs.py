@@ -2,13 +2,15 @@
 `train` they go to <out>/train.log (with Python warnings), and reach the console only with
 `TrainConfig.verbose` (`s3r train --verbose`). So do the exceptions that library callbacks report
 through `sys.unraisablehook` (tensorstore's "Event loop is closed" after a failed read, one
-traceback per pending chunk). The run's own messages (`log`, the progress bar, the one-line errors) are
+traceback per pending chunk), and asyncio's "exception was never retrieved" of a failed write's
+futures that are collected after the run (`_LateAsyncioToFile`). The run's own messages (`log`, the progress bar, the one-line errors) are
 unaffected, so a handled failure prints only its documented line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import pathlib
 import sys
@@ -41,9 +43,11 @@ def library_logs(path: pathlib.Path, *, verbose: bool):
   root.setLevel(min(previous_level or logging.WARNING, logging.INFO))
   logging.captureWarnings(True)
   sys.unraisablehook = _UnraisableToFile(path, sys.unraisablehook if verbose else None)
+  _LATE_ASYNCIO.path = None if verbose else path
   try:
     yield path
   finally:
+    gc.collect()  # futures of failed library writes report "never retrieved" now, into the file
     logging.captureWarnings(False)
     root.removeHandler(handler)
     RUN_LOG.removeHandler(handler)
@@ -70,3 +74,28 @@ class _UnraisableToFile:
       pass
     if self.then is not None:
       self.then(unraisable)
+
+
+class _LateAsyncioToFile(logging.Filter):
+  """A filter on the "asyncio" logger that sends its "exception was never retrieved" records to the log
+  file of the latest non-verbose run instead of the console. Such a record comes when the futures of a
+  library's failed writes (Orbax on a full disk) are collected, which may be after the run; every
+  other asyncio record passes as usual."""
+
+  def __init__(self):
+    super().__init__()
+    self.path: pathlib.Path | None = None
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if self.path is None or "never retrieved" not in str(record.msg):
+      return True
+    try:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(logging.Formatter(FORMAT).format(record) + "\n")
+    except OSError:
+      pass
+    return False
+
+
+_LATE_ASYNCIO = _LateAsyncioToFile()
+logging.getLogger("asyncio").addFilter(_LATE_ASYNCIO)

@@ -33,6 +33,15 @@ def test_a_full_disk_during_a_checkpoint_says_so_in_one_line_and_leaves_the_prev
   assert json.loads(metrics_lines(out)[-1])["step"] == 4
 
 
+def test_a_full_disk_at_the_first_save_failing_concurrent_writes_prints_only_its_line(cli, tmp_path):
+  """Every write of the save fails: the futures nobody awaited report to the run's train.log only."""
+  out = tmp_path / "run"
+  proc = _train_with_full_disk_at(cli, out, 2, "concurrent")
+  line = assert_one_line_error(proc, 3, "disk full", "checkpoint 2")
+  assert "never retrieved" not in proc.stdout + proc.stderr and proc.stderr.endswith(line + "\n"), proc.stderr
+  assert "never retrieved" in (out / "train.log").read_text()
+
+
 @pytest.mark.slow
 def test_a_run_stopped_by_a_full_disk_resumes_to_the_uninterrupted_result(cli, tmp_path, base_run):
   out = tmp_path / "run"

@@ -78,6 +78,31 @@ def test_eval_with_every_checkpoint_damaged_fails_in_one_line(cli, run_copy):
   assert_one_line_error(cli("eval", run_copy), 2, "no readable checkpoint")
 
 
+# A truncated array file makes tensorstore report "Event loop is closed" from its callbacks, one traceback
+# per pending chunk, through sys.unraisablehook: those go to the run's train.log, never to the console.
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_a_truncated_newest_checkpoint_is_skipped_with_only_the_documented_lines(cli, run_copy, command):
+  _damage(run_copy / "checkpoints" / "6", "truncated-state")
+  args = ("--prompt", "the", "--max-new-tokens", "2") if command == "generate" else ()
+  proc = cli(command, run_copy, *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stderr == "", proc.stderr[-3000:]
+  assert "Traceback" not in proc.stdout and "Event loop" not in proc.stdout, proc.stdout
+  if command == "eval":
+    assert "checkpoint: using step 4" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["eval", "generate", "export"])
+def test_every_checkpoint_truncated_fails_in_one_line_with_the_detail_in_the_runs_log(cli, run_copy, tmp_path, command):
+  for step in (4, 6):
+    _damage(run_copy / "checkpoints" / str(step), "truncated-state")
+  args = {"eval": (), "generate": ("--prompt", "the"), "export": ("--out", tmp_path / "hf")}[command]
+  proc = cli(command, run_copy, *args)
+  line = assert_one_line_error(proc, 2, "no readable checkpoint")
+  assert proc.stderr == line + "\n" and proc.stdout == "", proc.stderr[-3000:]
+  assert "Event loop is closed" in (run_copy / "train.log").read_text()
+
+
 def test_a_non_finite_loss_stops_with_exit_1_naming_the_checkpoint_and_keeps_metrics_and_plot(cli, run_copy):
   import jax
   import numpy as np
