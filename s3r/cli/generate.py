@@ -1,11 +1,13 @@
 """`s3r generate RUN_OR_HF_DIR --prompt TEXT [--prompt TEXT ...]`: text continuing each prompt.
 
-The model is a run's newest readable checkpoint with the run's tokenizer (a prompt then starts after
-<|endoftext|>, as every training document does, and generation stops at it), or a Hugging Face
-checkpoint folder (`s3r.model.load_hf`, its tokenizer.json; BOS as its tokenizer adds it, stopping
-at its EOS). All prompts are generated together (left-padded) with s3r.model.generate: greedy, or
-sampled with --temperature and --top-k from --seed. Activations are float32 unless --dtype says
-bfloat16; the projections use the run's recipe (a Hugging Face checkpoint: `bf16`) or --recipe.
+The model is a run's newest readable checkpoint with the run's tokenizer, or a Hugging Face
+checkpoint folder (`s3r.model.load_hf`, its tokenizer.json). A prompt starts as the documents the
+model trained on start: after BOS where the family starts a text with it (Llama 3, Gemma 3,
+DeepSeek-V2; from its tokenizer config), after <|endoftext|> for a run with a tokenizer trained here
+(and its export); generation stops at EOS (<|endoftext|>). All prompts are generated together
+(left-padded) with s3r.model.generate: greedy, or sampled with --temperature and --top-k from --seed.
+Activations are float32 unless --dtype says bfloat16; the projections use the run's recipe (a Hugging
+Face checkpoint: `bf16`) or --recipe.
 Bad input (a missing folder, an empty prompt, --max-new-tokens <= 0, a prompt too long for the
 model) is one line on stderr and exit code 2.
 """
@@ -90,10 +92,10 @@ def _load(folder: pathlib.Path, recipe: str | None):
 
     tok = load_hf_tokenizer(folder)  # an HFError is one line, exit 2 (s3r.cli._guarded)
     cfg, params = load_hf(folder, recipe=recipe or "bf16")
-    return cfg, params, tok.encode, tok.decode, tok.eos_id
+    return cfg, params, tok.prompt, tok.decode, tok.eos_id
   from s3r.train.evaluate import restore_run
 
   run = restore_run(str(folder), log=lambda *_: None)
   cfg = run.setup.model_cfg if recipe is None else dataclasses.replace(run.setup.model_cfg, recipe=recipe)
   tok = run.tokenizer
-  return cfg, run.state.params, lambda text: [tok.eot_id, *tok.encode(text)], tok.decode, tok.eot_id
+  return cfg, run.state.params, tok.prompt, tok.decode, tok.eot_id

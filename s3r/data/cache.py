@@ -121,8 +121,9 @@ def cached_tokenizer(
 
 def given_tokenizer_info(tok: Tokenizer) -> dict:
   """The description of a tokenizer that was given rather than trained (keyed by its JSON and end-of-text token)."""
-  key = hashlib.sha256(f"{tok.hf.to_str()}\0{tok.eot}".encode()).hexdigest()
-  return {"cache_key": key, "version": "given", "eot": tok.eot, "cached": True}
+  starts = "" if tok.bos is None else f"\0bos={tok.bos}"  # documents after BOS encode differently
+  key = hashlib.sha256(f"{tok.hf.to_str()}\0{tok.eot}{starts}".encode()).hexdigest()
+  return {"cache_key": key, "version": "given", "eot": tok.eot, "bos": tok.bos, "cached": True}
 
 
 def cached_tokens(
@@ -148,7 +149,7 @@ def cached_tokens(
 
 
 def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log) -> np.ndarray:
-  """One 1-D array: each document's ids followed by ``tok.eot_id``.
+  """One 1-D array: each document's ids followed by ``tok.eot_id`` (after ``tok.bos_id`` when it has one).
 
   Documents are encoded in parallel batches of about 4M characters, with a
   progress line every few seconds for large corpora.
@@ -219,9 +220,13 @@ def encode_long(tok: Tokenizer, docs: Sequence[str]) -> list[list[int]]:
 
 def _encode_chunk(chunk: Sequence[str], tok: Tokenizer, dtype: np.dtype) -> np.ndarray:
   ids = encode_long(tok, chunk)
-  out = np.empty(sum(len(x) for x in ids) + len(ids), dtype)
+  starts = 0 if tok.bos_id is None else 1  # BOS before each document (`Tokenizer.document`)
+  out = np.empty(sum(len(x) for x in ids) + (1 + starts) * len(ids), dtype)
   pos = 0
   for x in ids:
+    if starts:
+      out[pos] = tok.bos_id
+      pos += 1
     out[pos : pos + len(x)] = x
     pos += len(x)
     out[pos] = tok.eot_id

@@ -33,13 +33,21 @@ class Tokenizer:
       vocab_size: number of token ids (ids are ``0 .. vocab_size - 1``).
       eot_id: id of ``<|endoftext|>`` (or of the token ``eot`` names: a released
           model's EOS token), placed after every document.
+      bos_id: id of the token ``bos`` names (a released model's BOS, when its family starts
+          every text with one), placed before every document; None without one.
+      released: the tokenizer of a released checkpoint (``--init-from``) rather than one trained here.
   """
 
-  def __init__(self, hf: tokenizers.Tokenizer, eot: str = EOT):
+  def __init__(self, hf: tokenizers.Tokenizer, eot: str = EOT, *, bos: str | None = None, released: bool = False):
     eot_id = hf.token_to_id(eot)
     if eot_id is None:
       raise DataError(f"tokenizer has no {eot} token")
+    bos_id = None if bos is None else hf.token_to_id(bos)
+    if bos is not None and bos_id is None:
+      raise DataError(f"tokenizer has no {bos} token")
     self.eot = eot
+    self.bos, self.bos_id = bos, bos_id
+    self.released = released
     # Text that happens to contain "<|endoftext|>" is encoded as ordinary
     # characters; only the pipeline itself inserts the special token.
     hf.encode_special_tokens = True
@@ -72,6 +80,19 @@ class Tokenizer:
     """Token ids of ``text`` (no end-of-text token is added)."""
     return self.hf.encode(text, add_special_tokens=False).ids
 
+  def document(self, ids: Sequence[int]) -> list[int]:
+    """A document's ids as the token stream holds them: after BOS when the tokenizer has one (a released
+    model's family that starts every text with it), then the end-of-text token."""
+    return [*([] if self.bos_id is None else [self.bos_id]), *ids, self.eot_id]
+
+  def prompt(self, text: str) -> list[int]:
+    """The ids of a prompt to continue, started as the documents of the token stream start: after BOS
+    when the tokenizer has one; else, for a tokenizer trained here, after the end-of-text token that
+    precedes every document but the first; a released tokenizer without BOS (Qwen3) adds nothing,
+    as its own tokenizer does."""
+    start = [self.bos_id] if self.bos_id is not None else ([] if self.released else [self.eot_id])
+    return [*start, *self.encode(text)]
+
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, encoded in parallel."""
     encodings = self.hf.encode_batch_fast(list(texts), add_special_tokens=False)
@@ -102,4 +123,4 @@ class Tokenizer:
       raise DataError(f"cannot load tokenizer {path}: {e}") from None
 
   def __repr__(self) -> str:
-    return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+    return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id}, bos_id={self.bos_id})"

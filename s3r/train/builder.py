@@ -104,13 +104,15 @@ def imported_params(cfg: TrainConfig, shardings) -> dict:
 
 
 def hf_tokenizer(cfg: TrainConfig) -> s3r_data.Tokenizer:
-  """The --init-from checkpoint's tokenizer, its EOS token ending every document; ConfigError if it names none."""
+  """The --init-from checkpoint's tokenizer, its EOS token ending every document and, where the family starts
+  a text with BOS (`HFTokenizer.add_bos`), its BOS token starting every document; ConfigError if it names no EOS."""
   assert cfg.init_from is not None
   tok = s3r_model.load_hf_tokenizer(cfg.init_from)
   eos = None if tok.eos_id is None else tok.hf.id_to_token(tok.eos_id)
   if eos is None:
     raise ConfigError(f"{cfg.init_from}: tokenizer_config.json names no eos_token (it ends every document)")
-  return s3r_data.Tokenizer(tok.hf, eos)
+  bos = tok.hf.id_to_token(tok.bos_id) if tok.add_bos and tok.bos_id is not None else None
+  return s3r_data.Tokenizer(tok.hf, eos, bos=bos, released=True)
 
 
 def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:

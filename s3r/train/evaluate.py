@@ -191,7 +191,7 @@ def evaluate_checkpoint(
         f"the loss on them is optimistic"
       )
     ids = s3r_cache.encode_long(tok, docs)
-    val = {"val": np.concatenate([np.asarray(x + [tok.eot_id], np.int32) for x in ids])}
+    val = {"val": np.concatenate([np.asarray(tok.document(x), np.int32) for x in ids])}
   val_sets = validation_batches(val, cfg, log)
   log(f"eval: step {step} of {restored.directory}")
   return evaluate(setup, state.params, val_sets, eval_step=compile_eval_step(setup, cfg, log))
@@ -241,8 +241,11 @@ def _restore_run(path: str, directory: pathlib.Path, step: int | None, log, mode
 
 
 def checkpoint_tokenizer(meta: dict) -> s3r_data.Tokenizer:
-  """The tokenizer a checkpoint's meta records (with its end-of-text token; `<|endoftext|>` when none is named)."""
-  return s3r_data.Tokenizer(tokenizers.Tokenizer.from_str(meta["tokenizer"]), meta.get("eot", s3r_data.EOT))
+  """The tokenizer a checkpoint's meta records, with its end-of-text token (`<|endoftext|>` when none is named)
+  and the BOS token that starts every document, if any (`s3r_data.Tokenizer`)."""
+  hf = tokenizers.Tokenizer.from_str(meta["tokenizer"])
+  released = meta.get("train_config", {}).get("init_from") is not None
+  return s3r_data.Tokenizer(hf, meta.get("eot", s3r_data.EOT), bos=meta.get("bos"), released=released)
 
 
 def evaluate_pretrained(

@@ -2,7 +2,8 @@
 
 The tokenizer written beside the weights is the run's: the --init-from checkpoint's own files when the
 run was imported (kept in <run>/tokenizer/), else the run's byte-level BPE as tokenizer.json with a
-tokenizer_config.json naming `<|endoftext|>` as both BOS and EOS.
+tokenizer_config.json naming `<|endoftext|>` as both BOS and EOS, and a text starting with it (as the
+run's documents do after the one before).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def export_run(
   run = restore_run(path, step=step, log=log)
   own = run.directory.parent / TOKENIZER_DIR
   tok = run.tokenizer
-  bpe = s3r_model.HFTokenizer(hf=tok.hf, bos_id=tok.eot_id, eos_id=tok.eot_id)
+  bpe = s3r_model.HFTokenizer(hf=tok.hf, bos_id=tok.eot_id, eos_id=tok.eot_id, add_bos=True)
   tokenizer = own if (own / "tokenizer.json").is_file() else bpe
   try:
     s3r_model.save_hf(

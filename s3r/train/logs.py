@@ -3,8 +3,8 @@
 `TrainConfig.verbose` (`s3r train --verbose`). So do the exceptions that library callbacks report
 through `sys.unraisablehook` (tensorstore's "Event loop is closed" after a failed read, one
 traceback per pending chunk), and asyncio's "exception was never retrieved" of a failed write's
-futures that are collected after the run (`_LateAsyncioToFile`). The run's own messages (`log`, the progress bar, the one-line errors) are
-unaffected, so a handled failure prints only its documented line.
+futures that are collected after the run (`_LateAsyncioToFile`). The run's own messages (`log`, the
+progress bar, the one-line errors) are unaffected, so a handled failure prints only its documented line.
 """
 
 from __future__ import annotations

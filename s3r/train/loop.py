@@ -219,6 +219,7 @@ def _checkpoint_meta(cfg: TrainConfig, setup, loader, corpus, wall_s: float) -> 
     "loader": loader.state(),
     "tokenizer": corpus.tokenizer.hf.to_str(),
     "eot": corpus.tokenizer.eot,
+    "bos": corpus.tokenizer.bos,
     "mesh": dict(setup.mesh.shape),
     "process_count": jax.process_count(),
     "wall_s": wall_s,

@@ -22,6 +22,8 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tokenizers
+from tokenizers import processors
 
 from s3r.model.config import ModelConfig
 from s3r.model.hf.checkpoint import INDEX
@@ -166,12 +168,20 @@ def _write_weights(folder: pathlib.Path, params: dict, entries: list[Entry], dty
 
 def _write_tokenizer(folder: pathlib.Path, tok: HFTokenizer, max_len: int) -> None:
   """tokenizer.json and a tokenizer_config.json naming the BOS/EOS tokens, for `transformers`' fast tokenizer."""
-  tok.hf.save(str(folder / "tokenizer.json"))
   token = lambda i: None if i is None else tok.hf.id_to_token(i)
+  hf = tok.hf
+  if tok.add_bos and tok.bos_id is not None:  # the post-processor adds BOS, as `add_bos_token` says
+    hf = tokenizers.Tokenizer.from_str(tok.hf.to_str())
+    bos = token(tok.bos_id)
+    hf.post_processor = processors.TemplateProcessing(
+      single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.bos_id)]
+    )
+  hf.save(str(folder / "tokenizer.json"))
   config = {
     "tokenizer_class": "PreTrainedTokenizerFast",
     "bos_token": token(tok.bos_id),
     "eos_token": token(tok.eos_id),
+    "add_bos_token": tok.add_bos and tok.bos_id is not None,
     "model_max_length": max_len,
   }
   (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
