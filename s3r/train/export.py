@@ -3,7 +3,8 @@
 The tokenizer written beside the weights is the run's: the --init-from checkpoint's own files when the
 run was imported (kept in <run>/tokenizer/), else the run's byte-level BPE as tokenizer.json with a
 tokenizer_config.json naming `<|endoftext|>` as both BOS and EOS, and a text starting with it (as the
-run's documents do after the one before).
+run's documents do after the one before). The `config.json` of an imported run is the --init-from
+checkpoint's, every field carried through but those training changed (s3r.model.hf.save_hf's `source`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def export_run(
   tok = run.tokenizer
   bpe = s3r_model.HFTokenizer(hf=tok.hf, bos_id=tok.eot_id, eos_id=tok.eot_id, add_bos=True)
   tokenizer = own if (own / "tokenizer.json").is_file() else bpe
+  source = run.config.init_from
+  if source is not None and not (pathlib.Path(source) / "config.json").is_file():
+    log(f"export: {source}/config.json is gone; config.json is written from the model's config alone")
+    source = None
   try:
     s3r_model.save_hf(
       out,
@@ -49,6 +54,7 @@ def export_run(
       dtype=DTYPES[dtype],
       tokenizer=tokenizer,
       max_shard_bytes=max_shard_bytes,
+      source=source,
     )
   except ValueError as e:  # a config transformers cannot compute, or an out that appeared meanwhile
     raise ConfigError(str(e)) from None

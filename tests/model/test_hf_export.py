@@ -193,3 +193,58 @@ def test_transformers_reads_the_exported_tokenizers_with_their_bos_and_eos(tmp_p
     assert (theirs.bos_token_id, theirs.eos_token_id) == (ours.bos_id, ours.eos_id) != (None, None)
     ids = theirs(text, add_special_tokens=False)["input_ids"]
     assert ids == ours.encode(text, add_special_tokens=False) and theirs.decode(ids) == text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_export_of_an_imported_model_carries_its_config_through_unchanged(name, tmp_path):
+  """With `source=`, config.json is the source's, field for field (the multimodal fixture: its text
+  model's, as the causal LM); without, it is written in the same form (rope_parameters, ...)."""
+  cfg, params = M.load_hf(FIXTURES / name)
+  source = json.loads((FIXTURES / name / "config.json").read_text())
+  if "text_config" in source:
+    text = source["text_config"]
+    top = {k: source[k] for k in ("transformers_version", "dtype")}
+    source = {**text, **top, "architectures": ["Gemma3ForCausalLM"]}
+  out = M.save_hf(tmp_path / "export", cfg, params, source=FIXTURES / name)
+  assert json.loads((out / "config.json").read_text()) == source
+  assert M.hf_config(out) == cfg
+  alone = save.hub_config(cfg, dtype="bfloat16")
+  for key in ("rope_parameters", "num_local_experts", "layer_types"):
+    if key in alone:
+      assert alone[key] == source[key], key  # the form transformers writes, computed from the config alone
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe", "qwen3"])
+def test_an_export_carries_the_fields_training_changed_and_cuts_the_layer_list(name, tmp_path):
+  cfg, params = M.load_hf(FIXTURES / name, n_layers=1, max_seq_len=512)  # --init-layers 1, room for --seq 512
+  out = M.save_hf(tmp_path / "export", cfg, params, dtype=jnp.float32, source=FIXTURES / name)
+  source = json.loads((FIXTURES / name / "config.json").read_text())
+  written = json.loads((out / "config.json").read_text())
+  changed = {k for k in source if written.get(k) != source[k]}
+  assert {"num_hidden_layers", "max_position_embeddings", "dtype"} <= changed
+  assert changed <= {"num_hidden_layers", "max_position_embeddings", "dtype", "layer_types", "mlp_only_layers"}
+  assert written["num_hidden_layers"] == 1 and written["max_position_embeddings"] == 512
+  assert written["dtype"] == "float32" and set(written) == set(source)
+  if "layer_types" in source:
+    assert written["layer_types"] == source["layer_types"][:1]
+  assert M.hf_config(out) == cfg
+
+
+def test_an_older_spelling_of_the_source_is_written_in_the_current_form(tmp_path):
+  """A source config.json with rope_theta + rope_scaling (transformers 4.x) and Qwen3-MoE's num_experts:
+  the export writes rope_parameters and num_local_experts, as transformers 5 does; the rest unchanged."""
+  for name in ("llama", "qwen3_moe"):
+    current = json.loads((FIXTURES / name / "config.json").read_text())
+    rope = dict(current["rope_parameters"])
+    legacy = {k: v for k, v in current.items() if k not in ("rope_parameters", "num_local_experts")}
+    legacy["rope_theta"] = rope.pop("rope_theta")
+    legacy["rope_scaling"] = rope if rope["rope_type"] != "default" else None
+    if "num_local_experts" in current:
+      legacy["num_experts"] = current["num_local_experts"]
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(legacy))
+    cfg, params = M.load_hf(FIXTURES / name)
+    assert M.hf_config(folder) == cfg
+    out = M.save_hf(tmp_path / f"{name}-export", cfg, params, source=folder)
+    assert json.loads((out / "config.json").read_text()) == current, name

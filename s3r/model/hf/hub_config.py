@@ -1,10 +1,14 @@
 """An s3r model config -> the `config.json` of its family's `transformers` class (the inverse of
 s3r.model.hf.configs: `hf_config` of the written file gives the config back).
 
-RoPE is written in the `rope_theta` + `rope_scaling` spelling, which `transformers` reads in its
-4.x and 5.x releases alike. Fields of s3r's training (recipe, remat, sharding, MoE capacity and
-dispatch, init_std) have no place in the file; an s3r config that a `transformers` model cannot
-compute (e.g. a Qwen3-MoE with shared experts) is refused with a ValueError naming the field.
+The file is written in the form current `transformers` (5.x) writes: RoPE as `rope_parameters` (one
+dict with `rope_type` and `rope_theta`, per layer type for Gemma 3), Qwen3-MoE's expert count as
+`num_local_experts`. `carried_config` writes the config of a checkpoint imported from a folder: that
+folder's `config.json` with every field carried through unchanged but those that training changed
+(e.g. the layer count of `--init-layers`), in that form. Fields of s3r's training (recipe, remat,
+sharding, MoE capacity and dispatch, init_std) have no place in the file; an s3r config that a
+`transformers` model cannot compute (e.g. a Qwen3-MoE with shared experts) is refused with a
+ValueError naming the field.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}  # numpy dtype nam
 
 def _refuse(cfg: ModelConfig, field: str, why: str) -> ValueError:
   return ValueError(f"{type(cfg).__name__}.{field}={getattr(cfg, field)!r} cannot be exported: {why}")
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict:
+  """`rope_parameters` of the global layers: the rope type, rope_theta and the scaling's fields."""
+  return {"rope_type": "default", **(_rope_scaling(cfg) or {}), "rope_theta": cfg.rope_theta}
 
 
 def _rope_scaling(cfg: ModelConfig) -> dict | None:
@@ -63,8 +72,7 @@ def _common(cfg: ModelConfig, architecture: str, model_type: str) -> dict:
     "max_position_embeddings": cfg.max_seq_len,
     "rms_norm_eps": cfg.norm_eps,
     "tie_word_embeddings": cfg.tie_embeddings,
-    "rope_theta": cfg.rope_theta,
-    "rope_scaling": _rope_scaling(cfg),
+    "rope_parameters": _rope_parameters(cfg),
     "attention_bias": False,
     "attention_dropout": 0.0,
   }
@@ -82,8 +90,11 @@ def _gemma3(cfg: Gemma3Config) -> dict:
   out = _common(cfg, "Gemma3ForCausalLM", "gemma3_text")
   return {
     **out,
+    "rope_parameters": {
+      "full_attention": out["rope_parameters"],
+      "sliding_attention": {"rope_type": "default", "rope_theta": cfg.local_rope_theta},
+    },
     "hidden_activation": "gelu_pytorch_tanh",
-    "rope_local_base_freq": cfg.local_rope_theta,
     "sliding_window": cfg.sliding_window,
     "layer_types": ["full_attention" if cfg.is_global(layer) else "sliding_attention" for layer in range(cfg.n_layers)],
     "query_pre_attn_scalar": int(q) if (q := cfg.query_pre_attn_scalar) == int(q) else q,  # an int in transformers 5
@@ -102,7 +113,7 @@ def _qwen3_moe(cfg: Qwen3MoeConfig) -> dict:
     **_common(cfg, "Qwen3MoeForCausalLM", "qwen3_moe"),
     "hidden_act": "silu",
     "use_sliding_window": False,
-    "num_experts": cfg.n_experts,
+    "num_local_experts": cfg.n_experts,
     "num_experts_per_tok": cfg.top_k,
     "moe_intermediate_size": cfg.d_expert,
     "decoder_sparse_step": 1,
@@ -155,3 +166,34 @@ def hub_config(cfg: ModelConfig, *, dtype: str, bos_id: int | None = None, eos_i
     raise ValueError(f"{type(cfg).__name__} is not a family s3r exports ({', '.join(c.__name__ for c in _WRITERS)})")
   out = writer(cfg)
   return {**out, "bos_token_id": bos_id, "eos_token_id": eos_id, "dtype": TORCH_DTYPES[dtype], "torch_dtype": dtype}
+
+
+# older spellings of fields `hub_config` writes in the current form (the current key: the older ones)
+_LEGACY_KEYS = {
+  "rope_parameters": ("rope_theta", "rope_scaling", "rope_local_base_freq"),
+  "num_local_experts": ("num_experts",),
+}
+
+
+def carried_config(source: dict, imported: ModelConfig, cfg: ModelConfig, *, dtype: str) -> dict:
+  """The `config.json` dict of `cfg`, a model imported as `imported` from a folder whose `config.json` is
+  `source`: every field of `source` unchanged, but those whose value `cfg` changed (as `hub_config` writes
+  them: the layer count and what follows from it, the context length, ...), the older spellings of
+  `_LEGACY_KEYS` in the current form, a `layer_types` list cut to the layer count, and the stored dtype."""
+  before, after = hub_config(imported, dtype=dtype), hub_config(cfg, dtype=dtype)
+  if isinstance(source.get("text_config"), dict):  # a multimodal checkpoint: its text model is the causal LM
+    top = {k: source[k] for k in ("transformers_version",) if k in source}
+    source = {**top, **source["text_config"], "architectures": before["architectures"]}
+  out = dict(source)
+  for current, legacy in _LEGACY_KEYS.items():
+    if current in after and any(key in out for key in legacy):
+      out = {k: v for k, v in out.items() if k not in legacy}
+      out.setdefault(current, after[current])
+  skip = {"bos_token_id", "eos_token_id", "dtype", "torch_dtype"}
+  out.update({k: v for k, v in after.items() if k not in skip and v != before.get(k)})
+  if isinstance(out.get("layer_types"), list):
+    out["layer_types"] = out["layer_types"][: cfg.n_layers]
+  out["dtype"] = TORCH_DTYPES[dtype]
+  if "torch_dtype" in source:
+    out["torch_dtype"] = dtype
+  return out

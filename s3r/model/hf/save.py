@@ -26,9 +26,9 @@ import tokenizers
 from tokenizers import processors
 
 from s3r.model.config import ModelConfig
-from s3r.model.hf.checkpoint import INDEX
-from s3r.model.hf.hub_config import TORCH_DTYPES, hub_config
-from s3r.model.hf.load import _get, param_shapes
+from s3r.model.hf.checkpoint import INDEX, read_json
+from s3r.model.hf.hub_config import TORCH_DTYPES, carried_config, hub_config
+from s3r.model.hf.load import _get, hf_config, param_shapes
 from s3r.model.hf.safetensors import SafetensorsWriter
 from s3r.model.hf.tensors import Entry, tensor_map
 from s3r.model.hf.tokenizer import HFTokenizer, load_hf_tokenizer
@@ -52,6 +52,7 @@ def save_hf(
   dtype=jnp.bfloat16,
   tokenizer: HFTokenizer | str | pathlib.Path | None = None,
   max_shard_bytes: int = SHARD_BYTES,
+  source: str | pathlib.Path | None = None,
 ) -> pathlib.Path:
   """Writes `params` of the model `config` as a Hugging Face checkpoint folder `path`; returns it.
 
@@ -60,6 +61,9 @@ def save_hf(
   tokenizer: a checkpoint folder whose tokenizer files are copied, an HFTokenizer written as
     tokenizer.json and a tokenizer_config.json naming its BOS/EOS tokens, or None (no tokenizer files).
   max_shard_bytes: larger weights are split into shards of at most this size (a single tensor may exceed it).
+  source: the checkpoint folder the model was imported from (`load_hf`): its `config.json` is carried
+    through, every field unchanged but those `config` changed (`hub_config.carried_config`); None: the
+    file is written from `config` alone.
 
   ValueError (one line) for a `path` that exists and is not an empty folder, params that do not match
   `config` (naming the parameter) or a config that `transformers` cannot compute.
@@ -72,14 +76,18 @@ def save_hf(
     raise ValueError(f"dtype must be bfloat16 or float32, got {np_dtype.name}")
   tok = load_hf_tokenizer(tokenizer) if isinstance(tokenizer, str | pathlib.Path) else tokenizer
   ids = {"bos_id": tok.bos_id, "eos_id": tok.eos_id} if tok is not None else {}
-  hub = hub_config(config, dtype=np_dtype.name, **ids)
+  if source is None:
+    hub = hub_config(config, dtype=np_dtype.name, **ids)
+  else:
+    source_json = pathlib.Path(source) / "config.json"
+    hub = carried_config(read_json(source_json), hf_config(source), config, dtype=np_dtype.name)
   entries = _hub_order(tensor_map(config, set()))
   _check_params(config, params, entries)
   tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
   try:
-    (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(hub, indent=2, sort_keys=True) + "\n")  # as transformers writes
     _write_weights(tmp, params, entries, np_dtype, max_shard_bytes)
     if isinstance(tokenizer, str | pathlib.Path):
       copy_tokenizer_files(tokenizer, tmp)
