@@ -161,14 +161,14 @@ class Format:
     """The scales s_blk [ceil(T/b), ceil(N/b)] of the square b x b blocks of v [..., N] (leading dims
     flattened into T): the smallest E4M3 value (or power of two, E8M0) >= max_blk |v| / 6, so that
     no element of a block exceeds 6 · s_blk; an all-zero block gets 1, a block holding a NaN or an Inf
-    +inf. A partial last block (a dim
+    NaN. A partial last block (a dim
     b does not divide) takes the max over the elements it has."""
     if self.grid == "uniform":
       raise ValueError(f"format {self.name!r} has no block scales (grid 'uniform')")
     x = block_amax(v, self.block) * np.float32(1.0 / self.qmax)
     s = e4m3_ceil(x) if self.block_scale == "e4m3" else e8m0_ceil(x)
     s = jnp.where(x == 0, jnp.ones_like(s), s)
-    return jnp.where(jnp.isfinite(x), s, x)  # +inf for a non-finite block: its codes (code · s_blk) are NaN
+    return jnp.where(jnp.isfinite(x), s, x)  # NaN for a non-finite block: its codes (code · s_blk) are NaN
 
   def dequantize(self, codes: jax.Array, step: jax.Array | None = None) -> jax.Array:
     """The real values (f32) of `codes` times `step` (broadcast); in units of the step without one."""
@@ -197,7 +197,7 @@ def block_amax(v: jax.Array, block: int) -> jax.Array:
   rows, cols = a_TxN.shape
   tb, nb = -(-rows // block), -(-cols // block)
   a_TxN = jnp.pad(a_TxN, ((0, tb * block - rows), (0, nb * block - cols)))  # zeros: the max of the elements present
-  return abs_max(a_TxN.reshape(tb, block, nb, block), axis=(1, 3))  # +inf for a block with a NaN or an Inf
+  return abs_max(a_TxN.reshape(tb, block, nb, block), axis=(1, 3))  # NaN for a block with a NaN or an Inf
 
 
 def expand_blocks(s_blocks: jax.Array, shape: tuple[int, ...], block: int) -> jax.Array:

@@ -305,7 +305,7 @@ def scale_gradient(recipe: Recipe, gp: jax.Array, axes: tuple[str, ...] = ()) ->
   not depend on the device mesh; `axes` names mesh axes to take that max over explicitly
   (inside `shard_map`).
   """
-  amax = reductions.abs_max(gp)  # +inf when G' holds a NaN or an Inf: Δ too, so dX and dW are NaN
+  amax = reductions.abs_max(gp)  # NaN when G' holds a NaN or an Inf: Δ too, so dX and dW are NaN
   delta = formats.get_format(recipe.grad_format).scale(jax.lax.pmax(amax, axes) if axes else amax)
   return delta, gp * numerics.reciprocal(delta)  # never a division: see numerics.quantize_rtne
 

@@ -25,7 +25,7 @@ def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
   Computed as max|x| * f32(1/127) (`Format.scale`). A slice whose max is below 127 times the
   smallest normal f32 (~1.5e-36) gets a subnormal scale, which XLA:CPU flushes to zero, so it
   takes the zero-slice path and quantizes to all-zero codes. A slice holding a NaN or an Inf gets
-  the scale +inf (`reductions.abs_max`): its codes are 0 and every product rescaled by it NaN.
+  the scale NaN (`reductions.abs_max`): its codes are 0 and every product rescaled by it NaN.
   """
   return FORWARD_FORMAT.scale(abs_max(x, axis=axis))
 
