@@ -23,9 +23,7 @@ from s3r.quant import formats, recipes
 DENSE_SHAPES = ((4, 16, 64), (2, 8, 256), (2, 8, 32))  # [B, S, K]; the first two hid a NaN before
 N_OUT = 32
 # where the bad value goes: (operand, index into it); the gradient's index is into Y [B, S, N]
-INJECTIONS = tuple(
-  (operand, bad) for operand in ("x", "w", "g") for bad in (np.nan, np.inf, -np.inf)
-)
+INJECTIONS = tuple((operand, bad) for operand in ("x", "w", "g") for bad in (np.nan, np.inf, -np.inf))
 
 
 def _recipes_at(grad_formats) -> list[str]:

@@ -121,7 +121,8 @@ def test_a_non_finite_loss_stops_with_exit_1_naming_the_checkpoint_and_keeps_met
   (run_copy / "loss.png").unlink()
   kept = metrics_lines(run_copy)[:5]
   proc = cli("train", "--out", run_copy, "--resume")
-  assert_one_line_error(proc, 1, "non-finite loss at step 5", str(run_copy / "checkpoints" / "4"))
+  line = assert_one_line_error(proc, 1, "non-finite loss at step 5", str(run_copy / "checkpoints" / "4"))
+  assert "first non-finite gradient: " in line  # the guard names the parameter whose gradient went first
   assert metrics_lines(run_copy) == kept and (run_copy / "loss.png").exists()
 
 
