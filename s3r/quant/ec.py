@@ -124,12 +124,12 @@ def dx_correction(
 
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator. `fmt` is the format of the gradient codes: for
-  an emulated (block-scaled FP4) one, whose error in units of Δ is not bounded by 1, the products
-  are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
+  one without integer codes (block-scaled FP4, FP8), whose error in units of Δ is not bounded by 1,
+  the products are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
-  if fmt.emulated:
+  if not fmt.capabilities.integer_codes:
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)

@@ -116,11 +116,11 @@ def grouped_qmatmul(
     body = functools.partial(grouped_qmatmul, recipe=recipe, impl=impl, rows=rows, compute_dtype=compute_dtype)
     out = explicit.matmul_spec(x, w)
     return explicit.run_auto(lambda x, w, g, key: body(x, w, g, key=key), out, x, w, group_sizes, key)
-  if recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
+  if recipe.int8_backward and not formats.get_format(recipe.grad_format).capabilities.grouped:
     raise ValueError(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
       f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
-      f"{', '.join(n for n, f in formats.FORMATS.items() if not f.emulated)}"
+      f"{', '.join(formats.formats_with('grouped'))}"
     )
   if not recipe.quantized:
     return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
@@ -302,15 +302,10 @@ def quantize_grouped_gradient(
     at_row = lambda u: u[jnp.clip(rows.index, 0, total - 1)]  # noqa: E731
   delta, v_TxN = matmul.scale_gradient(recipe, gp_TxN, axes)
 
-  def draw(k: jax.Array, kind: str) -> jax.Array:
-    if kind == "sr":
-      return at_row(jax.random.uniform(k, (1, total, n))[0])
-    if kind == "token":
-      return at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
-    if kind == "example":
-      return thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
-    raise ValueError(f"{_NAME}: threshold topology must be 'token' or 'example', got {kind!r}")
-
+  placed = thresholds.GroupedRows(
+    total=total, experts=experts, channels=n, at_row=at_row, expert_T=seg0 + jnp.minimum(seg_T, n_seg - 1)
+  )
+  draw = lambda k, topology: topology.grouped(k, placed)  # noqa: E731
   q_dx, q_dw = matmul.round_gradient(recipe, v_TxN, key, draw)
   return delta, v_TxN, q_dx, q_dw
 

@@ -44,8 +44,8 @@ from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_paralle
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
-# draw(key, kind): rounding thresholds broadcastable against G'/Δ (see `round_gradient`)
-Draw = Callable[[jax.Array, str], jax.Array]
+# draw(key, topology): rounding thresholds broadcastable against G'/Δ (see `round_gradient`)
+Draw = Callable[[jax.Array, thresholds.Topology], jax.Array]
 
 
 def qmatmul(
@@ -103,10 +103,11 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if tp_split is not None and tp_split.kind == "column" and recipe.int8_backward:
-    if formats.get_format(recipe.grad_format).emulated:  # without a split (one device), nothing to refuse
+    if not formats.get_format(recipe.grad_format).capabilities.column_tp:  # one device: nothing to refuse
       raise ValueError(
         f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
-        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only"
+        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only; "
+        f"use one of {', '.join(formats.formats_with('column_tp'))}"
       )
   if not recipe.quantized and operands == np.float32:
     y = jnp.matmul(x.astype(operands), w.astype(operands), precision=arguments.float_precision(operands))
@@ -314,9 +315,9 @@ def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Dr
   """Codes (Q for dX, Q for dW) of v = G'/Δ in the recipe's gradient format: one array, returned
   twice, unless the recipe splits (then two, from the two halves of `key`).
 
-  `draw(key, kind)` gives thresholds broadcastable against v: one per element for kind "sr",
-  else those of the threshold topology `kind` ("token" or "example"). The key chain is the
-  recipe's: none for RTNE, `key` itself for one shared Q, `jax.random.split(key)` for two.
+  `draw(key, topology)` gives the thresholds of a `thresholds.Topology` broadcastable against v
+  (the recipe's `threshold_topologies`). The key chain is the recipe's: none for RTNE, `key`
+  itself for one shared Q, `jax.random.split(key)` for two.
   """
   fmt = formats.get_format(recipe.grad_format)
   if recipe.rounding == "rtne":
@@ -324,28 +325,18 @@ def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Dr
     return q, q
   if key is None:
     raise ValueError(f"recipe {recipe.name!r} rounds the gradient stochastically and needs a key, got None")
-  if recipe.rounding == "sr":
-    kind_dx, kind_dw = "sr", "sr"
-  else:
-    kind_dx, kind_dw = recipe.dx_topology, recipe.dw_topology
-    assert kind_dx is not None and kind_dw is not None  # rounding="shared": Recipe requires both
+  topo_dx, topo_dw = recipe.threshold_topologies  # raises on an unknown topology
   if recipe.split:
     key_dx, key_dw = jax.random.split(key)
-    return fmt.round(v, draw(key_dx, kind_dx)), fmt.round(v, draw(key_dw, kind_dw))
-  q = fmt.round(v, draw(key, kind_dx))
+    return fmt.round(v, draw(key_dx, topo_dx)), fmt.round(v, draw(key_dw, topo_dw))
+  q = fmt.round(v, draw(key, topo_dx))
   return q, q
 
 
 def _dense_draw(shape_BxSxN: tuple[int, ...]) -> Draw:
-  """`round_gradient`'s draws for G' [B, S, N]: full-size uniforms, or shared thresholds."""
-  batch, seq, _ = shape_BxSxN
-
-  def draw(key: jax.Array, kind: str) -> jax.Array:
-    if kind == "sr":
-      return jax.random.uniform(key, shape_BxSxN)
-    return thresholds.shared_thresholds(key, batch, seq, kind)  # raises on an unknown topology
-
-  return draw
+  """`round_gradient`'s draws for G' [B, S, N]: each topology's dense draws."""
+  batch, seq, n = shape_BxSxN
+  return lambda key, topology: topology.dense(key, (batch, seq, n))
 
 
 def gradient_codes(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from s3r.quant import formats
+from s3r.quant import formats, thresholds
 
 Rounding = Literal["none", "rtne", "sr", "shared", "exact"]
 Topology = Literal["token", "example"]
 
 _ROUNDINGS = ("none", "rtne", "sr", "shared", "exact")
-_TOPOLOGIES = ("token", "example")
+_TOPOLOGIES = thresholds.SHARED_TOPOLOGIES  # ("token", "example")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +79,19 @@ class Recipe:
   def stochastic(self) -> bool:
     """True when the backward pass draws random numbers, so a PRNG key is required."""
     return self.rounding in ("sr", "shared")
+
+  @property
+  def threshold_topologies(self) -> tuple[thresholds.Topology, thresholds.Topology]:
+    """The threshold topologies (dX's, dW's) of a stochastic recipe: `Independent` for "sr", the
+    named shared ones for "shared"."""
+    if self.rounding == "sr":
+      return thresholds.TOPOLOGIES["independent"], thresholds.TOPOLOGIES["independent"]
+    if self.rounding != "shared":
+      raise ValueError(f"recipe {self.name!r} (rounding={self.rounding!r}) draws no thresholds")
+    dx, dw = self.dx_topology, self.dw_topology
+    if dx not in _TOPOLOGIES or dw not in _TOPOLOGIES:
+      raise ValueError(f"recipe {self.name!r}: threshold topology must be one of {_TOPOLOGIES}, got {dx!r}, {dw!r}")
+    return thresholds.TOPOLOGIES[dx], thresholds.TOPOLOGIES[dw]
 
   @property
   def split(self) -> bool:
