@@ -259,6 +259,8 @@ class FloatFormat(Format):
       raise ValueError(
         f"FloatFormat.qmax must be {jnp.finfo(code).max} (the largest finite {code.name}), got {self.qmax}"
       )
+    if self.acc_dtype != np.float32:
+      raise ValueError(f"FloatFormat.acc_dtype must be float32 (the emulated GEMM's accumulator), got {self.acc_dtype}")
 
   @property
   def mantissa_bits(self) -> int:

@@ -92,7 +92,7 @@ def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
     (E2M1Format, dict(block=16, block_scale="e4m3", qmax=7), "qmax"),
     (E2M1Format, dict(block=16, block_scale="e4m3", code_dtype=np.int8, acc_dtype=np.int32), "code_dtype"),
     (FloatFormat, dict(qmax=440, code_dtype="float8_e4m3fn"), "qmax"),
-    (FloatFormat, dict(qmax=127, code_dtype=np.int8), "code_dtype"),
+    (FloatFormat, dict(qmax=127, code_dtype=np.int8, acc_dtype=np.int32), "code_dtype"),
     (FloatFormat, dict(qmax=57344, code_dtype="float8_e5m2", acc_dtype="float8_e5m2"), "acc_dtype"),
   ],
 )
