@@ -19,10 +19,8 @@ from typing import Literal
 from s3r.quant import formats, thresholds
 
 Rounding = Literal["none", "rtne", "sr", "shared", "exact"]
-Topology = Literal["token", "example"]
 
 _ROUNDINGS = ("none", "rtne", "sr", "shared", "exact")
-_TOPOLOGIES = thresholds.SHARED_TOPOLOGIES  # ("token", "example")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,8 +29,8 @@ class Recipe:
 
   name: str  # registry name, e.g. "s3r_ec_dx"
   rounding: Rounding  # "none" = bf16; "rtne"; "sr" = independent; "shared" = S3R; "exact" = f32 backward (diagnostic)
-  dx_topology: Topology | None = None  # shared thresholds of the dX product: one per token or per example
-  dw_topology: Topology | None = (
+  dx_topology: str | None = None  # shared thresholds of the dX product: "token", "example" (thresholds.TOPOLOGIES)
+  dw_topology: str | None = (
     None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
   )
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
@@ -53,8 +51,10 @@ class Recipe:
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)
-      if shared and value not in _TOPOLOGIES:
-        raise ValueError(f"Recipe.{field} must be one of {_TOPOLOGIES} when rounding='shared', got {value!r}")
+      if shared and value not in thresholds.shared_topologies():
+        raise ValueError(
+          f"Recipe.{field} must be one of {thresholds.shared_topologies()} when rounding='shared', got {value!r}"
+        )
       if not shared and value is not None:
         raise ValueError(f"Recipe.{field} must be None when rounding={self.rounding!r}, got {value!r}")
     if (self.correct_dx or self.correct_dw) and not shared:
@@ -89,8 +89,9 @@ class Recipe:
     if self.rounding != "shared":
       raise ValueError(f"recipe {self.name!r} (rounding={self.rounding!r}) draws no thresholds")
     dx, dw = self.dx_topology, self.dw_topology
-    if dx not in _TOPOLOGIES or dw not in _TOPOLOGIES:
-      raise ValueError(f"recipe {self.name!r}: threshold topology must be one of {_TOPOLOGIES}, got {dx!r}, {dw!r}")
+    names = thresholds.shared_topologies()
+    if dx not in names or dw not in names:
+      raise ValueError(f"recipe {self.name!r}: threshold topology must be one of {names}, got {dx!r}, {dw!r}")
     return thresholds.TOPOLOGIES[dx], thresholds.TOPOLOGIES[dw]
 
   @property

@@ -141,7 +141,11 @@ class PerExample(Topology):
 
 
 TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (Independent(), PerToken(), PerExample())}
-SHARED_TOPOLOGIES = tuple(name for name, t in TOPOLOGIES.items() if t.shared)  # what shared recipes may name
+
+
+def shared_topologies() -> tuple[str, ...]:
+  """The registered topologies with shared thresholds: what a "shared" recipe may name."""
+  return tuple(name for name, t in TOPOLOGIES.items() if t.shared)
 
 
 def get_topology(name: str) -> Topology:
@@ -156,5 +160,5 @@ def shared_thresholds(key: jax.Array, batch: int, seq: int, topology: str) -> ja
   """Thresholds broadcastable against G' [B, S, N]: [B, S, 1] per token, [B, 1, 1] per example."""
   topo = get_topology(topology)
   if not topo.shared:
-    raise ValueError(f"topology must be one of {SHARED_TOPOLOGIES}, got {topology!r}")
+    raise ValueError(f"topology must be one of {shared_topologies()}, got {topology!r}")
   return topo.dense(key, (batch, seq, 1))
