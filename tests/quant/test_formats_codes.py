@@ -109,6 +109,24 @@ def test_seven_bit_shared_thresholds_are_unbiased_per_element_up_to_the_grid_gap
   assert np.max(np.abs(mean - v) / gap) > 1 / 512
 
 
+@pytest.mark.parametrize("fmt", NEW + ["int8"])
+def test_seven_bit_threshold_variance_is_p_one_minus_p_times_the_gap_squared_per_element(fmt, rng):
+  # Exact over all 128 threshold values: each code is lo or hi, hi with probability P, |P - p| <= 1/256,
+  # so Var[code] = P(1 - P) d² is within d²/256 of p(1 - p) d² (d = hi - lo, the element's own gap: on
+  # an FP8 grid it grows with |v|, so the noise is relative to each element's magnitude).
+  f = FORMATS[fmt]
+  v = _in_units_of_the_step(f, heavy_tailed(rng, (40, 36), decades=4))
+  u = thresholds.threshold_values()
+  codes = np.asarray(jax.vmap(lambda t: f.dequantize(f.round(jnp.asarray(v), t)))(u), np.float64)
+  lo, hi = ref.neighbours(fmt, v)
+  assert ((codes == lo) | (codes == hi)).all()
+  d = hi - lo
+  p = (v - lo) / d
+  var = codes.var(axis=0)
+  assert (np.abs(var - p * (1 - p) * d**2) <= d**2 / 256 + 1e-6 * (np.abs(v) + d) ** 2).all()
+  assert np.max(var / d**2) > 0.2  # elements mid-gap: far from the zero variance of round-to-nearest
+
+
 @pytest.mark.parametrize("fmt", NEW)
 def test_shared_per_token_draws_choose_the_upper_neighbour_with_probability_p(fmt, rng):
   # Sampled through the layer's own draws (one threshold per token). Each element's code is lo or
