@@ -240,7 +240,7 @@ class MoeFields(ModelConfig):
     recipe = get_recipe(self.recipe)
     if (
       self.dense_layers < self.n_layers
-      and recipe.int8_backward
+      and recipe.quantized_gradient
       and not get_format(recipe.grad_format).capabilities.grouped
     ):
       raise ValueError(

@@ -142,7 +142,7 @@ def dx_correction(
   # then one row of ones.
   digits_RxN = int8_digits(c_BxN).reshape(_DIGITS * batch, n)
   lhs_RxN = jnp.concatenate([digits_RxN, jnp.ones((1, n), digits_RxN.dtype)])
-  acc_RxK = numerics.int8_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
+  acc_RxK = numerics.code_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]

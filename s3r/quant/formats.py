@@ -265,12 +265,12 @@ class FloatFormat(Format):
   @property
   def mantissa_bits(self) -> int:
     """Stored mantissa bits of the code dtype (3 for E4M3, 2 for E5M2)."""
-    return int(jnp.finfo(self.code_dtype).nmant)
+    return jnp.finfo(self.code_dtype).nmant
 
   @property
   def min_exponent(self) -> int:
     """The exponent of the smallest normal value (-6 for E4M3, -14 for E5M2)."""
-    return int(jnp.finfo(self.code_dtype).minexp)
+    return jnp.finfo(self.code_dtype).minexp
 
   @property
   def tensor_max(self) -> int:

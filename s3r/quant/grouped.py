@@ -116,7 +116,7 @@ def grouped_qmatmul(
     body = functools.partial(grouped_qmatmul, recipe=recipe, impl=impl, rows=rows, compute_dtype=compute_dtype)
     out = explicit.matmul_spec(x, w)
     return explicit.run_auto(lambda x, w, g, key: body(x, w, g, key=key), out, x, w, group_sizes, key)
-  if recipe.int8_backward and not formats.get_format(recipe.grad_format).capabilities.grouped:
+  if recipe.quantized_gradient and not formats.get_format(recipe.grad_format).capabilities.grouped:
     raise ValueError(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
       f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "

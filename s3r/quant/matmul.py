@@ -102,7 +102,7 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
-  if tp_split is not None and tp_split.kind == "column" and recipe.int8_backward:
+  if tp_split is not None and tp_split.kind == "column" and recipe.quantized_gradient:
     if not formats.get_format(recipe.grad_format).capabilities.column_tp:  # one device: nothing to refuse
       raise ValueError(
         f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
@@ -183,7 +183,7 @@ def _fwd(
   if tp is not None and tp.kind == "row":
     y_TxN = tensor_parallel.split_contraction(xq_TxK, wq_KxN, tp, b_transposed=False, rescale=rescale, dtype=x_dtype)
   else:
-    y_TxN = rescale(numerics.int8_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
+    y_TxN = rescale(numerics.code_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
   y_BxSxN = y_TxN.reshape(batch, seq, -1)
   # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
   xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])
@@ -233,7 +233,7 @@ def _backward(
     factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
   dx_factors = factors if recipe.correct_dx else None
   dx_TxK = _dx(recipe, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
-  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
+  acc_dw_KxN = numerics.code_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
   if recipe.correct_dw and factors is not None:
     acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
   dw_KxN = acc_dw_KxN * (delta / sw_N)
@@ -268,7 +268,7 @@ def _dx(
   fmt = formats.get_format(recipe.grad_format)
   correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN, fmt).reshape(q_TxN.shape[0], -1)
   if tp is None or tp.kind != "column":
-    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
+    acc_TxK = numerics.code_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
     if correction_TxK is not None:
       acc_TxK = acc_TxK - correction_TxK
     return (acc_TxK * scale_Tx1).astype(x_dtype)
@@ -348,7 +348,7 @@ def gradient_codes(
   twice unless the recipe splits.
   """
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
-  if not recipe.int8_backward:
+  if not recipe.quantized_gradient:
     raise ValueError(f"gradient_codes: recipe {recipe.name!r} does not quantize the gradient")
   sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
   sw_N = numerics.absmax_scale(w, axis=0)

@@ -70,9 +70,9 @@ class Recipe:
     return self.rounding != "none"
 
   @property
-  def int8_backward(self) -> bool:
-    """True when the backward pass quantizes the gradient and runs two GEMMs on codes (every INT8
-    recipe but the exact reference)."""
+  def quantized_gradient(self) -> bool:
+    """True when the backward pass quantizes the gradient into codes of `grad_format` and runs two
+    GEMMs on codes (every quantized recipe but the exact reference)."""
     return self.quantized and self.rounding != "exact"
 
   @property
@@ -184,7 +184,7 @@ def at_format(base: Recipe, grad_format: str) -> Recipe:
   """`base` with gradient format `grad_format`, named "BASE@FORMAT"; refused for a recipe without a
   quantized gradient (`bf16`, `int8_exact_bwd`) and for an unknown format."""
   name = f"{base.name}{FORMAT_SEPARATOR}{grad_format}"
-  if not base.int8_backward:
+  if not base.quantized_gradient:
     raise ValueError(f"recipe {name!r}: {base.name!r} does not quantize the gradient, so it has no gradient format")
   if grad_format not in formats.FORMATS:
     raise ValueError(
