@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, ec, explicit, formats, numerics, tensor_parallel, thresholds, vmapped
+from s3r.quant import arguments, backward, ec, explicit, formats, numerics, tensor_parallel, thresholds, vmapped
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
@@ -218,26 +218,44 @@ _qmatmul.defvjp(_fwd, _bwd)
 def _backward(
   recipe: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
 ) -> _Cotangents:
-  xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
-  batch, seq = sx_BxS.shape
-  n = wq_KxN.shape[1]
   if recipe.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
-  fmt = formats.get_format(recipe.grad_format)
-  delta, v_BxSxN, q_dx, q_dw = quantize_gradient(recipe, sx_BxS, sw_N, g_BxSxN, key)
+  batch, seq = res.sx_BxS.shape
+  layout = _DenseLayout(recipe, tp, x_dtype, w_dtype, res, g_BxSxN)
+  dx_TxK, dw_KxN = backward.quantized_backward(recipe, layout, res.key)
+  return dx_TxK.reshape(batch, seq, -1), dw_KxN, None
 
-  factors = None
-  if recipe.correct_dx or recipe.correct_dw:
-    # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw); for
-    # the block-scaled grids Q = code · s_blk, so e = (s_t · s_blk · code - G') / s_t exactly
-    factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
-  dx_factors = factors if recipe.correct_dx else None
-  dx_TxK = _dx(recipe, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
-  acc_dw_KxN = numerics.code_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
-  if recipe.correct_dw and factors is not None:
-    acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
-  dw_KxN = acc_dw_KxN * (delta / sw_N)
-  return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
+
+class _DenseLayout(NamedTuple):
+  """The dense layer's steps of `backward.quantized_backward` (G' [B, S, N], T = B*S rows)."""
+
+  recipe: Recipe
+  tp: TensorParallel | None
+  x_dtype: np.dtype
+  w_dtype: np.dtype
+  res: _Residuals
+  g_BxSxN: jax.Array
+
+  def quantize(self, recipe: Recipe, key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    return quantize_gradient(recipe, self.res.sx_BxS, self.res.sw_N, self.g_BxSxN, key)
+
+  def error_factors(self, e_BxSxN: jax.Array) -> ec.Factors:
+    return ec.error_factors(e_BxSxN)
+
+  def dx(self, q_BxSxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dX [T, K] in x's dtype."""
+    n = self.res.wq_KxN.shape[1]
+    scale_Tx1 = (delta / self.res.sx_BxS).reshape(-1, 1)
+    return _dx(self.recipe, self.tp, self.x_dtype, q_BxSxN.reshape(-1, n), self.res.wq_KxN, scale_Tx1, factors)
+
+  def dw(self, q_BxSxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dW [K, N] in w's dtype: (Δ/s_w) (X̂ᵀ Q - the S3R-EC correction built from `factors`, if given)."""
+    xqT_KxT, wq_KxN = self.res.xqT_KxT, self.res.wq_KxN
+    fmt = formats.get_format(self.recipe.grad_format)
+    acc_dw_KxN = numerics.code_matmul(xqT_KxT, q_BxSxN.reshape(-1, wq_KxN.shape[1]), fmt).astype(jnp.float32)
+    if factors is not None:
+      acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
+    return (acc_dw_KxN * (delta / self.res.sw_N)).astype(self.w_dtype)
 
 
 @_backward.defjvp
