@@ -41,10 +41,13 @@ def base_name(recipe: str) -> str:
 
 
 def grid_label(grid: str) -> str:
-  """`int6` -> `int6 (Q = 31)`; FP4 grids name their block scale."""
+  """`int6` -> `int6 (Q = 31)`; FP4 grids name their block scale, FP8 grids their dtype."""
   f = formats.get_format(grid)
   if f.grid == "uniform":
     return f"{grid} (Q = {f.qmax})"
+  if isinstance(f, formats.FloatFormat):
+    return f"{grid} ({f.code_dtype.name}, largest value {f.qmax})"
+  assert isinstance(f, formats.E2M1Format)
   return f"{grid} (E2M1, {f.block_scale.upper()} scales per {f.block} x {f.block} block)"
 
 

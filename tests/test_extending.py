@@ -13,3 +13,91 @@ def test_every_path_docs_extending_names_exists():
   assert len(named) >= 15, sorted(named)
   missing = sorted(p for p in named if "<name>" not in p and not (REPO / p).exists())
   assert not missing, missing
+
+
+# --- the steps docs/extending.md gives for a new format and a new topology, taken for real ---------
+
+
+def _problem():
+  import jax.numpy as jnp
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((2, 8, 16)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((16, 12)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((2, 8, 12)), jnp.float32)
+  return x, w, g
+
+
+def test_a_new_format_on_an_existing_grid_is_one_registry_line(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import s3r
+  from s3r.quant import formats
+
+  # IEEE-style E4M3 (with infinities; largest finite value 240): the registry line
+  ieee = formats.FloatFormat(name="e4m3ieee", qmax=240, code_dtype=jnp.float8_e4m3)
+  monkeypatch.setattr(formats, "FORMATS", formats._registry(formats._FORMATS + (ieee,))[0])
+  x, w, g = _problem()
+  q_dx, q_dw, _ = s3r.gradient_codes(x, w, g, key=jax.random.key(0), recipe="s3r_ec_dx@e4m3ieee")
+  assert q_dx.dtype == jnp.float8_e4m3 and q_dx is q_dw
+  every_value = np.arange(256, dtype=np.uint8).view(jnp.float8_e4m3).astype(np.float32)
+  assert np.isin(np.abs(np.asarray(q_dx, np.float32)), every_value).all()
+  assert float(jnp.max(jnp.abs(q_dx.astype(jnp.float32)))) == 240  # the step maps max|G'| onto 240
+  _, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=jax.random.key(0), recipe="s3r_ec_dx@e4m3ieee"), x, w)
+  assert all(bool(jnp.isfinite(d).all()) for d in vjp(g))
+
+
+def test_a_new_topology_is_one_class_and_its_registry_entry(monkeypatch):
+  import dataclasses
+  import math
+  from typing import ClassVar
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import s3r
+  from s3r.analysis import jaxpr as jaxpr_analysis
+  from s3r.quant import thresholds
+
+  @dataclasses.dataclass(frozen=True)
+  class PerChannel(thresholds.Topology):
+    """One compact threshold per output channel, shared by every token."""
+
+    name: ClassVar[str] = "channel"
+    shared: ClassVar[bool] = True
+
+    def words(self, batch, seq, channels):
+      return thresholds.words_needed(channels)
+
+    def dense(self, key, shape_BxSxN):
+      return thresholds.compact_uniform(key, shape_BxSxN[2]).reshape(1, 1, -1)
+
+    def grouped(self, key, rows):
+      return thresholds.compact_uniform(key, rows.channels).reshape(1, -1)
+
+  monkeypatch.setitem(thresholds.TOPOLOGIES, "channel", PerChannel())
+  recipe = s3r.Recipe(name="s3r_channel", rounding="shared", dx_topology="channel", dw_topology="channel")
+  x, w, g = _problem()
+  key = jax.random.key(0)
+  q, _, delta = s3r.gradient_codes(x, w, g, key=key, recipe=recipe)
+  # a threshold u[n] per channel: every code is floor(v + u[n]) of the scaled gradient v = G'/Δ
+  u = np.asarray(thresholds.compact_uniform(key, 12))
+  v = np.asarray(s3r.quant.matmul.quantize_gradient(recipe, *_scales(x, w), g, key)[1])
+  np.testing.assert_array_equal(np.asarray(q), np.clip(np.floor(v + u), -127, 127))
+  words = jaxpr_analysis.random_words(
+    jax.make_jaxpr(lambda a, b: jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=key, recipe=recipe), a, b)[1](g))(x, w)
+  )
+  assert words == PerChannel().words(2, 8, 12) == math.ceil(12 / 4)
+  sizes = jnp.asarray([5, 3], jnp.int32)
+  dx = jax.grad(lambda a: jnp.sum(s3r.grouped_qmatmul(a, jnp.stack([w, w]), sizes, key=key, recipe=recipe)))(x[0])
+  assert bool(jnp.isfinite(dx).all()) and float(delta) > 0
+
+
+def _scales(x, w):
+  from s3r.quant import numerics
+
+  return numerics.absmax_scale(x, axis=2), numerics.absmax_scale(w, axis=0)

@@ -78,7 +78,7 @@ def quantization_values() -> tuple[str, ...]:
   NAME@FORMAT included for the recipes with a quantized gradient."""
   names = list(RECIPES)
   names += [
-    f"{name}{FORMAT_SEPARATOR}{fmt}" for name, r in RECIPES.items() if r.int8_backward for fmt in formats.FORMATS
+    f"{name}{FORMAT_SEPARATOR}{fmt}" for name, r in RECIPES.items() if r.quantized_gradient for fmt in formats.FORMATS
   ]
   return (PREFIX, *(f"{PREFIX}{SEPARATOR}{name}" for name in names))
 

@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant import recipe as get_recipe
-from s3r.quant.formats import get_format
+from s3r.quant.formats import formats_with, get_format
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
@@ -238,10 +238,15 @@ class MoeFields(ModelConfig):
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
     check_dispatch(name, self.expert_dispatch, self.capacity_factor)
     recipe = get_recipe(self.recipe)
-    if self.dense_layers < self.n_layers and recipe.int8_backward and get_format(recipe.grad_format).emulated:
+    if (
+      self.dense_layers < self.n_layers
+      and recipe.quantized_gradient
+      and not get_format(recipe.grad_format).capabilities.grouped
+    ):
       raise ValueError(
         f"{name}.recipe {self.recipe!r}: the expert GEMMs take integer gradient codes only, so the "
-        f"{recipe.grad_format} format (emulated in float32) works only in dense models; use int8, int6 or int4"
+        f"{recipe.grad_format} format (emulated in float32) works only in dense models; use one of "
+        f"{', '.join(formats_with('grouped'))}"
       )
 
   def is_moe(self, layer: int) -> bool:

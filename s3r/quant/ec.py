@@ -124,12 +124,12 @@ def dx_correction(
 
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator. `fmt` is the format of the gradient codes: for
-  an emulated (block-scaled FP4) one, whose error in units of Δ is not bounded by 1, the products
-  are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
+  one without integer codes (block-scaled FP4, FP8), whose error in units of Δ is not bounded by 1,
+  the products are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
-  if fmt.emulated:
+  if not fmt.capabilities.integer_codes:
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)
@@ -142,7 +142,7 @@ def dx_correction(
   # then one row of ones.
   digits_RxN = int8_digits(c_BxN).reshape(_DIGITS * batch, n)
   lhs_RxN = jnp.concatenate([digits_RxN, jnp.ones((1, n), digits_RxN.dtype)])
-  acc_RxK = numerics.int8_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
+  acc_RxK = numerics.code_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]

@@ -1,125 +1,131 @@
-"""Number formats of the quantized codes: each one's grid, dtypes, step, clipping and dequantization.
+"""Number formats of the quantized codes: one class per kind of grid, and the registry of formats.
 
 A `Format` is everything the layer needs to know about the codes of one tensor (docs/algorithm.md §1
 and "Gradient formats"): its grid, the dtype the codes are stored in, the accumulator dtype of a GEMM
 on those codes, the per-tensor step that maps a tensor's max |x| onto the grid (an all-zero tensor
-gets 1, never 0), the rounding and clipping of scaled values into codes, and their dequantization
-(codes times step).
+gets 1, never 0), the rounding (to nearest, or stochastic with a threshold) and clipping of scaled
+values into codes, their dequantization (codes times step), the GEMM on them, and its
+`Capabilities` (where that GEMM is native, whether the codes are integers, which paths take them).
 
 The forward pass is always INT8 (`FORWARD_FORMAT`); a recipe names the format of the backward's
 gradient codes Q (`Recipe.grad_format`, looked up with `get_format`):
-- uniform grids, the integers in [-Q, Q] with one per-tensor step Δ = max|G'| / Q: `int8` (Q = 127),
-  `int6` (Q = 31) and `int4` (Q = 7). Their codes are stored as int8 and their GEMMs run
-  int8 x int8 -> int32.
-- block-scaled FP4 (grid "e2m1", the values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}): `nvfp4` (a per-tensor
+- `UniformFormat`, the integers in [-Q, Q] with one per-tensor step Δ = max|G'| / Q: `int8`
+  (Q = 127), `int6` (Q = 31) and `int4` (Q = 7). Codes stored as int8, GEMMs int8 x int8 -> int32.
+- `E2M1Format`, block-scaled FP4 (the values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}): `nvfp4` (a per-tensor
   step Δ = max|G'| / (6 · 448) and one E4M3 scale per square block of 16 x 16) and `mxfp4` (no tensor
   step, Δ = 1, and one power-of-two E8M0 scale per square block of 32 x 32). The blocks tile the
   last two dims (tokens x channels, every leading dim flattened into the tokens) so that one
   quantization feeds both backward GEMMs; a dim that the block does not divide ends in a partial
   block. The codes handed to the GEMMs are the block-dequantized values code · s_blk in units of Δ,
-  exact in f32 (an E2M1 value times an E4M3 or power-of-two scale has at most 6 significant bits),
-  and the GEMMs on them are exact f32 emulations (f32 products of dequantized codes): they say
-  nothing about the speed of FP4 hardware.
+  exact in f32 (an E2M1 value times an E4M3 or power-of-two scale has at most 6 significant bits).
+- `FloatFormat`, the values of an FP8 dtype with one per-tensor step Δ = max|G'| / (its largest
+  finite value): `e4m3` (float8_e4m3fn, 448) and `e5m2` (float8_e5m2, 57344). Codes stored in that
+  dtype (exactly: they are its values).
+The block-scaled and FP8 codes multiply the INT8 forward's codes, a mixed product no tensor core
+runs: their GEMMs are exact f32 emulations (f32 products of the code values) on every platform, and
+say nothing about the speed of FP4 or FP8 hardware.
 
-A new format is one more `Format` in `_FORMATS` (a new kind of grid also branches `scale`, `round`
-and `dot_general` on it) plus its tests.
+A new format is one instance in `_FORMATS` (a new kind of grid: one more subclass of `Format`,
+with its `grid`, `capabilities`, `tensor_max`, `round` and, if its GEMM differs, `dot_general`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from s3r.quant.reductions import abs_max
+from s3r.quant.grids import E2M1_MAX, E4M3_MAX, block_amax, e2m1_gap, e4m3_ceil, e8m0_ceil, expand_blocks, float_gap
 
-# "uniform": the codes are the integers in [-qmax, qmax], one real step per scale;
-# "e2m1": FP4 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} times a per-block scale (and the per-tensor step)
-GRIDS = ("uniform", "e2m1")
+GRIDS = ("uniform", "e2m1", "float")  # the `grid` of each Format subclass
 BLOCK_SCALES = ("none", "e4m3", "e8m0")  # the per-block scale of a block-scaled grid: E4M3, or a power of two
-E2M1_MAX = 6  # the largest E2M1 value
-E4M3_MAX = 448  # the largest finite E4M3 value
-# every positive finite E4M3 value, ascending (bit patterns 0x01..0x7e; 0x7f is NaN)
-_E4M3_VALUES = np.arange(1, 127, dtype=np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)
-_E8M0_EXPONENTS = (-126, 127)  # power-of-two scales kept to f32's normal range
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.default_backend() names that `Capabilities.native_gemm` lists
+__all__ = ["E2M1_MAX", "E4M3_MAX", "block_amax", "expand_blocks"]  # grid helpers, re-exported
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Format:
-  """One number format of quantized codes (hashable: recipes and custom-VJP arguments name it)."""
+class Capabilities:
+  """What the code paths can do with a format's codes; checked where a path needs it."""
 
-  name: str  # registry name, e.g. "int8"
-  grid: str  # one of GRIDS
-  qmax: int  # the largest code value: codes live in [-qmax, qmax] (6 for E2M1)
-  code_dtype: np.dtype  # storage dtype of the codes (anything np.dtype accepts; stored as np.dtype)
-  acc_dtype: np.dtype  # accumulator dtype of a GEMM on two code tensors
-  block: int = 0  # side of the square blocks that share one scale ("e2m1"); 0 for a per-tensor step only
-  block_scale: str = "none"  # one of BLOCK_SCALES: "e4m3" (with a per-tensor step) or "e8m0" (without)
+  native_gemm: tuple[str, ...]  # platforms whose GEMM on these codes is a native low-precision one; () = f32 emulation
+  integer_codes: bool  # codes are integers: the rounding error in units of Δ is at most 1 (S3R-EC's int8 digits)
+  grouped: bool  # the grouped (expert) GEMMs and their Pallas kernels take these codes
+  column_tp: bool  # column tensor parallelism's per-shard partial sums of the dX GEMM take these codes
 
   def __post_init__(self):
+    unknown = [p for p in self.native_gemm if p not in PLATFORMS]
+    if not isinstance(self.native_gemm, tuple) or unknown:
+      raise ValueError(f"Capabilities.native_gemm must be a tuple of {PLATFORMS}, got {self.native_gemm!r}")
+
+
+_INTEGER = Capabilities(native_gemm=PLATFORMS, integer_codes=True, grouped=True, column_tp=True)
+_EMULATED = Capabilities(native_gemm=(), integer_codes=False, grouped=False, column_tp=False)
+
+
+def _is_number_dtype(dtype: np.dtype) -> bool:
+  return dtype.kind in "iu" or bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def _check_int(owner: str, field: str, value, low: int) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    raise ValueError(f"{owner}.{field} must be an int >= {low}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Format(abc.ABC):
+  """One number format of quantized codes (hashable: recipes and custom-VJP arguments name it)."""
+
+  grid: ClassVar[str]  # one of GRIDS: the kind of grid, one subclass each
+  capabilities: ClassVar[Capabilities]
+
+  name: str  # registry name, e.g. "int8"
+  qmax: int  # the largest code value: codes live in [-qmax, qmax]
+  code_dtype: np.dtype  # storage dtype of the codes (anything np.dtype accepts; stored as np.dtype)
+  acc_dtype: np.dtype  # accumulator dtype of a GEMM on two code tensors
+
+  def __post_init__(self):
+    owner = type(self).__name__
     if not isinstance(self.name, str) or not self.name:
-      raise ValueError(f"Format.name must be a non-empty str, got {self.name!r}")
-    if self.grid not in GRIDS:
-      raise ValueError(f"Format.grid must be one of {GRIDS}, got {self.grid!r}")
-    if not isinstance(self.qmax, int) or isinstance(self.qmax, bool) or self.qmax < 1:
-      raise ValueError(f"Format.qmax must be an int >= 1, got {self.qmax!r}")
+      raise ValueError(f"{owner}.name must be a non-empty str, got {self.name!r}")
+    _check_int(owner, "qmax", self.qmax, 1)
     for field in ("code_dtype", "acc_dtype"):
       try:
         dtype = np.dtype(getattr(self, field))
       except TypeError:
-        raise ValueError(f"Format.{field} must be a numeric dtype, got {getattr(self, field)!r}") from None
-      if dtype.kind not in "iuf":
-        raise ValueError(f"Format.{field} must be a numeric dtype, got {dtype.name}")
+        raise ValueError(f"{owner}.{field} must be a numeric dtype, got {getattr(self, field)!r}") from None
+      if not _is_number_dtype(dtype):
+        raise ValueError(f"{owner}.{field} must be a numeric dtype, got {dtype.name}")
       object.__setattr__(self, field, dtype)
     code, acc = self.code_dtype, self.acc_dtype
     if code.kind in "iu" and self.qmax > np.iinfo(code).max:
-      raise ValueError(f"Format.qmax {self.qmax} does not fit code_dtype {code.name}")
+      raise ValueError(f"{owner}.qmax {self.qmax} does not fit code_dtype {code.name}")
     integer = code.kind in "iu"  # integer codes need a wider (exact) accumulator; float codes a float one
     wide_enough = acc.itemsize > code.itemsize if integer else acc.itemsize >= code.itemsize
     if integer != (acc.kind in "iu") or not wide_enough:
       raise ValueError(
-        f"Format.acc_dtype must be of code_dtype {code.name}'s kind (integer or float) and "
+        f"{owner}.acc_dtype must be of code_dtype {code.name}'s kind (integer or float) and "
         f"{'wider' if integer else 'at least as wide'}, got {acc.name}"
-      )
-    self._check_blocks()
-
-  def _check_blocks(self):
-    if self.block_scale not in BLOCK_SCALES:
-      raise ValueError(f"Format.block_scale must be one of {BLOCK_SCALES}, got {self.block_scale!r}")
-    if not isinstance(self.block, int) or isinstance(self.block, bool) or self.block < 0:
-      raise ValueError(f"Format.block must be an int >= 0, got {self.block!r}")
-    if self.grid == "uniform":
-      if self.block or self.block_scale != "none":
-        raise ValueError(
-          f"Format.block and block_scale must be 0 and 'none' for grid='uniform', "
-          f"got {self.block}, {self.block_scale!r}"
-        )
-      return
-    if self.qmax != E2M1_MAX:
-      raise ValueError(f"Format.qmax must be {E2M1_MAX} (the largest E2M1 value) for grid='e2m1', got {self.qmax}")
-    if self.code_dtype != np.float32:
-      raise ValueError(f"Format.code_dtype must be float32 for grid='e2m1' (emulated codes), got {self.code_dtype}")
-    if self.block < 1 or self.block_scale == "none":
-      raise ValueError(
-        f"Format.block (>= 1) and block_scale ('e4m3' or 'e8m0') are needed for grid='e2m1', "
-        f"got {self.block}, {self.block_scale!r}"
       )
 
   @property
   def inv_qmax(self) -> np.float32:
-    """f32(1/Q): uniform steps are computed as max|x| · f32(1/Q) (see `scale`)."""
+    """f32(1/Q): steps are computed as max|x| · f32(1/tensor_max) (see `scale`)."""
     return np.float32(1.0 / self.qmax)
 
   @property
+  @abc.abstractmethod
   def tensor_max(self) -> int | None:
-    """The value the per-tensor step maps max|x| onto: Q for a uniform grid, 6 · 448 for E4M3 block
-    scales (the largest code times the largest block scale); None without a tensor step (E8M0)."""
-    if self.grid == "uniform":
-      return self.qmax
-    return self.qmax * E4M3_MAX if self.block_scale == "e4m3" else None
+    """The value the per-tensor step maps max|x| onto; None for a format without a tensor step."""
+
+  @property
+  def emulated(self) -> bool:
+    """True when the GEMMs on these codes are f32 emulations on every platform."""
+    return not self.capabilities.native_gemm
 
   def scale(self, amax: jax.Array) -> jax.Array:
     """The per-tensor step that maps `amax` = max|x| onto `tensor_max`: amax · f32(1/tensor_max); an
@@ -136,20 +142,86 @@ class Format:
     return jnp.where(step == 0, jnp.ones_like(step), step)
 
   def clip(self, rounded: jax.Array) -> jax.Array:
-    """Rounded values (integers, or E2M1 values, held in a float) as codes: clipped to [-Q, Q], in code_dtype."""
+    """Rounded values (grid values held in a float) as codes: clipped to [-Q, Q], in code_dtype."""
     return jnp.clip(rounded, -self.qmax, self.qmax).astype(self.code_dtype)
 
+  @abc.abstractmethod
   def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
-    """Codes of v (values in units of the step): RTNE(v) without a threshold, else the stochastic
-    rounding floor(v + u) with `threshold` u (broadcast against v); then clipped.
+    """Codes of v (values in units of the step): to nearest (ties to even) without a threshold, else
+    stochastically with `threshold` u in (0, 1) (broadcast against v); clipped to the grid."""
 
-    Block-scaled grids (E2M1) first divide v by its block's scale (`block_scales`) and clip it to
-    [-6, 6]; then in the gap [lo, hi) of the grid that holds w = v / s_blk, with width d = hi - lo,
-    the code is d · RTNE(w / d) (ties to the even code), or d · floor(w / d + u): hi exactly when
-    p + u >= 1 for p = (w - lo) / d. Returned as code · s_blk (exact in f32), in units of the step.
-    """
-    if self.grid == "uniform":
-      return self.clip(jnp.round(v) if threshold is None else jnp.floor(v + threshold))
+  def dequantize(self, codes: jax.Array, step: jax.Array | None = None) -> jax.Array:
+    """The real values (f32) of `codes` times `step` (broadcast); in units of the step without one."""
+    values = codes.astype(jnp.float32)
+    return values if step is None else values * step
+
+  def dot_general(self, a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
+    """A GEMM on two code tensors (or codes and int8 forward codes), exact in acc_dtype: here an f32
+    emulation, the operands converted to f32 (exactly) and multiplied at the highest precision."""
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    hi = lax.Precision.HIGHEST
+    return lax.dot_general(a, b, dimension_numbers, precision=hi, preferred_element_type=self.acc_dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UniformFormat(Format):
+  """The integers in [-qmax, qmax], one real step per scale (int8, int6, int4)."""
+
+  grid: ClassVar[str] = "uniform"
+  capabilities: ClassVar[Capabilities] = _INTEGER
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.code_dtype.kind not in "iu":
+      raise ValueError(f"UniformFormat.code_dtype must be an integer dtype, got {self.code_dtype.name}")
+
+  @property
+  def tensor_max(self) -> int:
+    return self.qmax
+
+  def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
+    """RTNE(v) without a threshold, else the stochastic rounding floor(v + u); then clipped."""
+    return self.clip(jnp.round(v) if threshold is None else jnp.floor(v + threshold))
+
+  def dot_general(self, a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
+    """An integer GEMM (int8 x int8 -> int32), exact."""
+    return lax.dot_general(a, b, dimension_numbers, preferred_element_type=self.acc_dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E2M1Format(Format):
+  """Block-scaled FP4: E2M1 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} times a per-block scale (and the
+  per-tensor step, with E4M3 block scales); codes held as f32 code · s_blk (nvfp4, mxfp4)."""
+
+  grid: ClassVar[str] = "e2m1"
+  capabilities: ClassVar[Capabilities] = _EMULATED
+
+  qmax: int = E2M1_MAX
+  code_dtype: np.dtype = np.dtype(np.float32)
+  acc_dtype: np.dtype = np.dtype(np.float32)
+  block: int  # side of the square blocks that share one scale
+  block_scale: str  # "e4m3" (with a per-tensor step) or "e8m0" (without)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.block_scale not in BLOCK_SCALES[1:]:
+      raise ValueError(f"E2M1Format.block_scale must be one of {BLOCK_SCALES[1:]}, got {self.block_scale!r}")
+    _check_int("E2M1Format", "block", self.block, 1)
+    if self.qmax != E2M1_MAX:
+      raise ValueError(f"E2M1Format.qmax must be {E2M1_MAX} (the largest E2M1 value), got {self.qmax}")
+    if self.code_dtype != np.float32:
+      raise ValueError(f"E2M1Format.code_dtype must be float32 (emulated codes), got {self.code_dtype}")
+
+  @property
+  def tensor_max(self) -> int | None:
+    """6 · 448 for E4M3 block scales (the largest code times the largest block scale); None for E8M0."""
+    return self.qmax * E4M3_MAX if self.block_scale == "e4m3" else None
+
+  def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
+    """v divided by its block's scale (`block_scales`) and clipped to [-6, 6]; then in the gap
+    [lo, hi) of the grid that holds w = v / s_blk, with width d = hi - lo, the code is d · RTNE(w / d)
+    (ties to the even code), or d · floor(w / d + u): hi exactly when p + u >= 1 for
+    p = (w - lo) / d. Returned as code · s_blk (exact in f32), in units of the step."""
     s_blk = expand_blocks(self.block_scales(v), v.shape, self.block)
     w = jnp.clip(v * (jnp.float32(1) / s_blk), -self.qmax, self.qmax)
     gap = e2m1_gap(w)
@@ -163,86 +235,79 @@ class Format:
     no element of a block exceeds 6 · s_blk; an all-zero block gets 1, a block holding a NaN or an Inf
     NaN. A partial last block (a dim
     b does not divide) takes the max over the elements it has."""
-    if self.grid == "uniform":
-      raise ValueError(f"format {self.name!r} has no block scales (grid 'uniform')")
     x = block_amax(v, self.block) * np.float32(1.0 / self.qmax)
     s = e4m3_ceil(x) if self.block_scale == "e4m3" else e8m0_ceil(x)
     s = jnp.where(x == 0, jnp.ones_like(s), s)
     return jnp.where(jnp.isfinite(x), s, x)  # NaN for a non-finite block: its codes (code · s_blk) are NaN
 
-  def dequantize(self, codes: jax.Array, step: jax.Array | None = None) -> jax.Array:
-    """The real values (f32) of `codes` times `step` (broadcast); in units of the step without one."""
-    values = codes.astype(jnp.float32)
-    return values if step is None else values * step
 
-  def dot_general(self, a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
-    """A GEMM on two code tensors, accumulated exactly in acc_dtype. Float codes (the emulated
-    block-scaled grids) multiply as f32 at the highest precision (an int8 operand is converted)."""
-    if self.code_dtype.kind != "f":
-      return lax.dot_general(a, b, dimension_numbers, preferred_element_type=self.acc_dtype)
-    a, b = a.astype(self.code_dtype), b.astype(self.code_dtype)
-    hi = lax.Precision.HIGHEST
-    return lax.dot_general(a, b, dimension_numbers, precision=hi, preferred_element_type=self.acc_dtype)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FloatFormat(Format):
+  """The finite values of a floating-point code dtype (FP8: float8_e4m3fn, float8_e5m2), one
+  per-tensor step that maps max|x| onto the largest of them; codes stored in that dtype."""
+
+  grid: ClassVar[str] = "float"
+  capabilities: ClassVar[Capabilities] = _EMULATED
+
+  acc_dtype: np.dtype = np.dtype(np.float32)
+
+  def __post_init__(self):
+    super().__post_init__()
+    code = self.code_dtype
+    if code.kind in "iu" or code.itemsize >= 4:
+      raise ValueError(f"FloatFormat.code_dtype must be a float narrower than float32, got {code.name}")
+    if self.qmax != float(jnp.finfo(code).max):
+      raise ValueError(
+        f"FloatFormat.qmax must be {jnp.finfo(code).max} (the largest finite {code.name}), got {self.qmax}"
+      )
+    if self.acc_dtype != np.float32:
+      raise ValueError(f"FloatFormat.acc_dtype must be float32 (the emulated GEMM's accumulator), got {self.acc_dtype}")
 
   @property
-  def emulated(self) -> bool:
-    """True when the GEMMs on these codes are f32 emulations (no native FP4 GEMM is used)."""
-    return self.code_dtype.kind == "f"
+  def mantissa_bits(self) -> int:
+    """Stored mantissa bits of the code dtype (3 for E4M3, 2 for E5M2)."""
+    return jnp.finfo(self.code_dtype).nmant
+
+  @property
+  def min_exponent(self) -> int:
+    """The exponent of the smallest normal value (-6 for E4M3, -14 for E5M2)."""
+    return jnp.finfo(self.code_dtype).minexp
+
+  @property
+  def tensor_max(self) -> int:
+    return self.qmax
+
+  def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
+    """v clipped to [-Q, Q]; in the gap [lo, hi) of the grid that holds it, of width d = hi - lo (a
+    power of two: the spacing of its binade, `grids.float_gap`), the code is d · RTNE(v / d) (the
+    nearest value, ties to the even mantissa) or d · floor(v / d + u): hi exactly when p + u >= 1
+    for p = (v - lo) / d. Stored in code_dtype, exactly."""
+    w = jnp.clip(v, -self.qmax, self.qmax)
+    gap = float_gap(w, self.mantissa_bits, self.min_exponent)
+    k = w * (jnp.float32(1) / gap)  # exact: the gap is a power of two
+    return self.clip(gap * (jnp.round(k) if threshold is None else jnp.floor(k + threshold)))
 
 
-def block_amax(v: jax.Array, block: int) -> jax.Array:
-  """max |v| over the square `block` x `block` blocks of v [..., N] as [T, N] (leading dims flattened):
-  [ceil(T/block), ceil(N/block)]; the last blocks are partial where `block` does not divide T or N."""
-  a_TxN = v.reshape(-1, v.shape[-1]).astype(jnp.float32)
-  rows, cols = a_TxN.shape
-  tb, nb = -(-rows // block), -(-cols // block)
-  a_TxN = jnp.pad(a_TxN, ((0, tb * block - rows), (0, nb * block - cols)))  # zeros: the max of the elements present
-  return abs_max(a_TxN.reshape(tb, block, nb, block), axis=(1, 3))  # NaN for a block with a NaN or an Inf
+def _uniform(name: str, qmax: int) -> UniformFormat:
+  return UniformFormat(name=name, qmax=qmax, code_dtype=np.dtype(np.int8), acc_dtype=np.dtype(np.int32))
 
 
-def expand_blocks(s_blocks: jax.Array, shape: tuple[int, ...], block: int) -> jax.Array:
-  """Each element's block scale, in `shape` ([..., N], leading dims flattened as in `block_amax`)."""
-  tb, nb = s_blocks.shape
-  s_TxN = jnp.broadcast_to(s_blocks[:, None, :, None], (tb, block, nb, block)).reshape(tb * block, nb * block)
-  rows = int(np.prod(shape[:-1], dtype=np.int64))
-  return s_TxN[:rows, : shape[-1]].reshape(shape)
-
-
-def e4m3_ceil(x: jax.Array) -> jax.Array:
-  """The smallest finite E4M3 value >= x (f32; 448 above 448, the smallest subnormal 2^-9 below it)."""
-  table = jnp.asarray(_E4M3_VALUES)
-  index = jnp.searchsorted(table, x, side="left", method="compare_all")
-  return table[jnp.minimum(index, table.shape[0] - 1)]
-
-
-def e8m0_ceil(x: jax.Array) -> jax.Array:
-  """The smallest power of two >= x (f32), its exponent kept in [-126, 127]."""
-  mantissa, exponent = jnp.frexp(x)  # x = mantissa · 2^exponent, mantissa in [0.5, 1)
-  exponent = jnp.where(mantissa == 0.5, exponent - 1, exponent)  # x is itself a power of two
-  return jnp.ldexp(jnp.float32(1), jnp.clip(exponent, *_E8M0_EXPONENTS))
-
-
-def e2m1_gap(w: jax.Array) -> jax.Array:
-  """The width hi - lo of the E2M1 grid gap [lo, hi) that holds w in [-6, 6]: 0.5 in [-2, 2), 1 in
-  [-4, -2) and [2, 4), 2 in [-6, -4) and [4, 6] (at 6 the code is 6: w / 2 = 3 is an integer)."""
-  return jnp.where((w >= -2) & (w < 2), 0.5, jnp.where((w >= -4) & (w < 4), 1.0, 2.0)).astype(jnp.float32)
-
-
-def _uniform(name: str, qmax: int) -> Format:
-  return Format(name=name, grid="uniform", qmax=qmax, code_dtype=np.dtype(np.int8), acc_dtype=np.dtype(np.int32))
-
-
-def _fp4(name: str, block: int, block_scale: str) -> Format:
-  f32 = np.dtype(np.float32)
-  return Format(
-    name=name, grid="e2m1", qmax=E2M1_MAX, code_dtype=f32, acc_dtype=f32, block=block, block_scale=block_scale
-  )
+def _fp8(name: str, dtype) -> FloatFormat:
+  return FloatFormat(name=name, qmax=int(jnp.finfo(dtype).max), code_dtype=np.dtype(dtype))
 
 
 INT8 = _uniform("int8", 127)
 FORWARD_FORMAT = INT8  # the forward's activation and weight codes (every quantized recipe)
 
-_FORMATS = (INT8, _uniform("int6", 31), _uniform("int4", 7), _fp4("nvfp4", 16, "e4m3"), _fp4("mxfp4", 32, "e8m0"))
+_FORMATS: tuple[Format, ...] = (
+  INT8,
+  _uniform("int6", 31),
+  _uniform("int4", 7),
+  E2M1Format(name="nvfp4", block=16, block_scale="e4m3"),
+  E2M1Format(name="mxfp4", block=32, block_scale="e8m0"),
+  _fp8("e4m3", jnp.float8_e4m3fn),
+  _fp8("e5m2", jnp.float8_e5m2),
+)
 
 
 def _registry(formats: tuple[Format, ...]) -> tuple[dict[str, Format], dict[np.dtype, np.dtype]]:
@@ -270,6 +335,11 @@ def get_format(name_or_format: str | Format) -> Format:
     return FORMATS[name_or_format]
   except (KeyError, TypeError):
     raise ValueError(f"unknown number format {name_or_format!r}; valid names: {', '.join(FORMATS)}") from None
+
+
+def formats_with(capability: str) -> tuple[str, ...]:
+  """The registered format names whose `Capabilities` field `capability` is true (non-empty)."""
+  return tuple(n for n, f in FORMATS.items() if getattr(f.capabilities, capability))
 
 
 def accumulator(dtype) -> np.dtype:

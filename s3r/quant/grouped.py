@@ -4,11 +4,12 @@
 are sorted by expert, expert e owns `group_sizes[e]` consecutive rows and multiplies them
 by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 
-It mirrors the dense layer (matmul.py) row for row. Forward: per-row activation scales,
+It mirrors the dense layer (matmul.py), and runs the same backward sequence
+(`backward.quantized_backward`) on its own layout (`_GroupedLayout`). Forward: per-row activation scales,
 per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped GEMM,
 rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor step Δ, Q
 quantized once for both products (twice for split recipes) into codes of the recipe's gradient
-format (a uniform grid: int8, int6 or int4; the emulated FP4 formats are refused here) by the
+format (a uniform grid: int8, int6 or int4; the emulated FP4 and FP8 formats are refused here) by the
 dense quantizer's own functions (`matmul.scale_gradient`, `matmul.round_gradient`), as
 `quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x) Q Ŵ_eᵀ
 and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes. Shared thresholds are one
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, explicit, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
+from s3r.quant import arguments, backward, ec, explicit, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
@@ -116,11 +117,11 @@ def grouped_qmatmul(
     body = functools.partial(grouped_qmatmul, recipe=recipe, impl=impl, rows=rows, compute_dtype=compute_dtype)
     out = explicit.matmul_spec(x, w)
     return explicit.run_auto(lambda x, w, g, key: body(x, w, g, key=key), out, x, w, group_sizes, key)
-  if recipe.int8_backward and formats.get_format(recipe.grad_format).emulated:
+  if recipe.quantized_gradient and not formats.get_format(recipe.grad_format).capabilities.grouped:
     raise ValueError(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
       f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
-      f"{', '.join(n for n, f in formats.FORMATS.items() if not f.emulated)}"
+      f"{', '.join(formats.formats_with('grouped'))}"
     )
   if not recipe.quantized:
     return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
@@ -234,30 +235,52 @@ def _bwd(
   res: _Residuals,
   g_TxN: jax.Array,
 ) -> _Cotangents:
-  xq_TxK, wq_ExKxN, sx_T, sw_ExN, group_sizes, key, rows = res
+  xq_TxK, _, sx_T, sw_ExN, group_sizes, key, _ = res
   lay = grouped_gemm.layout(group_sizes, xq_TxK.shape[0])
   valid_Tx1 = _valid(lay)[:, None]
   gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
   if recipe.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
-  n_seg = lay.group_sizes.shape[0]
-  delta, v_TxN, q_dx, q_dw = quantize_grouped_gradient(recipe, gp_TxN, lay.seg_T, n_seg, key, rows)
-
-  corr_dx_TxK = corr_dw_ExKxN = None
-  if recipe.correct_dx or recipe.correct_dw:
-    # e = Q - G'/Δ per segment (EC recipes never split: q_dx is q_dw)
-    e_TxN = formats.get_format(recipe.grad_format).dequantize(q_dx) - v_TxN
-    factors = grouped_ec.segment_factors(e_TxN, lay.seg_T, lay.group_sizes)
-    if recipe.correct_dx:
-      corr_dx_TxK = grouped_ec.dx_correction(*factors, wq_ExKxN, lay.seg_T)
-    if recipe.correct_dw:
-      corr_dw_ExKxN = grouped_ec.dw_correction(*factors, xq_TxK, lay.seg_T)
-  # Epilogues: dX = (acc - corr) · Δ/s_x[t] (padding rows 0), dW[e] = (acc - corr) · Δ/s_w[e]
-  dx_TxK = grouped_gemm.gmm_nt_epilogue(q_dx, wq_ExKxN, lay, impl, sub_TxK=corr_dx_TxK, row_T=delta / sx_T, out=x_dtype)
-  dw_ExKxN = grouped_gemm.tgmm_epilogue(
-    xq_TxK, q_dw, lay, impl, sub_ExKxN=corr_dw_ExKxN, col_ExN=delta / sw_ExN, out=w_dtype
-  )
+  layout = _GroupedLayout(impl, x_dtype, w_dtype, res, lay, gp_TxN)
+  dx_TxK, dw_ExKxN = backward.quantized_backward(recipe, layout, key)
   return dx_TxK, dw_ExKxN, None, None, None
+
+
+class _GroupedLayout(NamedTuple):
+  """The grouped layer's steps of `backward.quantized_backward` (G' [T, N] of expert-sorted rows;
+  S3R-EC's "example" is one expert's segment, grouped_ec.py)."""
+
+  impl: str
+  x_dtype: np.dtype
+  w_dtype: np.dtype
+  res: _Residuals
+  lay: grouped_gemm.Layout
+  gp_TxN: jax.Array  # G' (padding rows 0)
+
+  def quantize(self, recipe: Recipe, key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    n_seg = self.lay.group_sizes.shape[0]
+    return quantize_grouped_gradient(recipe, self.gp_TxN, self.lay.seg_T, n_seg, key, self.res.rows)
+
+  def error_factors(self, e_TxN: jax.Array) -> ec.Factors:
+    return grouped_ec.segment_factors(e_TxN, self.lay.seg_T, self.lay.group_sizes)
+
+  def dx(self, q_TxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dX [T, K] = (acc - corr) · Δ/s_x[t] in the GEMM's epilogue (padding rows 0)."""
+    wq_ExKxN = self.res.wq_ExKxN
+    corr_TxK = None if factors is None else grouped_ec.dx_correction(*factors, wq_ExKxN, self.lay.seg_T)
+    row_T = delta / self.res.sx_T
+    return grouped_gemm.gmm_nt_epilogue(
+      q_TxN, wq_ExKxN, self.lay, self.impl, sub_TxK=corr_TxK, row_T=row_T, out=self.x_dtype
+    )
+
+  def dw(self, q_TxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dW [E, K, N]: dW[e] = (acc - corr) · Δ/s_w[e] in the GEMM's epilogue."""
+    xq_TxK = self.res.xq_TxK
+    corr_ExKxN = None if factors is None else grouped_ec.dw_correction(*factors, xq_TxK, self.lay.seg_T)
+    col_ExN = delta / self.res.sw_ExN
+    return grouped_gemm.tgmm_epilogue(
+      xq_TxK, q_TxN, self.lay, self.impl, sub_ExKxN=corr_ExKxN, col_ExN=col_ExN, out=self.w_dtype
+    )
 
 
 _gqmatmul.defvjp(_fwd, _bwd)
@@ -302,15 +325,10 @@ def quantize_grouped_gradient(
     at_row = lambda u: u[jnp.clip(rows.index, 0, total - 1)]  # noqa: E731
   delta, v_TxN = matmul.scale_gradient(recipe, gp_TxN, axes)
 
-  def draw(k: jax.Array, kind: str) -> jax.Array:
-    if kind == "sr":
-      return at_row(jax.random.uniform(k, (1, total, n))[0])
-    if kind == "token":
-      return at_row(thresholds.shared_thresholds(k, 1, total, "token")[0])
-    if kind == "example":
-      return thresholds.compact_uniform(k, experts)[seg0 + jnp.minimum(seg_T, n_seg - 1)][:, None]
-    raise ValueError(f"{_NAME}: threshold topology must be 'token' or 'example', got {kind!r}")
-
+  placed = thresholds.GroupedRows(
+    total=total, experts=experts, channels=n, at_row=at_row, expert_T=seg0 + jnp.minimum(seg_T, n_seg - 1)
+  )
+  draw = lambda k, topology: topology.grouped(k, placed)  # noqa: E731
   q_dx, q_dw = matmul.round_gradient(recipe, v_TxN, key, draw)
   return delta, v_TxN, q_dx, q_dw
 

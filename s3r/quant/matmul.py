@@ -40,12 +40,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, ec, explicit, formats, numerics, reductions, tensor_parallel, thresholds, vmapped
+from s3r.quant import (
+  arguments,
+  backward,
+  ec,
+  explicit,
+  formats,
+  numerics,
+  reductions,
+  tensor_parallel,
+  thresholds,
+  vmapped,
+)
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 from s3r.quant.tensor_parallel import TensorParallel
 
-# draw(key, kind): rounding thresholds broadcastable against G'/Δ (see `round_gradient`)
-Draw = Callable[[jax.Array, str], jax.Array]
+# draw(key, topology): rounding thresholds broadcastable against G'/Δ (see `round_gradient`)
+Draw = Callable[[jax.Array, thresholds.Topology], jax.Array]
 
 
 def qmatmul(
@@ -102,11 +113,12 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
   if 0 in x.shape or 0 in w.shape:  # nothing to quantize: the exact (empty or all-zero) product
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
-  if tp_split is not None and tp_split.kind == "column" and recipe.int8_backward:
-    if formats.get_format(recipe.grad_format).emulated:  # without a split (one device), nothing to refuse
+  if tp_split is not None and tp_split.kind == "column" and recipe.quantized_gradient:
+    if not formats.get_format(recipe.grad_format).capabilities.column_tp:  # one device: nothing to refuse
       raise ValueError(
         f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
-        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only"
+        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on integer codes only; "
+        f"use one of {', '.join(formats.formats_with('column_tp'))}"
       )
   if not recipe.quantized and operands == np.float32:
     y = jnp.matmul(x.astype(operands), w.astype(operands), precision=arguments.float_precision(operands))
@@ -182,7 +194,7 @@ def _fwd(
   if tp is not None and tp.kind == "row":
     y_TxN = tensor_parallel.split_contraction(xq_TxK, wq_KxN, tp, b_transposed=False, rescale=rescale, dtype=x_dtype)
   else:
-    y_TxN = rescale(numerics.int8_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
+    y_TxN = rescale(numerics.code_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
   y_BxSxN = y_TxN.reshape(batch, seq, -1)
   # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
   xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])
@@ -217,26 +229,44 @@ _qmatmul.defvjp(_fwd, _bwd)
 def _backward(
   recipe: Recipe, tp: TensorParallel | None, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, g_BxSxN: jax.Array
 ) -> _Cotangents:
-  xqT_KxT, wq_KxN, sx_BxS, sw_N, key = res
-  batch, seq = sx_BxS.shape
-  n = wq_KxN.shape[1]
   if recipe.rounding == "exact":
     return _exact_bwd(x_dtype, w_dtype, res, g_BxSxN)
-  fmt = formats.get_format(recipe.grad_format)
-  delta, v_BxSxN, q_dx, q_dw = quantize_gradient(recipe, sx_BxS, sw_N, g_BxSxN, key)
+  batch, seq = res.sx_BxS.shape
+  layout = _DenseLayout(recipe, tp, x_dtype, w_dtype, res, g_BxSxN)
+  dx_TxK, dw_KxN = backward.quantized_backward(recipe, layout, res.key)
+  return dx_TxK.reshape(batch, seq, -1), dw_KxN, None
 
-  factors = None
-  if recipe.correct_dx or recipe.correct_dw:
-    # e = Q - G'/Δ, the rounding error in units of Δ (EC recipes never split: q_dx is q_dw); for
-    # the block-scaled grids Q = code · s_blk, so e = (s_t · s_blk · code - G') / s_t exactly
-    factors = ec.error_factors(fmt.dequantize(q_dx) - v_BxSxN)
-  dx_factors = factors if recipe.correct_dx else None
-  dx_TxK = _dx(recipe, tp, x_dtype, q_dx.reshape(-1, n), wq_KxN, (delta / sx_BxS).reshape(-1, 1), dx_factors)
-  acc_dw_KxN = numerics.int8_matmul(xqT_KxT, q_dw.reshape(-1, n), fmt).astype(jnp.float32)
-  if recipe.correct_dw and factors is not None:
-    acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
-  dw_KxN = acc_dw_KxN * (delta / sw_N)
-  return dx_TxK.reshape(batch, seq, -1), dw_KxN.astype(w_dtype), None
+
+class _DenseLayout(NamedTuple):
+  """The dense layer's steps of `backward.quantized_backward` (G' [B, S, N], T = B*S rows)."""
+
+  recipe: Recipe
+  tp: TensorParallel | None
+  x_dtype: np.dtype
+  w_dtype: np.dtype
+  res: _Residuals
+  g_BxSxN: jax.Array
+
+  def quantize(self, recipe: Recipe, key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    return quantize_gradient(recipe, self.res.sx_BxS, self.res.sw_N, self.g_BxSxN, key)
+
+  def error_factors(self, e_BxSxN: jax.Array) -> ec.Factors:
+    return ec.error_factors(e_BxSxN)
+
+  def dx(self, q_BxSxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dX [T, K] in x's dtype."""
+    n = self.res.wq_KxN.shape[1]
+    scale_Tx1 = (delta / self.res.sx_BxS).reshape(-1, 1)
+    return _dx(self.recipe, self.tp, self.x_dtype, q_BxSxN.reshape(-1, n), self.res.wq_KxN, scale_Tx1, factors)
+
+  def dw(self, q_BxSxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+    """dW [K, N] in w's dtype: (Δ/s_w) (X̂ᵀ Q - the S3R-EC correction built from `factors`, if given)."""
+    xqT_KxT, wq_KxN = self.res.xqT_KxT, self.res.wq_KxN
+    fmt = formats.get_format(self.recipe.grad_format)
+    acc_dw_KxN = numerics.code_matmul(xqT_KxT, q_BxSxN.reshape(-1, wq_KxN.shape[1]), fmt).astype(jnp.float32)
+    if factors is not None:
+      acc_dw_KxN = acc_dw_KxN - ec.dw_correction(*factors, xqT_KxT)
+    return (acc_dw_KxN * (delta / self.res.sw_N)).astype(self.w_dtype)
 
 
 @_backward.defjvp
@@ -267,7 +297,7 @@ def _dx(
   fmt = formats.get_format(recipe.grad_format)
   correction_TxK = None if factors is None else ec.dx_correction(*factors, wq_KxN, fmt).reshape(q_TxN.shape[0], -1)
   if tp is None or tp.kind != "column":
-    acc_TxK = numerics.int8_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
+    acc_TxK = numerics.code_matmul_nt(q_TxN, wq_KxN, fmt).astype(jnp.float32)
     if correction_TxK is not None:
       acc_TxK = acc_TxK - correction_TxK
     return (acc_TxK * scale_Tx1).astype(x_dtype)
@@ -314,9 +344,9 @@ def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Dr
   """Codes (Q for dX, Q for dW) of v = G'/Δ in the recipe's gradient format: one array, returned
   twice, unless the recipe splits (then two, from the two halves of `key`).
 
-  `draw(key, kind)` gives thresholds broadcastable against v: one per element for kind "sr",
-  else those of the threshold topology `kind` ("token" or "example"). The key chain is the
-  recipe's: none for RTNE, `key` itself for one shared Q, `jax.random.split(key)` for two.
+  `draw(key, topology)` gives the thresholds of a `thresholds.Topology` broadcastable against v
+  (the recipe's `threshold_topologies`). The key chain is the recipe's: none for RTNE, `key`
+  itself for one shared Q, `jax.random.split(key)` for two.
   """
   fmt = formats.get_format(recipe.grad_format)
   if recipe.rounding == "rtne":
@@ -324,28 +354,18 @@ def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Dr
     return q, q
   if key is None:
     raise ValueError(f"recipe {recipe.name!r} rounds the gradient stochastically and needs a key, got None")
-  if recipe.rounding == "sr":
-    kind_dx, kind_dw = "sr", "sr"
-  else:
-    kind_dx, kind_dw = recipe.dx_topology, recipe.dw_topology
-    assert kind_dx is not None and kind_dw is not None  # rounding="shared": Recipe requires both
+  topo_dx, topo_dw = recipe.threshold_topologies  # raises on an unknown topology
   if recipe.split:
     key_dx, key_dw = jax.random.split(key)
-    return fmt.round(v, draw(key_dx, kind_dx)), fmt.round(v, draw(key_dw, kind_dw))
-  q = fmt.round(v, draw(key, kind_dx))
+    return fmt.round(v, draw(key_dx, topo_dx)), fmt.round(v, draw(key_dw, topo_dw))
+  q = fmt.round(v, draw(key, topo_dx))
   return q, q
 
 
 def _dense_draw(shape_BxSxN: tuple[int, ...]) -> Draw:
-  """`round_gradient`'s draws for G' [B, S, N]: full-size uniforms, or shared thresholds."""
-  batch, seq, _ = shape_BxSxN
-
-  def draw(key: jax.Array, kind: str) -> jax.Array:
-    if kind == "sr":
-      return jax.random.uniform(key, shape_BxSxN)
-    return thresholds.shared_thresholds(key, batch, seq, kind)  # raises on an unknown topology
-
-  return draw
+  """`round_gradient`'s draws for G' [B, S, N]: each topology's dense draws."""
+  batch, seq, n = shape_BxSxN
+  return lambda key, topology: topology.dense(key, (batch, seq, n))
 
 
 def gradient_codes(
@@ -357,7 +377,7 @@ def gradient_codes(
   twice unless the recipe splits.
   """
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
-  if not recipe.int8_backward:
+  if not recipe.quantized_gradient:
     raise ValueError(f"gradient_codes: recipe {recipe.name!r} does not quantize the gradient")
   sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
   sw_N = numerics.absmax_scale(w, axis=0)

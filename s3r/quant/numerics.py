@@ -47,9 +47,10 @@ def reciprocal(a: jax.Array) -> jax.Array:
   return jnp.float32(1) / a.astype(jnp.float32)
 
 
-def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
-  """Product of int8-stored codes in `fmt`'s accumulator (int8 x int8 -> int32) in the canonical
-  layout (contract a's last, b's first dim).
+def code_matmul(a_MxC: jax.Array, b_CxN: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """Product of two code tensors by `fmt`'s GEMM in its accumulator (int8 x int8 -> int32 for the
+  forward's and the integer gradient formats' codes; an exact f32 emulation for FP4 and FP8 gradient
+  codes) in the canonical layout (contract a's last, b's first dim).
 
   XLA:CPU runs this layout several times faster than one that contracts a leading
   dimension, so every caller passes operands already laid out this way.
@@ -57,9 +58,9 @@ def int8_matmul(a_MxC: jax.Array, b_CxN: jax.Array, fmt: Format = FORWARD_FORMAT
   return fmt.dot_general(a_MxC, b_CxN, (((1,), (0,)), ((), ())))
 
 
-def int8_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
-  """Product a @ b.T of int8-stored codes in `fmt`'s accumulator (contracts the last dim of both;
-  also a fast layout)."""
+def code_matmul_nt(a_MxC: jax.Array, b_NxC: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """Product a @ b.T of two code tensors by `fmt`'s GEMM, as `code_matmul` (contracts the last dim of
+  both; also a fast layout)."""
   return fmt.dot_general(a_MxC, b_NxC, (((1,), (1,)), ((), ())))
 
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from s3r.quant import formats
+from s3r.quant import formats, thresholds
 
 Rounding = Literal["none", "rtne", "sr", "shared", "exact"]
-Topology = Literal["token", "example"]
 
 _ROUNDINGS = ("none", "rtne", "sr", "shared", "exact")
-_TOPOLOGIES = ("token", "example")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,8 +29,8 @@ class Recipe:
 
   name: str  # registry name, e.g. "s3r_ec_dx"
   rounding: Rounding  # "none" = bf16; "rtne"; "sr" = independent; "shared" = S3R; "exact" = f32 backward (diagnostic)
-  dx_topology: Topology | None = None  # shared thresholds of the dX product: one per token or per example
-  dw_topology: Topology | None = (
+  dx_topology: str | None = None  # shared thresholds of the dX product: "token", "example" (thresholds.TOPOLOGIES)
+  dw_topology: str | None = (
     None  # shared thresholds of the dW product; differs from dx_topology only in split diagnostics
   )
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
@@ -53,8 +51,10 @@ class Recipe:
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)
-      if shared and value not in _TOPOLOGIES:
-        raise ValueError(f"Recipe.{field} must be one of {_TOPOLOGIES} when rounding='shared', got {value!r}")
+      if shared and value not in thresholds.shared_topologies():
+        raise ValueError(
+          f"Recipe.{field} must be one of {thresholds.shared_topologies()} when rounding='shared', got {value!r}"
+        )
       if not shared and value is not None:
         raise ValueError(f"Recipe.{field} must be None when rounding={self.rounding!r}, got {value!r}")
     if (self.correct_dx or self.correct_dw) and not shared:
@@ -70,15 +70,29 @@ class Recipe:
     return self.rounding != "none"
 
   @property
-  def int8_backward(self) -> bool:
-    """True when the backward pass quantizes the gradient and runs two GEMMs on codes (every INT8
-    recipe but the exact reference)."""
+  def quantized_gradient(self) -> bool:
+    """True when the backward pass quantizes the gradient into codes of `grad_format` and runs two
+    GEMMs on codes (every quantized recipe but the exact reference)."""
     return self.quantized and self.rounding != "exact"
 
   @property
   def stochastic(self) -> bool:
     """True when the backward pass draws random numbers, so a PRNG key is required."""
     return self.rounding in ("sr", "shared")
+
+  @property
+  def threshold_topologies(self) -> tuple[thresholds.Topology, thresholds.Topology]:
+    """The threshold topologies (dX's, dW's) of a stochastic recipe: `Independent` for "sr", the
+    named shared ones for "shared"."""
+    if self.rounding == "sr":
+      return thresholds.TOPOLOGIES["independent"], thresholds.TOPOLOGIES["independent"]
+    if self.rounding != "shared":
+      raise ValueError(f"recipe {self.name!r} (rounding={self.rounding!r}) draws no thresholds")
+    dx, dw = self.dx_topology, self.dw_topology
+    names = thresholds.shared_topologies()
+    if dx not in names or dw not in names:
+      raise ValueError(f"recipe {self.name!r}: threshold topology must be one of {names}, got {dx!r}, {dw!r}")
+    return thresholds.TOPOLOGIES[dx], thresholds.TOPOLOGIES[dw]
 
   @property
   def split(self) -> bool:
@@ -170,7 +184,7 @@ def at_format(base: Recipe, grad_format: str) -> Recipe:
   """`base` with gradient format `grad_format`, named "BASE@FORMAT"; refused for a recipe without a
   quantized gradient (`bf16`, `int8_exact_bwd`) and for an unknown format."""
   name = f"{base.name}{FORMAT_SEPARATOR}{grad_format}"
-  if not base.int8_backward:
+  if not base.quantized_gradient:
     raise ValueError(f"recipe {name!r}: {base.name!r} does not quantize the gradient, so it has no gradient format")
   if grad_format not in formats.FORMATS:
     raise ValueError(

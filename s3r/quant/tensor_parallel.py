@@ -72,7 +72,7 @@ def split_contraction(
 ) -> jax.Array:
   """Σ_t dtype(rescale(a[:, C_t] b[C_t, :])) summed in `dtype`: [M, N].
 
-  `b` is [C, N], or [N, C] when `b_transposed` (the layout of `numerics.int8_matmul_nt`);
+  `b` is [C, N], or [N, C] when `b_transposed` (the layout of `numerics.code_matmul_nt`);
   `rescale` maps an f32 [M, N] partial product to its real values (broadcasting scales).
   Code operands accumulate in their format's accumulator (int8 in int32), float operands in f32.
   """

@@ -175,6 +175,15 @@ def test_the_committed_config_is_the_documented_study():
   assert arm.dose_params_of == "int8_sr@nvfp4" and arm.out.endswith("nvfp4-s1")
 
 
+def test_the_fp8_arm_config_is_the_study_at_the_fp8_grids_and_nothing_else():
+  main, fp8 = (json.loads((ROOT / "configs" / f).read_text()) for f in ("dose.json", "dose_fp8.json"))
+  assert fp8["grids"] == ["e4m3", "e5m2"] and {**fp8, "grids": main["grids"]} == main
+  cfg = dose.config_from_args(dose.parser().parse_args(["--config", str(ROOT / "configs/dose_fp8.json")]))
+  arm = dose.lockstep_config(cfg, "e5m2", 1, "tokens")
+  assert arm.recipes == ("int8_rtne@e5m2", "int8_sr@e5m2", "s3r@e5m2", "s3r_ec_dx@e5m2") and arm.seed == 1
+  assert (ROOT / "results" / "dose_fp8" / "PREDICTIONS.md").exists()
+
+
 def test_the_config_names_the_field_it_rejects():
   for bad, field in ((dict(grids=("int5",)), "grids"), (dict(baseline="bf16"), "baseline"), (dict(seeds=0), "seeds")):
     with pytest.raises(ValueError, match=f"DoseConfig.{field}"):

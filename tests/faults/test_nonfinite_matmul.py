@@ -30,7 +30,7 @@ def _recipes_at(grad_formats) -> list[str]:
   """Every registered recipe name; those that quantize the gradient also at each of `grad_formats`."""
   names = list(recipes.RECIPES)
   for name, r in recipes.RECIPES.items():
-    if r.int8_backward:
+    if r.quantized_gradient:
       names += [f"{name}{recipes.FORMAT_SEPARATOR}{f}" for f in grad_formats if f != r.grad_format]
   return names
 

@@ -21,6 +21,8 @@ def test_values_select_every_recipe_by_name_and_s3r_alone_the_default():
     assert f"s3r:{name}" in values
     assert smt.parse(f"s3r:{name}").name == name
   assert smt.parse("s3r:s3r_ec_dx@int4").grad_format == "int4"
+  for fmt in ("e4m3", "e5m2"):  # FP8 gradients
+    assert f"s3r:s3r_ec_dx@{fmt}" in values and smt.parse(f"s3r:s3r_ec_dx@{fmt}").grad_format == fmt
   assert "s3r:bf16@int4" not in values  # bf16 has no quantized gradient, so no gradient format
   assert len(set(values)) == len(values)
 

@@ -12,12 +12,25 @@ _E4M3 = np.sort(np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.f
 _E4M3 = _E4M3[np.isfinite(_E4M3) & (_E4M3 > 0)]
 
 
+def _fp8_grid(dtype) -> tuple[np.ndarray, np.ndarray]:
+  """(every finite value of an FP8 dtype, ascending, -0 and 0 as one; whether its mantissa is even),
+  enumerated from all 256 bit patterns."""
+  bits = np.arange(256, dtype=np.uint8)
+  values = bits.view(dtype).astype(np.float64)
+  keep = np.isfinite(values) & ~((values == 0) & (bits >= 128))  # drop NaN, inf and -0
+  order = np.argsort(values[keep])
+  return values[keep][order], (bits[keep][order] % 2 == 0)
+
+
+FP8_GRIDS = {"e4m3": _fp8_grid(ml_dtypes.float8_e4m3fn), "e5m2": _fp8_grid(ml_dtypes.float8_e5m2)}
+
+
 def step(fmt: str, amax: np.float32) -> np.float32:
-  """Δ: max|G'| / Q for a uniform grid, / (6 · 448) for nvfp4, 1 for mxfp4; 1 for an all-zero tensor."""
-  f = FORMATS[fmt]
-  if f.grid == "e2m1" and f.block_scale == "e8m0":
+  """Δ: max|G'| / Q for a uniform grid, / (6 · 448) for nvfp4, 1 for mxfp4, / (the largest finite
+  value) for FP8; 1 for an all-zero tensor."""
+  if fmt == "mxfp4":
     return np.float32(1)
-  top = f.qmax if f.grid == "uniform" else 6 * 448
+  top = {"nvfp4": 6 * 448, "e4m3": 448, "e5m2": 57344}.get(fmt, FORMATS[fmt].qmax)
   s = np.float32(amax) * np.float32(1 / top)
   return np.float32(1) if s == 0 else s
 
@@ -59,9 +72,30 @@ def fp4_gap(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return lo, hi
 
 
+def fp8_neighbours(fmt: str, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(lo, hi): the largest FP8 value <= v and the smallest one > v (v clipped to the finite range;
+  at the largest value hi is the largest value too)."""
+  grid, _ = FP8_GRIDS[fmt]
+  w = np.clip(v.astype(np.float64), grid[0], grid[-1])
+  i = np.clip(np.searchsorted(grid, w, side="right") - 1, 0, len(grid) - 1)
+  return grid[i], grid[np.minimum(i + 1, len(grid) - 1)]
+
+
+def fp8_rtne(fmt: str, v: np.ndarray) -> np.ndarray:
+  """The nearest FP8 value of each v (clipped to the finite range); a tie goes to the even mantissa."""
+  grid, even = FP8_GRIDS[fmt]
+  lo, hi = fp8_neighbours(fmt, v)
+  w = np.clip(v.astype(np.float64), grid[0], grid[-1])
+  lo_even = even[np.searchsorted(grid, lo)]
+  tie_lo = (w - lo == hi - w) & lo_even
+  return np.where((w - lo < hi - w) | tie_lo, lo, hi)
+
+
 def rtne_codes(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
   """The RTNE codes of v = G'/Δ in units of Δ (code · s_blk for FP4), float64."""
   f = FORMATS[fmt]
+  if fmt in FP8_GRIDS:
+    return fp8_rtne(fmt, v_TxN)
   if f.grid == "uniform":
     return np.clip(np.round(v_TxN), -f.qmax, f.qmax).astype(np.float64)
   s = block_scales(fmt, v_TxN)
@@ -72,6 +106,10 @@ def rtne_codes(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
 def code_gap(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
   """hi - lo of the grid gap holding each element, in units of Δ (1 for a uniform grid, else (hi - lo) · s_blk)."""
   f = FORMATS[fmt]
+  if fmt in FP8_GRIDS:
+    lo, hi = fp8_neighbours(fmt, v_TxN)
+    below = fp8_neighbours(fmt, np.nextafter(lo, -np.inf))[0]
+    return np.where(hi > lo, hi - lo, lo - below)  # at the largest value: the gap below it
   if f.grid == "uniform":
     return np.ones(v_TxN.shape)
   s = block_scales(fmt, v_TxN).astype(np.float64)
@@ -83,6 +121,9 @@ def code_gap(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
 def neighbours(fmt: str, v_TxN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(lo, hi) in units of Δ: the two codes stochastic rounding chooses between for each element."""
   f = FORMATS[fmt]
+  if fmt in FP8_GRIDS:
+    lo, hi = fp8_neighbours(fmt, v_TxN)
+    return lo, np.where(hi > lo, hi, 2 * lo)  # at the largest value p = 0: hi is never chosen
   if f.grid == "uniform":
     lo = np.floor(v_TxN.astype(np.float64))
     return lo, lo + 1

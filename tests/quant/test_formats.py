@@ -9,10 +9,10 @@ import pytest
 
 import s3r
 from s3r.quant import formats, numerics
-from s3r.quant.formats import FORMATS, FORWARD_FORMAT, Format, get_format
+from s3r.quant.formats import FORMATS, FORWARD_FORMAT, E2M1Format, FloatFormat, Format, UniformFormat, get_format
 from s3r.quant.recipes import Recipe
 
-INT8 = dict(name="int8x", grid="uniform", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
+INT8 = dict(name="int8x", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
 UNIFORM = sorted(n for n, f in FORMATS.items() if f.grid == "uniform")  # the block-scaled ones: test_formats_fp4.py
 
 
@@ -21,7 +21,7 @@ def test_registry_names_every_format_and_the_lookup_returns_it():
   for name, f in FORMATS.items():
     assert f.name == name and get_format(name) is f
     assert get_format(f) is f  # a Format passes through
-    assert f.grid in formats.GRIDS
+    assert f.grid in formats.GRIDS and isinstance(f, Format)
 
 
 def test_unknown_format_raises_one_line_listing_the_valid_names():
@@ -40,18 +40,33 @@ def test_forward_format_is_int8_on_the_symmetric_int8_range():
 
 
 def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
-  f = Format(**INT8 | dict(code_dtype="int8", acc_dtype="int32"))
+  f = UniformFormat(**INT8 | dict(code_dtype="int8", acc_dtype="int32"))
   assert f.code_dtype == np.dtype(np.int8) and f.acc_dtype == np.dtype(np.int32)
-  assert hash(f) == hash(Format(**INT8))
+  assert hash(f) == hash(UniformFormat(**INT8))
   # codes held as floats (an emulated grid) accumulate in a float at least as wide
-  assert Format(**INT8 | dict(code_dtype=np.float32, acc_dtype=np.float32)).acc_dtype == np.float32
+  fp4 = E2M1Format(name="fp4x", block=8, block_scale="e8m0")
+  assert fp4.code_dtype == fp4.acc_dtype == np.float32
+  # FP8 codes (whose dtype NumPy does not call a float) are accepted and accumulate in f32
+  fp8 = FloatFormat(name="fp8x", qmax=448, code_dtype="float8_e4m3fn")
+  assert fp8.code_dtype == jnp.float8_e4m3fn and fp8.acc_dtype == np.float32
+
+
+def test_format_is_an_interface_with_one_class_per_kind_of_grid():
+  with pytest.raises(TypeError):
+    Format(**INT8)  # abstract: a format is one of its grid classes
+  kinds = {type(f) for f in FORMATS.values()}
+  assert {k.grid for k in kinds} == set(formats.GRIDS)
+  for f in FORMATS.values():
+    assert isinstance(f.capabilities, formats.Capabilities)
+    assert f.emulated == (not f.capabilities.native_gemm)
+    assert f.capabilities.integer_codes == (f.code_dtype.kind in "iu")
 
 
 @pytest.mark.parametrize(
   "kwargs, field",
   [
     (dict(name=""), "name"),
-    (dict(grid="e2m1"), "grid"),
+    (dict(code_dtype=np.float32, acc_dtype=np.float32), "code_dtype"),
     (dict(qmax=0), "qmax"),
     (dict(qmax=True), "qmax"),
     (dict(qmax=7.0), "qmax"),
@@ -66,21 +81,38 @@ def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
 )
 def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
   with pytest.raises(ValueError, match=field):
-    Format(**INT8 | kwargs)
+    UniformFormat(**INT8 | kwargs)
+
+
+@pytest.mark.parametrize(
+  "cls, kwargs, field",
+  [
+    (E2M1Format, dict(block=0, block_scale="e4m3"), "block"),
+    (E2M1Format, dict(block=16, block_scale="none"), "block_scale"),
+    (E2M1Format, dict(block=16, block_scale="e4m3", qmax=7), "qmax"),
+    (E2M1Format, dict(block=16, block_scale="e4m3", code_dtype=np.int8, acc_dtype=np.int32), "code_dtype"),
+    (FloatFormat, dict(qmax=440, code_dtype="float8_e4m3fn"), "qmax"),
+    (FloatFormat, dict(qmax=127, code_dtype=np.int8, acc_dtype=np.int32), "code_dtype"),
+    (FloatFormat, dict(qmax=57344, code_dtype="float8_e5m2", acc_dtype="float8_e5m2"), "acc_dtype"),
+  ],
+)
+def test_invalid_grid_fields_raise_errors_naming_the_field(cls, kwargs, field):
+  with pytest.raises(ValueError, match=f"{cls.__name__}.{field}"):
+    cls(name="x", **kwargs)
 
 
 def test_format_is_frozen_and_keyword_only():
   with pytest.raises(dataclasses.FrozenInstanceError):
     FORWARD_FORMAT.qmax = 1
   with pytest.raises(TypeError):
-    Format("int8x", "uniform", 127, np.int8, np.int32)
+    UniformFormat("int8x", 127, np.int8, np.int32)
 
 
 def test_duplicate_names_and_conflicting_accumulators_are_rejected():
-  f = Format(**INT8)
+  f = UniformFormat(**INT8)
   with pytest.raises(ValueError, match="int8x"):
     formats._registry((f, f))
-  wide = Format(**INT8 | dict(name="int8w", acc_dtype=np.int64))
+  wide = UniformFormat(**INT8 | dict(name="int8w", acc_dtype=np.int64))
   with pytest.raises(ValueError, match="acc_dtype"):
     formats._registry((f, wide))
 

@@ -15,8 +15,12 @@ from s3r.quant.formats import FORMATS
 from tests.quant import format_reference as ref
 from tests.quant.reference import heavy_tailed, np_scale
 
-NEW = ["int6", "int4", "nvfp4", "mxfp4"]
-FP4 = ["nvfp4", "mxfp4"]
+NEW = [n for n in FORMATS if n != "int8"]  # every gradient format beyond the forward's int8
+FP4 = [n for n, f in FORMATS.items() if f.grid == "e2m1"]
+FP8 = [n for n, f in FORMATS.items() if f.grid == "float"]
+NOT_GROUPED = [n for n, f in FORMATS.items() if not f.capabilities.grouped]
+NOT_COLUMN_TP = [n for n, f in FORMATS.items() if not f.capabilities.column_tp]
+EMULATED = [n for n, f in FORMATS.items() if f.emulated]
 
 
 def _problem(rng, shape_BxSxK, n):
@@ -105,6 +109,24 @@ def test_seven_bit_shared_thresholds_are_unbiased_per_element_up_to_the_grid_gap
   assert np.max(np.abs(mean - v) / gap) > 1 / 512
 
 
+@pytest.mark.parametrize("fmt", NEW + ["int8"])
+def test_seven_bit_threshold_variance_is_p_one_minus_p_times_the_gap_squared_per_element(fmt, rng):
+  # Exact over all 128 threshold values: each code is lo or hi, hi with probability P, |P - p| <= 1/256,
+  # so Var[code] = P(1 - P) d² is within d²/256 of p(1 - p) d² (d = hi - lo, the element's own gap: on
+  # an FP8 grid it grows with |v|, so the noise is relative to each element's magnitude).
+  f = FORMATS[fmt]
+  v = _in_units_of_the_step(f, heavy_tailed(rng, (40, 36), decades=4))
+  u = thresholds.threshold_values()
+  codes = np.asarray(jax.vmap(lambda t: f.dequantize(f.round(jnp.asarray(v), t)))(u), np.float64)
+  lo, hi = ref.neighbours(fmt, v)
+  assert ((codes == lo) | (codes == hi)).all()
+  d = hi - lo
+  p = (v - lo) / d
+  var = codes.var(axis=0)
+  assert (np.abs(var - p * (1 - p) * d**2) <= d**2 / 256 + 1e-6 * (np.abs(v) + d) ** 2).all()
+  assert np.max(var / d**2) > 0.2  # elements mid-gap: far from the zero variance of round-to-nearest
+
+
 @pytest.mark.parametrize("fmt", NEW)
 def test_shared_per_token_draws_choose_the_upper_neighbour_with_probability_p(fmt, rng):
   # Sampled through the layer's own draws (one threshold per token). Each element's code is lo or
@@ -150,7 +172,7 @@ def test_recipe_at_a_format_is_the_base_recipe_with_that_gradient_format():
   [
     ("bf16@int4", "'bf16' does not quantize the gradient"),
     ("int8_exact_bwd@nvfp4", "'int8_exact_bwd' does not quantize the gradient"),
-    ("s3r@int3", "unknown gradient format 'int3'; valid formats: int8, int6, int4, nvfp4, mxfp4"),
+    ("s3r@int3", f"unknown gradient format 'int3'; valid formats: {', '.join(FORMATS)}"),
     ("nope@int4", "unknown recipe 'nope'"),
   ],
 )
@@ -165,35 +187,37 @@ def test_recipes_without_a_quantized_gradient_keep_int8_as_their_format():
     s3r.Recipe(name="x", rounding="none", grad_format="int4")
 
 
-def test_grouped_path_refuses_the_emulated_formats_and_takes_the_uniform_ones(rng):
+def test_grouped_path_refuses_the_formats_without_the_grouped_capability_and_takes_the_others(rng):
   x = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((2, 8, 6)), jnp.float32)
   sizes = jnp.asarray([5, 7], jnp.int32)
-  for fmt in FP4:
+  assert set(NOT_GROUPED) == set(FP4 + FP8)
+  for fmt in NOT_GROUPED:
     with pytest.raises(ValueError, match=f"grouped_qmatmul: gradient format '{fmt}'.*grouped \\(expert\\) path"):
       s3r.grouped_qmatmul(x, w, sizes, key=jax.random.key(0), recipe=f"s3r@{fmt}")
-  for fmt in ("int6", "int4"):
+  for fmt in formats.formats_with("grouped"):
     dx, dw = jax.grad(
       lambda a, b: jnp.sum(s3r.grouped_qmatmul(a, b, sizes, key=jax.random.key(0), recipe=f"s3r_ec@{fmt}")), (0, 1)
     )(x, w)
     assert bool(jnp.isfinite(dx).all() & jnp.isfinite(dw).all())
 
 
-def test_column_tensor_parallelism_refuses_the_emulated_formats_only_under_a_split_tensor_axis(rng):
+@pytest.mark.parametrize("fmt", NOT_COLUMN_TP)
+def test_column_tensor_parallelism_refuses_the_emulated_formats_only_under_a_split_tensor_axis(fmt, rng):
   x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)
   key = jax.random.key(0)
   # No mesh (one device, as the models mark their projections by default): nothing is split, FP4 works.
-  assert s3r.qmatmul(x, w, key=key, recipe="s3r@nvfp4", tp="column").shape == (4, 6)
+  assert s3r.qmatmul(x, w, key=key, recipe=f"s3r@{fmt}", tp="column").shape == (4, 6)
   mesh = jax.sharding.AbstractMesh((2,), ("tensor",), axis_types=(jax.sharding.AxisType.Auto,))
   with jax.sharding.use_abstract_mesh(mesh):
-    with pytest.raises(ValueError, match="gradient format 'nvfp4'.*tp='column'"):
-      jax.make_jaxpr(lambda a, b: s3r.qmatmul(a, b, key=key, recipe="s3r@nvfp4", tp="column"))(x, w)
+    with pytest.raises(ValueError, match=f"gradient format '{fmt}'.*tp='column'"):
+      jax.make_jaxpr(lambda a, b: s3r.qmatmul(a, b, key=key, recipe=f"s3r@{fmt}", tp="column"))(x, w)
     jax.make_jaxpr(lambda a, b: s3r.qmatmul(a, b, key=key, recipe="s3r@int4", tp="column"))(x, w)
 
 
-@pytest.mark.parametrize("fmt", FP4)
-def test_a_non_finite_gradient_gives_non_finite_fp4_gradients(fmt, rng):
+@pytest.mark.parametrize("fmt", EMULATED)
+def test_a_non_finite_gradient_gives_non_finite_gradients_at_the_emulated_formats(fmt, rng):
   x = jnp.asarray(rng.standard_normal((1, 16, 8)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)
   g = jnp.ones((1, 16, 6), jnp.float32).at[0, 3, 2].set(jnp.inf)

@@ -16,6 +16,9 @@ from s3r.quant.formats import FORMATS
 B, S, K, N = 4, 20, 96, 72  # T = 80 and N = 72: partial blocks of 16 and 32 along N, of 32 along T
 SHARED = ["int8_rtne", "s3r", "s3r_bcast", "s3r_ec", "s3r_ec_dx"]
 SPLIT = ["int8_sr", "s3r_split_dx2d_dwbcast"]
+UNIFORM = [n for n, f in FORMATS.items() if f.grid == "uniform" and n != "int8"]
+FP4 = [n for n, f in FORMATS.items() if f.grid == "e2m1"]
+FP8 = [n for n, f in FORMATS.items() if f.grid == "float"]
 
 
 def _jaxpr(recipe):
@@ -61,7 +64,7 @@ def _code_roots(jaxpr):
   return roots
 
 
-@pytest.mark.parametrize("fmt", ["int6", "int4"])
+@pytest.mark.parametrize("fmt", UNIFORM)
 @pytest.mark.parametrize("recipe", SHARED + SPLIT)
 def test_uniform_formats_keep_three_int8_gemms_and_one_int8_quantization(recipe, fmt):
   jaxpr = _jaxpr(f"{recipe}@{fmt}")
@@ -70,7 +73,7 @@ def test_uniform_formats_keep_three_int8_gemms_and_one_int8_quantization(recipe,
   assert len(_roundings(jaxpr)) == (2 if recipe in SPLIT else 1)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", FP4)
 @pytest.mark.parametrize("recipe", SHARED + SPLIT)
 def test_block_formats_round_the_gradient_once_and_feed_both_gemms_with_it(recipe, fmt):
   jaxpr = _jaxpr(f"{recipe}@{fmt}")
@@ -85,6 +88,26 @@ def test_block_formats_round_the_gradient_once_and_feed_both_gemms_with_it(recip
 
 
 @pytest.mark.parametrize("recipe, words", [("s3r", math.ceil(B * S / 4)), ("s3r_ec_dx_bcast", math.ceil(B / 4))])
-@pytest.mark.parametrize("fmt", ["int4", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", [n for n in FORMATS if n != "int8"])
 def test_every_format_draws_the_int8_recipes_compact_thresholds(recipe, words, fmt):
   assert jaxpr_analysis.random_words(_jaxpr(f"{recipe}@{fmt}")) == words
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("recipe", SHARED + SPLIT)
+def test_fp8_formats_round_the_gradient_once_into_fp8_codes_that_feed_both_gemms(recipe, fmt):
+  jaxpr = _jaxpr(f"{recipe}@{fmt}")
+  quantizations = 2 if recipe in SPLIT else 1
+  assert len(_roundings(jaxpr)) == quantizations
+  casts = [
+    e
+    for e in jaxpr_analysis.iter_eqns(jaxpr)
+    if e.primitive.name == "convert_element_type"
+    and _full_size(e)
+    and e.outvars[0].aval.dtype == FORMATS[fmt].code_dtype
+  ]
+  assert len(casts) == quantizations  # the codes are stored in the FP8 dtype
+  roots = _code_roots(jaxpr)
+  assert len(roots) == 2 and all(r is not None for r in roots)  # dX and dW
+  assert (roots[0] is roots[1]) == (recipe not in SPLIT)
+  assert len([d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in v.aval.shape for v in d.invars)]) == 1

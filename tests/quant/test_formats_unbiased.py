@@ -1,10 +1,11 @@
 """Every stochastic recipe stays an unbiased estimate of the executed forward graph's gradient at
-every gradient format (int6, int4, nvfp4, mxfp4), as tests/quant/test_unbiased.py checks for int8.
+every gradient format (int6, int4, nvfp4, mxfp4, e4m3, e5m2: every registered one beyond int8), as
+tests/quant/test_unbiased.py checks for int8.
 
 Per element of dX and dW: |mean over n keys - exact| <= t · sd/sqrt(n) + bias bound + f32 slack,
 t the Bonferroni-corrected Student-t quantile (family-wise false-alarm rate 1e-3). The bias bound
 is the 7-bit threshold bias of each code, (hi - lo)/256 in units of Δ (1/256 on a uniform grid,
-(hi - lo) · s_blk/256 on E2M1), summed through the product; after S3R-EC's projection 4x the
+(hi - lo) · s_blk/256 on E2M1, (hi - lo)/256 on FP8), summed through the product; after S3R-EC's projection 4x the
 largest per-code bias.
 """
 
@@ -14,13 +15,14 @@ import pytest
 from scipy import stats
 
 import s3r
+from s3r.quant.formats import FORMATS as REGISTRY
 from tests.quant import format_reference
 from tests.quant.reference import gradient_problem, gradient_samples, grads
 
 B, S, K, N = 2, 16, 24, 40  # T = 32, N = 40: the 32 x 32 mxfp4 blocks and 16 x 16 nvfp4 blocks end partial along N
 DRAWS = 512
 FAMILY_ALPHA = 1e-3
-FORMATS = ["int6", "int4", "nvfp4", "mxfp4"]
+FORMATS = [n for n in REGISTRY if n != "int8"]
 STOCHASTIC = [n for n, r in s3r.RECIPES.items() if r.stochastic]
 DEFAULT = ["int8_sr", "s3r", "s3r_ec", "s3r_ec_dx_bcast"]  # every threshold kind and both EC variants
 CASES = [pytest.param(r, f, marks=() if r in DEFAULT else pytest.mark.slow) for f in FORMATS for r in STOCHASTIC]

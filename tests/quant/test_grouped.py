@@ -16,7 +16,7 @@ from s3r.quant.grouped import GlobalRows, quantize_grouped_gradient
 from tests.quant.reference import np_rtne_codes, np_scale
 
 ALL = list(s3r.RECIPES)
-INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
+INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized_gradient]
 CORE = ("int8_rtne", "int8_sr", "s3r", "s3r_ec_dx")  # the other variants: slow (the same tiled/ragged code paths)
 INT8_CORE = [r if r in CORE else pytest.param(r, marks=pytest.mark.slow) for r in INT8]
 T, K, N, E = 13, 8, 6, 4

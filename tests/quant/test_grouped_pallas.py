@@ -136,7 +136,7 @@ def test_grouped_qmatmul_outputs_and_gradients_are_identical_with_pallas_and_the
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [n for n, r in s3r.RECIPES.items() if r.int8_backward])
+@pytest.mark.parametrize("recipe", [n for n, r in s3r.RECIPES.items() if r.quantized_gradient])
 def test_every_int8_recipe_is_identical_with_pallas_and_ragged_dot(recipe):
   x, w, g = _problem(seed=2, dtype=jnp.float32)
   for sizes in ([3, 0, 5, 2], [0, 0, 0, 0], [1, 1, 1, 9]):

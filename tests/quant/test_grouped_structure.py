@@ -12,7 +12,7 @@ from jax.extend import core
 import s3r
 
 T, K, N, E = 96, 40, 56, 3  # distinct sizes
-INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
+INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized_gradient]
 
 
 def _eqns(jaxpr):

@@ -13,7 +13,7 @@ from s3r.analysis import hlo
 from s3r.analysis import jaxpr as jaxpr_analysis
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
-INT8 = [n for n, r in s3r.RECIPES.items() if r.int8_backward]
+INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized_gradient]
 
 
 def _fwd_bwd(recipe):
