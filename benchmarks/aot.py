@@ -15,7 +15,10 @@ Programs (`--program`, comma-separated):
   grouped GEMM `--moe-impl` (auto: the Pallas kernels on CUDA, which are given the target's compute
   capability through the abstract mesh of the target devices);
 - step: the train step of `s3r train` (`s3r.train.builder.build`: model, AdamW, shardings, donated
-  state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`.
+  state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`;
+- lockstep: the train step that `scripts/device_quality.sh` runs (`experiments.lockstep`: the preset's
+  own remat, the learning rate as an argument, `--schedule-steps`) at `--preset`, `--layers`, `--batch`
+  x `--seq`, `--attention`.
 
 Per program and recipe: trace + lowering seconds, XLA compile seconds, `memory_analysis()` (temp,
 argument, output, alias bytes), the GEMMs of the optimized HLO by kind (Triton GEMM fusions with
@@ -23,7 +26,8 @@ their operand types, cuBLAS / cuBLASLt custom calls, cuDNN attention, Pallas Tri
 and instruction counts; with `--breakdown`, the buffers live at the memory peak (`s3r.analysis.memory`,
 a second compile with XLA's dump on). Compile options: `--xla NAME=VALUE` (repeatable), passed to XLA
 per compile; `xla_gpu_autotune_level=0` unless given (there is no GPU to autotune on). The programs
-are compiled one at a time, so the seconds are of one compile on this machine (they vary with load).
+are compiled one at a time, so the seconds are of one compile on this machine (they vary with load; the CPU
+seconds of the compile, this process's threads and the ptxas processes XLA starts, vary less).
 Results: `<out-dir>/bench_aot_<target>[_<tag>]_cpu.{json,md}` (cpu: the machine that compiled).
 """
 
@@ -42,7 +46,7 @@ from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
 
 TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
 TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
-PROGRAMS = ("ffn", "moe", "step")
+PROGRAMS = ("ffn", "moe", "step", "lockstep")
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 DEFAULT_COMPILER_OPTIONS = {"xla_gpu_autotune_level": "0"}
 MISSING_EXTRA = (
@@ -191,17 +195,47 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
   return lowered, setup.model_cfg
 
 
+def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace):
+  """The lockstep runner's train step (`experiments.lockstep.lower_train_step`, without its concrete initial
+  state) lowered for the target: (state, tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
+  import jax
+  import numpy as np
+
+  from experiments import lockstep
+  from s3r import model as s3r_model
+  from s3r.train.optimizer import OptimizerConfig, make_optimizer
+  from s3r.train.step import init_state, make_train_step
+
+  vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
+  mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, args.attention, "bf16", layers=layers)
+  tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
+  array, key = _abstract(mesh)
+  shapes = jax.eval_shape(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), jax.random.key(0))
+  state = jax.tree.map(lambda x: array(x.shape, x.dtype), shapes)
+  step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    return step.lower(state, array((args.batch, args.seq + 1), np.int32), key, array((), np.float32))
+
+
+def cpu_seconds() -> float:
+  """CPU seconds of this process (all threads) and of its finished children (XLA:GPU runs ptxas): under load,
+  a compile's CPU time varies less than its wall-clock time."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
 def measure(lower, options_: dict[str, str], breakdown: bool) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers."""
   t0 = time.perf_counter()
   lowered = lower()
-  t1 = time.perf_counter()
+  t1, cpu1 = time.perf_counter(), cpu_seconds()
   compiled = lowered.compile(compiler_options=options_)
-  t2 = time.perf_counter()
+  t2, cpu2 = time.perf_counter(), cpu_seconds()
   text = compiled.as_text()
   row = {
     "lower_s": t1 - t0,
     "compile_s": t2 - t1,
+    "compile_cpu_s": cpu2 - cpu1,
     "memory": aot_report.memory(compiled),
     "hlo": aot_report.hlo_summary(text),
   }
@@ -251,6 +285,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   g.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
   g.add_argument("--width", type=int, default=None, help="model width override, for tests (default: the preset's)")
   g.add_argument("--seed", type=int, default=0, help="seed of the configuration (default %(default)s)")
+  g.add_argument(
+    "--schedule-steps", type=int, default=2000, help="lockstep: the schedule length compiled in (default %(default)s)"
+  )
   p.add_argument("--tag", default=None, help="results go to bench_aot_<target>_<tag>_cpu.* (default: no tag)")
   p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
   p.set_defaults(mesh=None)  # one target GPU: the train step's mesh is the trainer's default
@@ -299,13 +336,14 @@ def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, objec
             functools.partial(lower_moe, recipe=r, tokens=args.moe_tokens, k=k, n=n, experts=e, impl=impl),
           )
         )
-  if "step" in programs:
+  for program in ("step", "lockstep"):
+    if program not in programs:
+      continue
     for layers in _depths(args.layers):
       for r in recipes:
-        labels = {"program": "step", "preset": args.preset, "layers": layers, "batch": args.batch, "seq": args.seq}
-        lower = functools.partial(
-          lambda mesh, r, layers: lower_step(mesh, r, args.preset, layers, args)[0], r=r, layers=layers
-        )
+        labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch, "seq": args.seq}
+        fn = lower_lockstep if program == "lockstep" else lambda mesh, **kw: lower_step(mesh, **kw)[0]
+        lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=args)
         todo.append(({**labels, "recipe": r}, lower))
   return todo
 
@@ -346,7 +384,8 @@ def run(args: argparse.Namespace) -> dict:
       row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
       log(f"[aot]   FAILED: {row['error']}")
     else:
-      log(f"[aot]   lowered in {row['lower_s']:.1f}s, compiled in {row['compile_s']:.1f}s, {aot_report.one_line(row)}")
+      secs = f"compiled in {row['compile_s']:.1f}s ({row['compile_cpu_s']:.1f} CPU s)"
+      log(f"[aot]   lowered in {row['lower_s']:.1f}s, {secs}, {aot_report.one_line(row)}")
     rows.append(row)
     paths = run_.write(rows, aot_report.markdown(rows, devices[0].device_kind), complete=i == len(todo) - 1)
   log(f"[aot] wrote {', '.join(str(p) for p in paths.values())}")
@@ -360,8 +399,8 @@ def _settings(args: argparse.Namespace) -> list[str]:
     keys += ["shapes", "tokens"]
   if "moe" in programs:
     keys += ["moe_shape", "moe_tokens", "moe_impl"]
-  if "step" in programs:
-    keys += ["preset", "layers", "batch", "seq", "remat", "attention", "vocab", "width", "seed"]
+  if "step" in programs or "lockstep" in programs:
+    keys += ["preset", "layers", "batch", "seq", "remat", "attention", "vocab", "width", "seed", "schedule_steps"]
   return keys
 
 
@@ -371,4 +410,6 @@ def _label(labels: dict) -> str:
   if labels["program"] == "moe":
     shape = f"T={labels['tokens']} K={labels['k']} N={labels['n']} E={labels['experts']}"
     return f"moe {labels['impl']} {shape} {labels['recipe']}"
-  return f"step {labels['preset']} L={labels['layers']} {labels['batch']}x{labels['seq']} {labels['recipe']}"
+  return (
+    f"{labels['program']} {labels['preset']} L={labels['layers']} {labels['batch']}x{labels['seq']} {labels['recipe']}"
+  )

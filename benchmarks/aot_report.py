@@ -123,22 +123,40 @@ def _config(row: dict) -> str:
     return f"FFN {row['shape']} (H={row['hidden']}, D={row['ffn_dim']}), T={row['tokens']}"
   if row["program"] == "moe":
     return f"grouped GEMM `{row['impl']}`, T={row['tokens']}, K={row['k']}, N={row['n']}, E={row['experts']}"
-  return f"train step {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}"
+  what = "train step" if row["program"] == "step" else "lockstep train step"
+  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}"
 
 
 def markdown(rows: list[dict], device_kind: str) -> str:
   """Per configuration: a row per recipe with compile seconds, memory and GEMM kinds, ratios to bf16."""
-  out = [f"Target: {device_kind} (compile-only devices; no GPU was used). Times: seconds on the compiling machine.", ""]
+  out = [
+    f"Target: {device_kind} (compile-only devices; no GPU was used). Times: wall-clock seconds on the compiling "
+    "machine, and the CPU seconds of the compile (all threads, and the ptxas processes XLA starts).",
+    "",
+  ]
   configs: dict[str, list[dict]] = {}
   for row in rows:
     configs.setdefault(_config(row), []).append(row)
-  head = ["recipe", "lower s", "compile s", "x bf16", "temp MiB", "x bf16", "args MiB", "out MiB", "GEMMs", "fusions"]
+  head = [
+    "recipe",
+    "lower s",
+    "compile s",
+    "x bf16",
+    "compile CPU s",
+    "x bf16",
+    "temp MiB",
+    "x bf16",
+    "args MiB",
+    "out MiB",
+    "GEMMs",
+    "fusions",
+  ]
   for config, group in configs.items():
     base = next((r for r in group if r["recipe"] == "bf16" and "error" not in r), None)
     table = []
     for r in group:
       if "error" in r:
-        table.append([r["recipe"], "", "failed", "", "", "", "", "", r["error"][:160], ""])
+        table.append([r["recipe"], "", "failed", "", "", "", "", "", "", "", r["error"][:160], ""])
         continue
       m = r["memory"]
       table.append(
@@ -147,6 +165,8 @@ def markdown(rows: list[dict], device_kind: str) -> str:
           f"{r['lower_s']:.1f}",
           f"{r['compile_s']:.1f}",
           _ratio(r["compile_s"], base and base["compile_s"]),
+          f"{r['compile_cpu_s']:.1f}",
+          _ratio(r["compile_cpu_s"], base and base["compile_cpu_s"]),
           _mib(m.get("temp")),
           _ratio(m.get("temp", 0), base and base["memory"].get("temp")),
           _mib(m.get("argument")),
