@@ -34,11 +34,13 @@ Results: `<out-dir>/bench_aot_<target>[_<tag>]_cpu.{json,md}` (cpu: the machine 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import os
 import pathlib
+import tempfile
 import time
 
 from benchmarks import aot_report, options
@@ -49,6 +51,8 @@ TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
 PROGRAMS = ("ffn", "moe", "step", "lockstep")
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 DEFAULT_COMPILER_OPTIONS = {"xla_gpu_autotune_level": "0"}
+# XLA's C++ sources whose log lines time the HLO passes, the backend, LLVM-to-PTX and ptxas
+XLA_TIMER_MODULES = "hlo_pass_pipeline=1,gpu_compiler=1,nvptx_compiler=1"
 MISSING_EXTRA = (
   "python -m benchmarks aot needs JAX's CUDA plugin (no GPU needed): install the optional extra with\n"
   "  pip install -e '.[gpu-aot]' -c constraints.txt\n"
@@ -67,13 +71,17 @@ def cuda_plugin_installed() -> bool:
   return False
 
 
-def use_cpu_host() -> None:
+def use_cpu_host(xla_timers: bool = False) -> None:
   """This process compiles for the GPU target but runs on the CPU: JAX's own backend is the CPU (set
-  before any backend starts), and the CUDA plugin does not check the CUDA libraries against a driver."""
+  before any backend starts), and the CUDA plugin does not check the CUDA libraries against a driver.
+  `xla_timers`: XLA logs the time of every HLO pass and of code generation (read by `measure`)."""
   import jax
   from jax._src import xla_bridge
 
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  if xla_timers:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    os.environ["TF_CPP_VMODULE"] = XLA_TIMER_MODULES
   if not xla_bridge._backends:  # noqa: SLF001 - the platforms can only change before the first backend
     jax.config.update("jax_platforms", "cpu")
 
@@ -224,13 +232,32 @@ def cpu_seconds() -> float:
   return t.user + t.system + t.children_user + t.children_system
 
 
-def measure(lower, options_: dict[str, str], breakdown: bool) -> dict:
-  """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers."""
+@contextlib.contextmanager
+def stderr_captured(enabled: bool):
+  """Yields a function returning what the process wrote to file descriptor 2 meanwhile (XLA's C++ logs)."""
+  if not enabled:
+    yield lambda: ""
+    return
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+") as f:
+    os.dup2(f.fileno(), 2)
+    try:
+      yield lambda: (f.seek(0), f.read())[1]
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def measure(lower, options_: dict[str, str], breakdown: bool, xla_timers: bool = False) -> dict:
+  """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
+  XLA's own compile timers."""
   t0 = time.perf_counter()
   lowered = lower()
-  t1, cpu1 = time.perf_counter(), cpu_seconds()
-  compiled = lowered.compile(compiler_options=options_)
-  t2, cpu2 = time.perf_counter(), cpu_seconds()
+  with stderr_captured(xla_timers) as logged:
+    t1, cpu1 = time.perf_counter(), cpu_seconds()
+    compiled = lowered.compile(compiler_options=options_)
+    t2, cpu2 = time.perf_counter(), cpu_seconds()
+    log_text = logged()
   text = compiled.as_text()
   row = {
     "lower_s": t1 - t0,
@@ -239,6 +266,8 @@ def measure(lower, options_: dict[str, str], breakdown: bool) -> dict:
     "memory": aot_report.memory(compiled),
     "hlo": aot_report.hlo_summary(text),
   }
+  if xla_timers:
+    row["xla_timers"] = aot_report.xla_timers(log_text)
   if breakdown:
     from s3r.analysis import memory as memory_analysis
 
@@ -262,6 +291,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--xla", action="append", metavar="NAME=VALUE", help="an XLA option for every compile (repeatable)")
   p.add_argument("--breakdown", action="store_true", help="also the buffers live at the memory peak (compiles twice)")
+  p.add_argument(
+    "--xla-timers",
+    action="store_true",
+    help="also XLA's own timers of the compile: each HLO pass, the backend, LLVM-to-PTX and ptxas (from its logs)",
+  )
   g = p.add_argument_group("ffn")
   g.add_argument("--shapes", default="W1,W3", help="FFN shapes W1..W9 or HxD (default %(default)s)")
   g.add_argument("--tokens", type=int, default=16384, help="tokens T of the FFN and MoE programs (default %(default)s)")
@@ -351,7 +385,7 @@ def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, objec
 def run(args: argparse.Namespace) -> dict:
   if not cuda_plugin_installed():
     raise SystemExit(MISSING_EXTRA)
-  use_cpu_host()
+  use_cpu_host(args.xla_timers)
   from s3r import RECIPES
 
   recipes = parse_list(args.recipes, list(RECIPES), "recipes")
@@ -372,6 +406,7 @@ def run(args: argparse.Namespace) -> dict:
     recipes=",".join(recipes),
     compiler_options=opts,
     breakdown=args.breakdown,
+    xla_timers=args.xla_timers,
     **{k: getattr(args, k) for k in _settings(args)},
   )
   rows: list[dict] = []
@@ -379,7 +414,7 @@ def run(args: argparse.Namespace) -> dict:
   for i, (labels, lower) in enumerate(todo):
     log(f"[aot] {args.target} {_label(labels)}: compiling, load {loadavg()}")
     try:
-      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown)}
+      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown, args.xla_timers)}
     except Exception as e:  # a program that does not compile for the target is a result too
       row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
       log(f"[aot]   FAILED: {row['error']}")

@@ -101,6 +101,32 @@ def hlo_summary(text: str) -> dict:
   }
 
 
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_PASS_RE = re.compile(r"HLO pass: (\S+) time: ([\d.]+) (\w+) ")
+_TIMER_RE = re.compile(r"\] (GpuCompiler::\w+|NVPTXCompiler::\w+ - \w+)(?: for \S+)? time: ([\d.]+) (\w+) ")
+
+
+def xla_timers(log: str, top: int = 10) -> dict:
+  """XLA:GPU's compile timers from its logs (`--xla-timers`): seconds per phase, summed over its calls
+  (RunHloPasses, RunBackend; CompileToPtx and PtxToCubin run once per kernel module, partly in parallel
+  threads, so their sums can exceed the wall-clock time) and the `top` HLO passes by total seconds."""
+  phases: Counter[str] = Counter()
+  calls: Counter[str] = Counter()
+  passes: Counter[str] = Counter()
+  for line in log.splitlines():
+    if m := _PASS_RE.search(line):
+      passes[m.group(1)] += float(m.group(2)) * _UNITS.get(m.group(3), 0.0)
+    elif m := _TIMER_RE.search(line):
+      phases[m.group(1)] += float(m.group(2)) * _UNITS.get(m.group(3), 0.0)
+      calls[m.group(1)] += 1
+  return {
+    "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())},
+    "phase_calls": dict(sorted(calls.items())),
+    "hlo_passes_s": round(sum(passes.values()), 3),
+    "top_passes_s": {k: round(v, 3) for k, v in passes.most_common(top)},
+  }
+
+
 def gemm_text(gemms: dict[str, int]) -> str:
   return ", ".join(f"{n} {k}" for k, n in gemms.items()) or "none"
 
@@ -176,8 +202,38 @@ def markdown(rows: list[dict], device_kind: str) -> str:
         ]
       )
     out += [f"## {config}", "", markdown_table(head, table), ""]
+    out += _timers(group)
     out += _breakdown(group)
   return "\n".join(out)
+
+
+def _timers(group: list[dict]) -> list[str]:
+  rows = [r for r in group if r.get("xla_timers")]
+  if not rows:
+    return []
+  out = [
+    "XLA's compile timers (seconds summed over calls; PTX and ptxas run per kernel module, partly in parallel):",
+    "",
+  ]
+  table = []
+  for r in rows:
+    t = r["xla_timers"]
+    ph = t["phases_s"]
+    key = "NVPTXCompiler::CompileTargetBinary - "
+    top = ", ".join(f"{k} {v:.2f}" for k, v in list(t["top_passes_s"].items())[:3])
+    table.append(
+      [
+        r["recipe"],
+        f"{ph.get('GpuCompiler::RunHloPasses', 0):.2f}",
+        top,
+        f"{ph.get('GpuCompiler::RunBackend', 0):.2f}",
+        t["phase_calls"].get(key + "CompileToPtx", 0),
+        f"{ph.get(key + 'CompileToPtx', 0):.2f}",
+        f"{ph.get(key + 'PtxToCubin', 0):.2f}",
+      ]
+    )
+  head = ["recipe", "HLO passes", "largest passes", "backend", "kernel modules", "LLVM to PTX", "ptxas"]
+  return [markdown_table(head, table, align=["l", "r", "l", "r", "r", "r", "r"]), ""]
 
 
 def _breakdown(group: list[dict]) -> list[str]:
