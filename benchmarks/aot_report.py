@@ -233,7 +233,7 @@ def _timers(group: list[dict]) -> list[str]:
       ]
     )
   head = ["recipe", "HLO passes", "largest passes", "backend", "kernel modules", "LLVM to PTX", "ptxas"]
-  return [markdown_table(head, table, align=["l", "r", "l", "r", "r", "r", "r"]), ""]
+  return [*out, markdown_table(head, table, align=["l", "r", "l", "r", "r", "r", "r"]), ""]
 
 
 def _breakdown(group: list[dict]) -> list[str]:
