@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -186,6 +187,32 @@ def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl
     return jax.jit(fwd_bwd).lower(*args)
 
 
+def target_attention(mesh, args: argparse.Namespace, mcfg) -> str:
+  """`--attention` for the model `mcfg`: auto is cuDNN's flash attention where its forward and backward compile
+  for the target at the model's heads, head dim, window, batch and sequence (as `s3r.train.attention.resolve`
+  decides on a GPU: cuDNN refuses head dims above 128), else XLA's."""
+  import jax
+  import jax.numpy as jnp
+
+  if args.attention != "auto":
+    return args.attention
+  array, _ = _abstract(mesh)
+  q = array((args.batch, args.seq, mcfg.n_heads, mcfg.head_dim), jnp.bfloat16)
+  kv = array((args.batch, args.seq, mcfg.n_kv_heads, mcfg.head_dim), jnp.bfloat16)
+  window = (mcfg.sliding_window - 1, 0) if getattr(mcfg, "sliding_window", None) else None
+
+  def loss(q, k, v):
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window, implementation="cudnn")
+    return jnp.sum(y.astype(jnp.float32))
+
+  try:
+    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+  except Exception as e:  # cuDNN refuses at trace or compile time
+    log(f"[aot]   cuDNN attention refused ({(str(e).strip().splitlines() or [type(e).__name__])[0][:120]}); XLA's used")
+    return "xla"
+  return "cudnn"
+
+
 def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argparse.Namespace):
   """The train step of `s3r train` (as `python -m benchmarks step` builds it) lowered for the target:
   the state, the batch and the key are abstract values on the target's shardings."""
@@ -196,7 +223,8 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
   from s3r.train import builder
 
   cfg = step.train_config(preset, recipe, args)
-  setup = builder.build(cfg, step.vocab_size(preset, args), mesh, **step.model_overrides(args, layers, args.attention))
+  impl = target_attention(mesh, args, step.model_config(preset, recipe, args, layers, "xla"))
+  setup = builder.build(cfg, step.vocab_size(preset, args), mesh, **step.model_overrides(args, layers, impl))
   batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
   _, key = _abstract(mesh)
   lowered = setup.train_step.lower(setup.abstract_state, batch, key)
@@ -215,7 +243,8 @@ def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.N
   from s3r.train.step import init_state, make_train_step
 
   vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
-  mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, args.attention, "bf16", layers=layers)
+  mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, "xla", "bf16", layers=layers)
+  mcfg = dataclasses.replace(mcfg, attention_impl=target_attention(mesh, args, mcfg))
   tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
   array, key = _abstract(mesh)
   shapes = jax.eval_shape(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), jax.random.key(0))
@@ -314,7 +343,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   g.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default %(default)s)")
   g.add_argument("--remat", choices=("none", "full"), default="full", help="rematerialize blocks (default %(default)s)")
   g.add_argument(
-    "--attention", choices=("xla", "cudnn"), default="cudnn", help="attention kernel (default %(default)s)"
+    "--attention",
+    choices=("auto", "xla", "cudnn"),
+    default="auto",
+    help="attention kernel: auto (cuDNN where it compiles for the target, else XLA), xla, cudnn (default %(default)s)",
   )
   g.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
   g.add_argument("--width", type=int, default=None, help="model width override, for tests (default: the preset's)")
