@@ -51,7 +51,7 @@ TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
 TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
 PROGRAMS = ("ffn", "moe", "step", "lockstep")
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
-DEFAULT_COMPILER_OPTIONS = {"xla_gpu_autotune_level": "0"}
+DEFAULT_COMPILER_OPTIONS: dict[str, bool | int | float | str] = {"xla_gpu_autotune_level": 0}
 # XLA's C++ sources whose log lines time the HLO passes, the backend, LLVM-to-PTX and ptxas
 XLA_TIMER_MODULES = "hlo_pass_pipeline=1,gpu_compiler=1,nvptx_compiler=1"
 MISSING_EXTRA = (
@@ -115,7 +115,7 @@ def target_mesh(devices: list):
   return Mesh(np.asarray(devices[:1]).reshape((1,) * len(sharding.MESH_AXES)), sharding.MESH_AXES)
 
 
-def compiler_options(pairs: list[str] | None) -> dict[str, str]:
+def compiler_options(pairs: list[str] | None) -> dict[str, bool | int | float | str]:
   """DEFAULT_COMPILER_OPTIONS updated by `--xla NAME=VALUE` pairs (a leading `--` and `xla_` prefix kept)."""
   out = dict(DEFAULT_COMPILER_OPTIONS)
   for pair in pairs or []:
@@ -124,8 +124,20 @@ def compiler_options(pairs: list[str] | None) -> dict[str, str]:
       raise SystemExit(
         f"--xla {pair}: expected NAME=VALUE with an XLA option name, e.g. xla_gpu_enable_triton_gemm=false"
       )
-    out[name] = value
+    out[name] = _option_value(value)
   return out
+
+
+def _option_value(text: str) -> bool | int | float | str:
+  """An XLA option's value as XLA takes it through JAX's compiler_options: true/false as bools, numbers as numbers."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
 
 
 # --- the programs: (name, a function returning the lowered program) ---------------------------
@@ -277,7 +289,7 @@ def stderr_captured(enabled: bool):
       os.close(saved)
 
 
-def measure(lower, options_: dict[str, str], breakdown: bool, xla_timers: bool = False) -> dict:
+def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
   XLA's own compile timers."""
   t0 = time.perf_counter()

@@ -60,10 +60,10 @@ def test_aot_refuses_in_one_message_naming_the_extra_when_the_cuda_plugin_is_mis
   assert "gpu-aot" in str(e.value) and "pip install" in str(e.value)
 
 
-def test_xla_options_are_name_value_pairs_and_autotuning_is_off_unless_given():
-  assert aot.compiler_options(None) == {"xla_gpu_autotune_level": "0"}
-  got = aot.compiler_options(["--xla_gpu_enable_triton_gemm=false", "xla_gpu_autotune_level=4"])
-  assert got == {"xla_gpu_autotune_level": "4", "xla_gpu_enable_triton_gemm": "false"}
+def test_xla_options_are_typed_name_value_pairs_and_autotuning_is_off_unless_given():
+  assert aot.compiler_options(None) == {"xla_gpu_autotune_level": 0}
+  got = aot.compiler_options(["--xla_gpu_enable_triton_gemm=false", "xla_gpu_autotune_level=4", "xla_dump_to=/tmp/d"])
+  assert got == {"xla_gpu_autotune_level": 4, "xla_gpu_enable_triton_gemm": False, "xla_dump_to": "/tmp/d"}
   with pytest.raises(SystemExit, match="NAME=VALUE"):
     aot.compiler_options(["triton"])
 
