@@ -112,3 +112,20 @@ def test_the_h100_and_h200_target_descriptions_are_in_the_repository():
     assert "gpu_device_info" in aot.target_spec(name)
   with pytest.raises(SystemExit, match="--target"):
     aot.target_spec("no-such-gpu")
+
+
+XLA_LOG = """I1206 13:09:04.089555   21557 hlo_pass_pipeline.cc:206] HLO pass: algsimp time: 6 us (6 us) (cumulative: 6 us, max: 6 us, #called: 1)
+I1206 13:09:04.089578   21557 hlo_pass_pipeline.cc:206] HLO pass: config-assigner time: 2.5 s (2.5 s) (cumulative: 2.5 s, max: 2.5 s, #called: 1)
+I1206 13:09:04.089579   21557 hlo_pass_pipeline.cc:206] HLO pass: algsimp time: 4 ms (4 ms) (cumulative: 4 ms, max: 4 ms, #called: 2)
+I1206 13:10:07.800997   22300 gpu_compiler.cc:263] GpuCompiler::RunHloPasses for jit_f time: 3.1 s (3100000 us) (cumulative: 3.1 s, max: 3.1 s, #called: 1)
+I1206 13:10:08.100000   22300 nvptx_compiler.cc:658] NVPTXCompiler::CompileTargetBinary - PtxToCubin for jit_f time: 620 ms (619894 us) (cumulative: 620 ms, max: 620 ms, #called: 1)
+I1206 13:10:08.200000   22300 nvptx_compiler.cc:658] NVPTXCompiler::CompileTargetBinary - PtxToCubin for jit_f time: 380 ms (380106 us) (cumulative: 1 s, max: 620 ms, #called: 2)
+"""
+
+
+def test_xla_timers_sums_each_phase_and_each_hlo_pass_over_its_calls():
+  t = aot_report.xla_timers(XLA_LOG)
+  assert t["phases_s"] == {"GpuCompiler::RunHloPasses": 3.1, "NVPTXCompiler::CompileTargetBinary - PtxToCubin": 1.0}
+  assert t["phase_calls"]["NVPTXCompiler::CompileTargetBinary - PtxToCubin"] == 2
+  assert t["top_passes_s"] == {"config-assigner": 2.5, "algsimp": 0.004}
+  assert t["hlo_passes_s"] == 2.504
