@@ -343,7 +343,8 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   models = _Models(cfg, vocab, attention)
   compile_s, loads = elapsed(), compile_cache.loads() - loads
   cached = f" ({loads} of them from the compilation cache {jax.config.jax_compilation_cache_dir})" if loads else ""
-  log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s{cached}")
+  recipes = f"{len(cfg.recipes)} recipes"
+  log(f"{cfg.preset} ({models.param_count:,} parameters) x {recipes} compiled in {compile_s:.1f}s{cached}")
   log(
     "train step per recipe: "
     + ", ".join(f"{r} traced {models.lower_s[r]:.1f}s, compiled {s:.1f}s" for r, s in models.compile_s.items())
