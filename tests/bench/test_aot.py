@@ -129,3 +129,19 @@ def test_xla_timers_sums_each_phase_and_each_hlo_pass_over_its_calls():
   assert t["phase_calls"]["NVPTXCompiler::CompileTargetBinary - PtxToCubin"] == 2
   assert t["top_passes_s"] == {"config-assigner": 2.5, "algsimp": 0.004}
   assert t["hlo_passes_s"] == 2.504
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_deviceless_h200_memory_is_byte_for_byte_what_the_h200_itself_reported(tmp_path):
+  """results/bench_static_gpu.json: memory_analysis() of the FFN block compiled on a real H200."""
+  gpu = json.loads((REPO / "results" / "bench_static_gpu.json").read_text())
+  (w1,) = [row for row in gpu["results"]["ffn_memory"] if row["shape"] == "W1"]
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  args = ["--target", "h200", "--program", "ffn", "--shapes", "W1", "--tokens", str(w1["tokens"])]
+  cmd = [sys.executable, "-m", "benchmarks", "aot", *args, "--recipes", "bf16,int8_rtne", "--out-dir", str(tmp_path)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (path,) = tmp_path.glob("bench_aot_h200_cpu.json")
+  for row in json.loads(path.read_text())["results"]:
+    assert row["memory"]["temp"] == w1["recipes"][row["recipe"]]["temp_size_in_bytes"], row["recipe"]
