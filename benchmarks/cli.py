@@ -1,7 +1,7 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load, eqx, maxtext. Each module
-defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load, eqx, aot,
+maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
 when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
 
@@ -28,6 +28,10 @@ COMMANDS = {
   "eqx": (
     "benchmarks.eqx",
     "time training steps of an Equinox model applied per example (quantize_fn vs qmatmul+vmap)",
+  ),
+  "aot": (
+    "benchmarks.aot",
+    "compile the FFN, MoE and train-step programs for an H100/H200 on this CPU (extra gpu-aot): seconds, memory, GEMMs",
   ),
   "maxtext": (
     "benchmarks.maxtext",

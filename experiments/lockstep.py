@@ -52,7 +52,7 @@ from experiments import results as provenance
 from experiments.lockstep_report import finite, write_summary
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import attention
+from s3r.train import attention, compile_cache
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import init_state, make_eval_step, make_train_step
 
@@ -339,9 +339,12 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   }
   vocab = int(meta_tokens["vocab_size"])
   attention, attention_note = resolve_attention(cfg, vocab, log)
+  loads = compile_cache.loads()
   models = _Models(cfg, vocab, attention)
-  compile_s = elapsed()
-  log(f"{cfg.preset} ({models.param_count:,} parameters) x {len(cfg.recipes)} recipes compiled in {compile_s:.1f}s")
+  compile_s, loads = elapsed(), compile_cache.loads() - loads
+  cached = f" ({loads} of them from the compilation cache {jax.config.jax_compilation_cache_dir})" if loads else ""
+  recipes = f"{len(cfg.recipes)} recipes"
+  log(f"{cfg.preset} ({models.param_count:,} parameters) x {recipes} compiled in {compile_s:.1f}s{cached}")
   log(
     "train step per recipe: "
     + ", ".join(f"{r} traced {models.lower_s[r]:.1f}s, compiled {s:.1f}s" for r, s in models.compile_s.items())

@@ -8,6 +8,20 @@ set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 T0=$SECONDS
+# JAX's persistent compilation cache (COMPILE_CACHE=0: off): a second call on a warm machine, or one that
+# carries the folder, loads the programs the first compiled instead of compiling them again
+if [ "${COMPILE_CACHE:-1}" != 0 ]; then
+  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/.cache/jax_device}
+  mkdir -p "$JAX_COMPILATION_CACHE_DIR"
+fi
+
+cache_report() {  # the compilation cache's folder and how many programs it holds
+  if [ -n "${JAX_COMPILATION_CACHE_DIR:-}" ] && [ "${COMPILE_CACHE:-1}" != 0 ]; then
+    echo "compilation cache $JAX_COMPILATION_CACHE_DIR: $(find "$JAX_COMPILATION_CACHE_DIR" -type f | wc -l) files"
+  else
+    echo "compilation cache off (COMPILE_CACHE=0)"
+  fi
+}
 
 banner() {  # banner TEXT: a line nobody scrolls past
   printf '\n%s\n!!! %s\n%s\n\n' "$(printf '!%.0s' {1..72})" "$1" "$(printf '!%.0s' {1..72})"
@@ -21,6 +35,7 @@ header() {  # the machine and the versions, first in every log
   date -u
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>&1 | head -3
   $PY -c "import jax; print('jax', jax.__version__, jax.devices())" || return 1
+  cache_report
 }
 
 smoke_or_stop() {  # smoke_or_stop DIR: every code path at the smallest size (<1 min on the GPU), or stop

@@ -171,10 +171,12 @@ def _persistent_cache_off():
     cc._cache_checked, cc._cache_used = before
 
 
-def buffer_breakdown(lowered) -> tuple[dict, object]:
-  """(breakdown, compiled) of a `jax.jit(f).lower(...)`: compiles it with XLA's dump on."""
+def buffer_breakdown(lowered, compiler_options: dict | None = None) -> tuple[dict, object]:
+  """(breakdown, compiled) of a `jax.jit(f).lower(...)`: compiles it with XLA's dump on (and with
+  `compiler_options`, e.g. the flags of the program being measured)."""
   with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d, _persistent_cache_off():
-    compiled = lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_text": True})
+    options = {**(compiler_options or {}), "xla_dump_to": d, "xla_dump_hlo_as_text": True}
+    compiled = lowered.compile(compiler_options=options)
 
     def read(suffix: str, required: bool = True) -> str | None:
       paths = sorted(glob.glob(os.path.join(d, f"*after_optimizations{suffix}")))

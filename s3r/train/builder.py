@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import checkpoint, sharding
+from s3r.train import checkpoint, compile_cache, sharding
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.optimizer import make_optimizer, schedule
 from s3r.train.step import TrainState, init_state, make_eval_step, make_train_step
@@ -175,11 +175,13 @@ def compile_eval_step_on_first_use(setup: Setup, cfg: TrainConfig, log) -> Calla
 
 
 def _compiled(name: str, lower: Callable[[], jax.stages.Lowered], log):
-  """`lower()` compiled, saying so before (a large model compiles for minutes) and after."""
+  """`lower()` compiled, saying so before (a large model compiles for minutes) and after, and whether it was
+  loaded from JAX's persistent compilation cache (`compile_cache`)."""
   log(f"compiling the {name} step ...")
-  t0 = time.time()
+  t0, loads = time.time(), compile_cache.loads()
   compiled = lower().compile()
-  log(f"compiled the {name} step in {time.time() - t0:.1f}s")
+  cached = " (from the compilation cache)" if compile_cache.loads() > loads else ""
+  log(f"compiled the {name} step in {time.time() - t0:.1f}s{cached}")
   return compiled
 
 

@@ -39,6 +39,7 @@ RESUMABLE_CHANGES = (
   "progress",
   "verbose",
   "cache_dir",
+  "compile_cache",
   "mesh",
 )
 # Fields that may also change on `--resume` but change the numbers from then on: `steps` may grow (extending a
@@ -122,7 +123,13 @@ class TrainConfig:
   )
   vocab: int | None = _flag(None, "tokenizer vocabulary size", default_help="the preset's vocabulary")
   max_train_docs: int | None = _flag(None, "use only the first N training documents")
-  cache_dir: str = _flag(".cache/s3r", "tokenizer and token cache")
+  cache_dir: str = _flag(".cache/s3r", "tokenizer and token cache, and compiled programs (in its xla folder)")
+  compile_cache: bool = _flag(
+    True,
+    "no persistent compilation cache: compile every program afresh (by default compiled programs are kept in "
+    "<cache-dir>/xla, or in $JAX_COMPILATION_CACHE_DIR where set, and a repeated or resumed run loads them; "
+    "the log says 'from the compilation cache' where it did)",
+  )
   seed: int = _flag(0, "seed of parameters, quantizer noise and batch order")
   eval_every: int = _flag(100, "validation loss every N steps (and at step 0 and the end)")
   eval_batches: int = _flag(16, "batches per validation set")

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, logs, placement, recovery, report, resume
+from s3r.train import checkpoint, compile_cache, logs, placement, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -121,6 +121,10 @@ def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) 
   except ConfigError as e:
     raise ConfigError(f"{e}; {resume.mesh_hint(cfg)}") from None
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
+  if cfg.compile_cache:  # a repeated or resumed run loads its compiled programs (--no-compile-cache: never)
+    compile_cache.enable(os.path.join(cfg.cache_dir, "xla"))
+  else:
+    compile_cache.disable()
   created = _writable_dir(out, "--out")
   log_file = out / (logs.LOG_FILE if main else f"{logs.LOG_FILE}.{jax.process_index()}")
   try:

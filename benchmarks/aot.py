@@ -1,0 +1,368 @@
+"""`python -m benchmarks aot`: programs compiled for a GPU on this machine, no GPU needed ("deviceless").
+
+XLA's GPU compiler runs on a CPU-only machine when it is given a description of the target GPU. The
+descriptions of the H100 (SXM, 80 GB) and the H200 are in `benchmarks/targets/` (XLA's published
+`GpuTargetConfigProto` text, see each file's header); `jax.experimental.topologies.get_topology_desc`
+turns one into compile-only devices, the programs are lowered from abstract arguments
+(`jax.ShapeDtypeStruct` with shardings on those devices, the PRNG key included) and compiled. Needs
+the optional extra `gpu-aot` (the CUDA plugin of the pinned JAX, about 4.3 GB; no driver, no GPU):
+`pip install -e '.[gpu-aot]' -c constraints.txt`. The command sets `JAX_PLATFORMS=cpu` for itself.
+
+Programs (`--program`, comma-separated):
+- ffn: the SwiGLU FFN block forward + backward of `python -m benchmarks ffn` (x [T, H] bf16, f32
+  weights) at `--shapes` and `--tokens`;
+- moe: one `s3r.grouped_qmatmul` forward + backward (x [T, K], w [E, K, N], E equal groups) with the
+  grouped GEMM `--moe-impl` (auto: the Pallas kernels on CUDA, which are given the target's compute
+  capability through the abstract mesh of the target devices);
+- step: the train step of `s3r train` (`s3r.train.builder.build`: model, AdamW, shardings, donated
+  state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`;
+- lockstep: the train step that `scripts/device_quality.sh` runs (`experiments.lockstep`: the preset's
+  own remat, the learning rate as an argument, `--schedule-steps`) at `--preset`, `--layers`, `--batch`
+  x `--seq`, `--attention`.
+
+Per program and recipe: trace + lowering seconds, XLA compile seconds, `memory_analysis()` (temp,
+argument, output, alias bytes), the GEMMs of the optimized HLO by kind (Triton GEMM fusions with
+their operand types, cuBLAS / cuBLASLt custom calls, cuDNN attention, Pallas Triton kernels), fusion
+and instruction counts; with `--breakdown`, the buffers live at the memory peak (`s3r.analysis.memory`,
+a second compile with XLA's dump on). Compile options: `--xla NAME=VALUE` (repeatable), passed to XLA
+per compile; `xla_gpu_autotune_level=0` unless given (there is no GPU to autotune on). The programs
+are compiled one at a time, so the seconds are of one compile on this machine (they vary with load; the CPU
+seconds of the compile, this process's threads and the ptxas processes XLA starts, vary less).
+Results: `<out-dir>/bench_aot_<target>[_<tag>]_cpu.{json,md}` (cpu: the machine that compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import os
+import pathlib
+import tempfile
+import time
+
+from benchmarks import aot_report, options
+from benchmarks.aot_programs import lower_ffn, lower_lockstep, lower_moe, lower_step
+from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
+
+TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
+TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
+PROGRAMS = ("ffn", "moe", "step", "lockstep")
+PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+DEFAULT_COMPILER_OPTIONS: dict[str, bool | int | float | str] = {"xla_gpu_autotune_level": 0}
+# XLA's C++ sources whose log lines time the HLO passes, the backend, LLVM-to-PTX and ptxas
+XLA_TIMER_MODULES = "hlo_pass_pipeline=1,gpu_compiler=1,nvptx_compiler=1"
+MISSING_EXTRA = (
+  "python -m benchmarks aot needs JAX's CUDA plugin (no GPU needed): install the optional extra with\n"
+  "  pip install -e '.[gpu-aot]' -c constraints.txt\n"
+  "(about 4.3 GB of NVIDIA wheels, at the pinned JAX; see docs/performance.md, 'GPU programs compiled on the CPU')"
+)
+
+
+def cuda_plugin_installed() -> bool:
+  """Whether JAX's CUDA plugin (the `gpu-aot` extra) can be imported."""
+  for name in PLUGINS:
+    try:
+      if importlib.util.find_spec(name) is not None:
+        return True
+    except ModuleNotFoundError:
+      continue
+  return False
+
+
+def use_cpu_host(xla_timers: bool = False) -> None:
+  """This process compiles for the GPU target but runs on the CPU: JAX's own backend is the CPU (set
+  before any backend starts), and the CUDA plugin does not check the CUDA libraries against a driver.
+  `xla_timers`: XLA logs the time of every HLO pass and of code generation (read by `measure`)."""
+  import jax
+  from jax._src import xla_bridge
+
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  if xla_timers:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    os.environ["TF_CPP_VMODULE"] = XLA_TIMER_MODULES
+  if not xla_bridge._backends:  # noqa: SLF001 - the platforms can only change before the first backend
+    jax.config.update("jax_platforms", "cpu")
+
+
+def target_spec(target: str) -> str:
+  """The GpuTargetConfigProto text of `target` (a name of TARGETS or the path of a .txtpb file)."""
+  path = TARGETS_DIR / TARGETS[target] if target in TARGETS else pathlib.Path(target)
+  if not path.is_file():
+    raise SystemExit(f"--target {target}: not one of {', '.join(TARGETS)} and not a file")
+  return path.read_text()
+
+
+def target_devices(target: str) -> list:
+  """The compile-only devices of one GPU of `target`."""
+  from jax.experimental import topologies
+
+  topo = topologies.get_topology_desc(
+    platform="cuda", topology_name="", topology="1x1x1", target_config=target_spec(target)
+  )
+  return list(topo.devices)
+
+
+def target_mesh(devices: list):
+  """The trainer's mesh (axes s3r.train.sharding.MESH_AXES) over one target device."""
+  import numpy as np
+  from jax.sharding import Mesh
+
+  from s3r.train import sharding
+
+  return Mesh(np.asarray(devices[:1]).reshape((1,) * len(sharding.MESH_AXES)), sharding.MESH_AXES)
+
+
+def compiler_options(pairs: list[str] | None) -> dict[str, bool | int | float | str]:
+  """DEFAULT_COMPILER_OPTIONS updated by `--xla NAME=VALUE` pairs (a leading `--` and `xla_` prefix kept)."""
+  out = dict(DEFAULT_COMPILER_OPTIONS)
+  for pair in pairs or []:
+    name, sep, value = pair.lstrip("-").partition("=")
+    if not sep or not name.startswith("xla_"):
+      raise SystemExit(
+        f"--xla {pair}: expected NAME=VALUE with an XLA option name, e.g. xla_gpu_enable_triton_gemm=false"
+      )
+    out[name] = _option_value(value)
+  return out
+
+
+def _option_value(text: str) -> bool | int | float | str:
+  """An XLA option's value as XLA takes it through JAX's compiler_options: true/false as bools, numbers as numbers."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def cpu_seconds() -> float:
+  """CPU seconds of this process (all threads) and of its finished children (XLA:GPU runs ptxas): under load,
+  a compile's CPU time varies less than its wall-clock time."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
+@contextlib.contextmanager
+def stderr_captured(enabled: bool):
+  """Yields a function returning what the process wrote to file descriptor 2 meanwhile (XLA's C++ logs)."""
+  if not enabled:
+    yield lambda: ""
+    return
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+") as f:
+    os.dup2(f.fileno(), 2)
+    try:
+      yield lambda: (f.seek(0), f.read())[1]
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) -> dict:
+  """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
+  XLA's own compile timers."""
+  t0 = time.perf_counter()
+  lowered = lower()
+  with stderr_captured(xla_timers) as logged:
+    t1, cpu1 = time.perf_counter(), cpu_seconds()
+    compiled = lowered.compile(compiler_options=options_)
+    t2, cpu2 = time.perf_counter(), cpu_seconds()
+    log_text = logged()
+  text = compiled.as_text()
+  row = {
+    "lower_s": t1 - t0,
+    "compile_s": t2 - t1,
+    "compile_cpu_s": cpu2 - cpu1,
+    "memory": aot_report.memory(compiled),
+    "hlo": aot_report.hlo_summary(text),
+  }
+  if xla_timers:
+    row["xla_timers"] = aot_report.xla_timers(log_text)
+  if breakdown:
+    from s3r.analysis import memory as memory_analysis
+
+    found, _ = memory_analysis.buffer_breakdown(lowered, compiler_options=options_)
+    found["peak"] = found["peak"][: aot_report.BREAKDOWN_ROWS]
+    del found["temp_values"]
+    row["breakdown"] = found
+  return row
+
+
+# --- command -----------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument(
+    "--target", default="h100", help=f"{', '.join(TARGETS)} or a GpuTargetConfigProto file (default %(default)s)"
+  )
+  p.add_argument("--program", default="ffn", help=f"comma-separated, of {', '.join(PROGRAMS)} (default %(default)s)")
+  p.add_argument(
+    "--recipes", default=",".join(options.BENCH_RECIPES), help="comma-separated recipes (default %(default)s)"
+  )
+  p.add_argument("--xla", action="append", metavar="NAME=VALUE", help="an XLA option for every compile (repeatable)")
+  p.add_argument("--breakdown", action="store_true", help="also the buffers live at the memory peak (compiles twice)")
+  p.add_argument(
+    "--xla-timers",
+    action="store_true",
+    help="also XLA's own timers of the compile: each HLO pass, the backend, LLVM-to-PTX and ptxas (from its logs)",
+  )
+  g = p.add_argument_group("ffn")
+  g.add_argument("--shapes", default="W1,W3", help="FFN shapes W1..W9 or HxD (default %(default)s)")
+  g.add_argument("--tokens", type=int, default=16384, help="tokens T of the FFN and MoE programs (default %(default)s)")
+  g = p.add_argument_group("moe")
+  g.add_argument("--moe-shape", default="2048x768x64", help="KxNxE of the grouped GEMM (default %(default)s)")
+  g.add_argument("--moe-tokens", type=int, default=8192, help="rows T of the grouped GEMM (default %(default)s)")
+  g.add_argument(
+    "--moe-impl",
+    default="auto",
+    help="comma-separated grouped GEMMs: auto, pallas, ragged, tiled (default %(default)s)",
+  )
+  g = p.add_argument_group("step")
+  g.add_argument("--preset", default="paper-12l", help="model preset (default %(default)s)")
+  g.add_argument("--layers", default="1", help="comma-separated depths (default %(default)s)")
+  g.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
+  g.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default %(default)s)")
+  g.add_argument("--remat", choices=("none", "full"), default="full", help="rematerialize blocks (default %(default)s)")
+  g.add_argument(
+    "--attention",
+    choices=("auto", "xla", "cudnn"),
+    default="auto",
+    help="attention kernel: auto (cuDNN where it compiles for the target, else XLA), xla, cudnn (default %(default)s)",
+  )
+  g.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
+  g.add_argument("--width", type=int, default=None, help="model width override, for tests (default: the preset's)")
+  g.add_argument("--seed", type=int, default=0, help="seed of the configuration (default %(default)s)")
+  g.add_argument(
+    "--schedule-steps", type=int, default=2000, help="lockstep: the schedule length compiled in (default %(default)s)"
+  )
+  p.add_argument("--tag", default=None, help="results go to bench_aot_<target>_<tag>_cpu.* (default: no tag)")
+  p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
+  p.set_defaults(mesh=None)  # one target GPU: the train step's mesh is the trainer's default
+
+
+def _depths(value: str) -> list[int]:
+  try:
+    depths = [int(v) for v in value.split(",") if v.strip()]
+  except ValueError:
+    depths = []
+  if not depths or min(depths) < 1:
+    raise SystemExit(f"--layers: expected comma-separated positive integers, got {value!r}")
+  return depths
+
+
+def _moe_shape(value: str) -> tuple[int, int, int]:
+  parts = value.split("x")
+  if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise SystemExit(f"--moe-shape {value}: expected KxNxE, e.g. 2048x768x64")
+  k, n, e = map(int, parts)
+  return k, n, e
+
+
+def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, object]]:
+  """[(row labels, lower(mesh) -> Lowered)] of every program to compile, in order."""
+  programs = parse_list(args.program, list(PROGRAMS), "programs")
+  todo = []
+  if "ffn" in programs:
+    for shape, (hidden, ffn_dim) in options.parse_shapes(args.shapes).items():
+      for r in recipes:
+        labels = {"program": "ffn", "shape": shape, "hidden": hidden, "ffn_dim": ffn_dim, "tokens": args.tokens}
+        todo.append(
+          (
+            {**labels, "recipe": r},
+            functools.partial(lower_ffn, recipe=r, tokens=args.tokens, hidden=hidden, ffn_dim=ffn_dim),
+          )
+        )
+  if "moe" in programs:
+    k, n, e = _moe_shape(args.moe_shape)
+    for impl in parse_list(args.moe_impl, ["auto", "pallas", "ragged", "tiled"], "grouped GEMMs"):
+      for r in recipes:
+        labels = {"program": "moe", "impl": impl, "tokens": args.moe_tokens, "k": k, "n": n, "experts": e}
+        todo.append(
+          (
+            {**labels, "recipe": r},
+            functools.partial(lower_moe, recipe=r, tokens=args.moe_tokens, k=k, n=n, experts=e, impl=impl),
+          )
+        )
+  for program in ("step", "lockstep"):
+    if program not in programs:
+      continue
+    for layers in _depths(args.layers):
+      for r in recipes:
+        labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch, "seq": args.seq}
+        fn = lower_lockstep if program == "lockstep" else lambda mesh, **kw: lower_step(mesh, **kw)[0]
+        lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=args)
+        todo.append(({**labels, "recipe": r}, lower))
+  return todo
+
+
+def run(args: argparse.Namespace) -> dict:
+  if not cuda_plugin_installed():
+    raise SystemExit(MISSING_EXTRA)
+  use_cpu_host(args.xla_timers)
+  from s3r import RECIPES
+
+  recipes = parse_list(args.recipes, list(RECIPES), "recipes")
+  opts = compiler_options(args.xla)
+  spec = target_spec(args.target)
+  devices = target_devices(args.target)
+  mesh = target_mesh(devices)
+  todo = plan(args, recipes)
+  name = "aot_" + (args.target if args.target in TARGETS else pathlib.Path(args.target).stem)
+  run_ = Run(
+    name if not args.tag else f"{name}_{args.tag}",
+    args.out_dir,
+    title=f"python -m benchmarks aot --target {args.target}",
+    target=args.target,
+    target_device=devices[0].device_kind,
+    target_spec_sha256=hashlib.sha256(spec.encode()).hexdigest()[:16],
+    programs=args.program,
+    recipes=",".join(recipes),
+    compiler_options=opts,
+    breakdown=args.breakdown,
+    xla_timers=args.xla_timers,
+    **{k: getattr(args, k) for k in _settings(args)},
+  )
+  rows: list[dict] = []
+  paths = {}
+  for i, (labels, lower) in enumerate(todo):
+    log(f"[aot] {args.target} {_label(labels)}: compiling, load {loadavg()}")
+    try:
+      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown, args.xla_timers)}
+    except Exception as e:  # a program that does not compile for the target is a result too
+      row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
+      log(f"[aot]   FAILED: {row['error']}")
+    else:
+      secs = f"compiled in {row['compile_s']:.1f}s ({row['compile_cpu_s']:.1f} CPU s)"
+      log(f"[aot]   lowered in {row['lower_s']:.1f}s, {secs}, {aot_report.one_line(row)}")
+    rows.append(row)
+    paths = run_.write(rows, aot_report.markdown(rows, devices[0].device_kind), complete=i == len(todo) - 1)
+  log(f"[aot] wrote {', '.join(str(p) for p in paths.values())}")
+  return {"results": rows, "paths": paths}
+
+
+def _settings(args: argparse.Namespace) -> list[str]:
+  programs = set(parse_list(args.program, list(PROGRAMS), "programs"))
+  keys = []
+  if "ffn" in programs:
+    keys += ["shapes", "tokens"]
+  if "moe" in programs:
+    keys += ["moe_shape", "moe_tokens", "moe_impl"]
+  if "step" in programs or "lockstep" in programs:
+    keys += ["preset", "layers", "batch", "seq", "remat", "attention", "vocab", "width", "seed", "schedule_steps"]
+  return keys
+
+
+def _label(labels: dict) -> str:
+  if labels["program"] == "ffn":
+    return f"ffn {labels['shape']} T={labels['tokens']} {labels['recipe']}"
+  if labels["program"] == "moe":
+    shape = f"T={labels['tokens']} K={labels['k']} N={labels['n']} E={labels['experts']}"
+    return f"moe {labels['impl']} {shape} {labels['recipe']}"
+  return (
+    f"{labels['program']} {labels['preset']} L={labels['layers']} {labels['batch']}x{labels['seq']} {labels['recipe']}"
+  )

@@ -1,0 +1,257 @@
+"""What `python -m benchmarks aot` reads from a compiled GPU program, and its Markdown tables.
+
+GEMM kinds in XLA:GPU's optimized HLO (`compiled.as_text()`):
+- triton_gemm: a fusion whose backend config kind is `__triton_gemm` or `__triton_nested_gemm_fusion`
+  (XLA's Triton GEMM emitter), counted by the element types of its dot's operands (e.g. "s8 x s8");
+- cublas / cublaslt: custom calls `__cublas$gemm` and `__cublas$lt$matmul*`;
+- cudnn_gemm: a fusion of kind `__cudnn$fusion`; cudnn_attention: custom calls `__cudnn$fmha*`;
+- pallas_triton: custom calls `__gpu$xla.gpu.triton` (Pallas kernels lowered through Triton);
+- dot: a dot left outside any fusion.
+Every GEMM is counted once per instruction of the program (a while loop's body once, not per trip).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from experiments.results import markdown_table
+from s3r.analysis import hlo
+
+BREAKDOWN_ROWS = 12  # buffers live at the peak kept per program (largest first)
+BREAKDOWN_SHOWN = 6  # of which the Markdown lists the temporaries
+MIB = 2**20
+_KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
+_TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
+_CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")
+
+
+def memory(compiled) -> dict[str, int]:
+  """memory_analysis() of one device in bytes: temp, argument, output, alias, generated code."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return {}
+  keys = ("temp", "argument", "output", "alias", "generated_code")
+  return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in keys if hasattr(m, f"{k}_size_in_bytes")}
+
+
+def _dot_operands(comps: dict, name: str, depth: int = 0) -> str | None:
+  """ "a x b": the operand element types of the dot in fusion computation `name` (or one it calls)."""
+  comp = comps.get(name)
+  if comp is None or depth > 4:
+    return None
+  types = {i.name: i.dtype for i in comp.instrs}
+  for ins in comp.instrs:
+    if ins.opcode in ("dot", "scaled-dot") and len(ins.operands) >= 2:
+      return " x ".join(str(types.get(o, "?")) for o in ins.operands[:2])
+  for ins in comp.instrs:
+    for callee in _CALLS_RE.findall(ins.attrs):
+      found = _dot_operands(comps, callee, depth + 1)
+      if found:
+        return found
+  return None
+
+
+def gemm_kinds(text: str) -> dict[str, int]:
+  """GEMMs of an optimized GPU HLO module by kind (see the module docstring)."""
+  comps = hlo.parse_hlo(text)
+  found: Counter[str] = Counter()
+  for comp in comps.values():
+    for ins in comp.instrs:
+      if ins.opcode == "fusion":
+        kind = _KIND_RE.search(ins.attrs)
+        if kind and kind.group(1) in ("__triton_gemm", "__triton_nested_gemm_fusion"):
+          callee = _CALLS_RE.search(ins.attrs)
+          operands = _dot_operands(comps, callee.group(1)) if callee else None
+          found[f"triton_gemm {operands or '?'}"] += 1
+        elif kind and kind.group(1) == "__cudnn$fusion":
+          found["cudnn_gemm"] += 1
+      elif ins.opcode == "custom-call":
+        target = _TARGET_RE.search(ins.attrs)
+        t = target.group(1) if target else ""
+        if t == "__cublas$gemm":
+          found["cublas"] += 1
+        elif t.startswith("__cublas$lt$matmul"):
+          found["cublaslt"] += 1
+        elif t.startswith("__cudnn$fmha"):
+          found["cudnn_attention"] += 1
+        elif t == "__gpu$xla.gpu.triton":
+          found["pallas_triton"] += 1
+      elif ins.opcode == "dot" and comp.entry:
+        found["dot"] += 1
+  return dict(sorted(found.items()))
+
+
+def hlo_summary(text: str) -> dict:
+  """GEMM kinds, fusions by kind and instruction counts of the entry computation and the module."""
+  comps = hlo.parse_hlo(text)
+  entry = next((c for c in comps.values() if c.entry), None)
+  fusions: Counter[str] = Counter()
+  for comp in comps.values():
+    for ins in comp.instrs:
+      if ins.opcode == "fusion":
+        kind = _KIND_RE.search(ins.attrs)
+        fusions[kind.group(1) if kind else re.search(r"kind=(\w+)", ins.attrs).group(1)] += 1  # type: ignore[union-attr]
+  return {
+    "gemms": gemm_kinds(text),
+    "fusions": dict(sorted(fusions.items())),
+    "entry_instructions": len(entry.instrs) if entry else 0,
+    "instructions": sum(len(c.instrs) for c in comps.values()),
+    "lines": text.count("\n"),
+  }
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_PASS_RE = re.compile(r"HLO pass: (\S+) time: ([\d.]+) (\w+) ")
+_TIMER_RE = re.compile(r"\] (GpuCompiler::\w+|NVPTXCompiler::\w+ - \w+)(?: for \S+)? time: ([\d.]+) (\w+) ")
+
+
+def xla_timers(log: str, top: int = 10) -> dict:
+  """XLA:GPU's compile timers from its logs (`--xla-timers`): seconds per phase, summed over its calls
+  (RunHloPasses, RunBackend; CompileToPtx and PtxToCubin run once per kernel module, partly in parallel
+  threads, so their sums can exceed the wall-clock time) and the `top` HLO passes by total seconds."""
+  phases: Counter[str] = Counter()
+  calls: Counter[str] = Counter()
+  passes: Counter[str] = Counter()
+  for line in log.splitlines():
+    if m := _PASS_RE.search(line):
+      passes[m.group(1)] += float(m.group(2)) * _UNITS.get(m.group(3), 0.0)
+    elif m := _TIMER_RE.search(line):
+      phases[m.group(1)] += float(m.group(2)) * _UNITS.get(m.group(3), 0.0)
+      calls[m.group(1)] += 1
+  return {
+    "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())},
+    "phase_calls": dict(sorted(calls.items())),
+    "hlo_passes_s": round(sum(passes.values()), 3),
+    "top_passes_s": {k: round(v, 3) for k, v in passes.most_common(top)},
+  }
+
+
+def gemm_text(gemms: dict[str, int]) -> str:
+  return ", ".join(f"{n} {k}" for k, n in gemms.items()) or "none"
+
+
+def one_line(row: dict) -> str:
+  m = row["memory"]
+  return f"temp {m.get('temp', 0) / MIB:.1f} MiB, GEMMs: {gemm_text(row['hlo']['gemms'])}"
+
+
+def _mib(b: int | None) -> str:
+  return "" if b is None else f"{b / MIB:,.1f}"
+
+
+def _ratio(a: float, b: float | None) -> str:
+  return "" if not b else f"{a / b:.2f}"
+
+
+def _config(row: dict) -> str:
+  if row["program"] == "ffn":
+    return f"FFN {row['shape']} (H={row['hidden']}, D={row['ffn_dim']}), T={row['tokens']}"
+  if row["program"] == "moe":
+    return f"grouped GEMM `{row['impl']}`, T={row['tokens']}, K={row['k']}, N={row['n']}, E={row['experts']}"
+  what = "train step" if row["program"] == "step" else "lockstep train step"
+  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}"
+
+
+def markdown(rows: list[dict], device_kind: str) -> str:
+  """Per configuration: a row per recipe with compile seconds, memory and GEMM kinds, ratios to bf16."""
+  out = [
+    f"Target: {device_kind} (compile-only devices; no GPU was used). Times: wall-clock seconds on the compiling "
+    "machine, and the CPU seconds of the compile (all threads, and the ptxas processes XLA starts).",
+    "",
+  ]
+  configs: dict[str, list[dict]] = {}
+  for row in rows:
+    configs.setdefault(_config(row), []).append(row)
+  head = [
+    "recipe",
+    "lower s",
+    "compile s",
+    "x bf16",
+    "compile CPU s",
+    "x bf16",
+    "temp MiB",
+    "x bf16",
+    "args MiB",
+    "out MiB",
+    "GEMMs",
+    "fusions",
+  ]
+  for config, group in configs.items():
+    base = next((r for r in group if r["recipe"] == "bf16" and "error" not in r), None)
+    table = []
+    for r in group:
+      if "error" in r:
+        table.append([r["recipe"], "", "failed", "", "", "", "", "", "", "", r["error"][:160], ""])
+        continue
+      m = r["memory"]
+      table.append(
+        [
+          r["recipe"],
+          f"{r['lower_s']:.1f}",
+          f"{r['compile_s']:.1f}",
+          _ratio(r["compile_s"], base and base["compile_s"]),
+          f"{r['compile_cpu_s']:.1f}",
+          _ratio(r["compile_cpu_s"], base and base["compile_cpu_s"]),
+          _mib(m.get("temp")),
+          _ratio(m.get("temp", 0), base and base["memory"].get("temp")),
+          _mib(m.get("argument")),
+          _mib(m.get("output")),
+          gemm_text(r["hlo"]["gemms"]),
+          sum(r["hlo"]["fusions"].values()),
+        ]
+      )
+    out += [f"## {config}", "", markdown_table(head, table), ""]
+    out += _timers(group)
+    out += _breakdown(group)
+  return "\n".join(out)
+
+
+def _timers(group: list[dict]) -> list[str]:
+  rows = [r for r in group if r.get("xla_timers")]
+  if not rows:
+    return []
+  out = [
+    "XLA's compile timers (seconds summed over calls; PTX and ptxas run per kernel module, partly in parallel):",
+    "",
+  ]
+  table = []
+  for r in rows:
+    t = r["xla_timers"]
+    ph = t["phases_s"]
+    key = "NVPTXCompiler::CompileTargetBinary - "
+    top = ", ".join(f"{k} {v:.2f}" for k, v in list(t["top_passes_s"].items())[:3])
+    table.append(
+      [
+        r["recipe"],
+        f"{ph.get('GpuCompiler::RunHloPasses', 0):.2f}",
+        top,
+        f"{ph.get('GpuCompiler::RunBackend', 0):.2f}",
+        t["phase_calls"].get(key + "CompileToPtx", 0),
+        f"{ph.get(key + 'CompileToPtx', 0):.2f}",
+        f"{ph.get(key + 'PtxToCubin', 0):.2f}",
+      ]
+    )
+  head = ["recipe", "HLO passes", "largest passes", "backend", "kernel modules", "LLVM to PTX", "ptxas"]
+  return [*out, markdown_table(head, table, align=["l", "r", "l", "r", "r", "r", "r"]), ""]
+
+
+def _breakdown(group: list[dict]) -> list[str]:
+  found = {r["recipe"]: r["breakdown"] for r in group if r.get("breakdown")}
+  if not found:
+    return []
+  dtypes = sorted({d for b in found.values() for d in b["by_kind_dtype"].get("temp", {})})
+  out = ["Temporaries live at the memory peak, MiB by element type (XLA buffer assignment):", ""]
+  table = []
+  for r, b in found.items():
+    temp = b["by_kind_dtype"].get("temp", {})
+    table.append([r, _mib(b["temp_bytes"]), _mib(sum(temp.values())), *[_mib(temp.get(d, 0)) for d in dtypes]])
+  out += [markdown_table(["recipe", "temp alloc", "live temps", *dtypes], table), ""]
+  out += [f"Largest temporaries live at the peak (up to {BREAKDOWN_SHOWN}; MiB, type, producing JAX op):", ""]
+  table = []
+  for r, b in found.items():
+    temps = [p for p in b["peak"] if p["kind"] == "temp"][:BREAKDOWN_SHOWN]
+    op = lambda p: p["op_name"].split("/", 1)[-1] if p["op_name"] else p["opcode"]
+    table.append([r, "<br>".join(f"{_mib(p['bytes'])} {p['dtype']}{p['dims']} `{op(p)}`" for p in temps)])
+  out += [markdown_table(["recipe", "buffers"], table, align=["l", "l"]), ""]
+  return out

@@ -1,0 +1,147 @@
+"""`python -m benchmarks aot`: GPU programs compiled on the CPU. The default suite checks the refusal without the
+`gpu-aot` extra and the GEMM census of an XLA:GPU HLO text; the slow tests compile for the H100 target (skipped,
+with the reason, where JAX's CUDA plugin is not installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import aot, aot_report, cli
+from tests.faults.conftest import REPO
+
+needs_plugin = pytest.mark.skipif(
+  not aot.cuda_plugin_installed(),
+  reason="JAX's CUDA plugin is not installed (pip install -e '.[gpu-aot]' -c constraints.txt)",
+)
+
+GPU_HLO = """HloModule jit_f, entry_computation_layout={(s8[64,32]{1,0}, s8[32,16]{1,0})->f32[64,16]{1,0}}
+
+%gemm_fusion_dot.1_computation (p0: s8[64,32], p1: s8[32,16]) -> s32[64,16] {
+  %p0 = s8[64,32]{1,0} parameter(0)
+  %p1 = s8[32,16]{1,0} parameter(1)
+  ROOT %dot.1 = s32[64,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: s8[64,32], b: s8[32,16], c: bf16[64,32], d: bf16[32,16]) -> f32[64,16] {
+  %a = s8[64,32]{1,0} parameter(0)
+  %b = s8[32,16]{1,0} parameter(1)
+  %c = bf16[64,32]{1,0} parameter(2)
+  %d = bf16[32,16]{1,0} parameter(3)
+  %gemm_fusion_dot.1 = s32[64,16]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.1_computation, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %custom-call.1 = (bf16[64,16]{1,0}, s8[0]{0}) custom-call(%c, %d), custom_call_target="__cublas$gemm"
+  %custom-call.2 = (bf16[64,16]{1,0}, s8[0]{0}) custom-call(%c, %d), custom_call_target="__cublas$lt$matmul"
+  %custom-call.3 = (bf16[1,64,4,16]{3,2,1,0}, u8[0]{0}) custom-call(%c, %d, %d), custom_call_target="__cudnn$fmhaSoftmax"
+  %custom-call.4 = f32[64,16]{1,0} custom-call(%a, %b), custom_call_target="__gpu$xla.gpu.triton"
+  ROOT %convert.1 = f32[64,16]{1,0} convert(%gemm_fusion_dot.1)
+}
+"""
+
+
+def test_gemm_kinds_names_triton_cublas_cublaslt_cudnn_and_pallas_gemms_of_a_gpu_program():
+  assert aot_report.gemm_kinds(GPU_HLO) == {
+    "cublas": 1,
+    "cublaslt": 1,
+    "cudnn_attention": 1,
+    "pallas_triton": 1,
+    "triton_gemm s8 x s8": 1,
+  }
+
+
+def test_aot_refuses_in_one_message_naming_the_extra_when_the_cuda_plugin_is_missing(monkeypatch):
+  monkeypatch.setattr(aot, "cuda_plugin_installed", lambda: False)
+  args = cli.build_parser().parse_args(["aot", "--program", "ffn"])
+  with pytest.raises(SystemExit) as e:
+    aot.run(args)
+  assert "gpu-aot" in str(e.value) and "pip install" in str(e.value)
+
+
+def test_xla_options_are_typed_name_value_pairs_and_autotuning_is_off_unless_given():
+  assert aot.compiler_options(None) == {"xla_gpu_autotune_level": 0}
+  got = aot.compiler_options(["--xla_gpu_enable_triton_gemm=false", "xla_gpu_autotune_level=4", "xla_dump_to=/tmp/d"])
+  assert got == {"xla_gpu_autotune_level": 4, "xla_gpu_enable_triton_gemm": False, "xla_dump_to": "/tmp/d"}
+  with pytest.raises(SystemExit, match="NAME=VALUE"):
+    aot.compiler_options(["triton"])
+
+
+def _aot(tmp_path, *args) -> list[dict]:
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  cmd = [sys.executable, "-m", "benchmarks", "aot", "--target", "h100", "--out-dir", str(tmp_path), *args]
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (path,) = tmp_path.glob("bench_aot_h100*_cpu.json")
+  doc = json.loads(path.read_text())
+  assert doc["complete"] and doc["settings"]["target_device"] == "NVIDIA H100 80GB HBM3"
+  return doc["results"]
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_a_tiny_train_step_compiles_for_the_h100_with_int8_triton_gemms_and_cudnn_attention(tmp_path):
+  rows = _aot(
+    tmp_path, "--program", "step", "--preset", "tiny", "--layers", "1", "--batch", "2", "--seq", "64",
+    "--recipes", "bf16,s3r_ec_dx", "--breakdown",
+  )  # fmt: skip
+  by = {r["recipe"]: r for r in rows}
+  for r in by.values():
+    assert "error" not in r, r.get("error")
+    assert r["compile_s"] > 0 and r["memory"]["temp"] > 0 and r["breakdown"]["peak"]
+    assert r["hlo"]["gemms"].get("cudnn_attention", 0) >= 2  # forward and backward
+  assert by["s3r_ec_dx"]["hlo"]["gemms"].get("triton_gemm s8 x s8", 0) >= 9  # 3 int8 GEMMs per projection
+  assert not any("s8" in k for k in by["bf16"]["hlo"]["gemms"])
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_the_pallas_grouped_gemm_kernels_compile_for_the_h100_target(tmp_path):
+  rows = _aot(
+    tmp_path, "--program", "moe", "--moe-shape", "64x32x4", "--moe-tokens", "128", "--moe-impl", "auto",
+    "--recipes", "s3r",
+  )  # fmt: skip
+  (row,) = rows
+  assert "error" not in row, row.get("error")
+  assert row["hlo"]["gemms"].get("pallas_triton", 0) >= 2
+
+
+def test_the_h100_and_h200_target_descriptions_are_in_the_repository():
+  for name in aot.TARGETS:
+    assert "gpu_device_info" in aot.target_spec(name)
+  with pytest.raises(SystemExit, match="--target"):
+    aot.target_spec("no-such-gpu")
+
+
+XLA_LOG = """I1206 13:09:04.089555   21557 hlo_pass_pipeline.cc:206] HLO pass: algsimp time: 6 us (6 us) (cumulative: 6 us, max: 6 us, #called: 1)
+I1206 13:09:04.089578   21557 hlo_pass_pipeline.cc:206] HLO pass: config-assigner time: 2.5 s (2.5 s) (cumulative: 2.5 s, max: 2.5 s, #called: 1)
+I1206 13:09:04.089579   21557 hlo_pass_pipeline.cc:206] HLO pass: algsimp time: 4 ms (4 ms) (cumulative: 4 ms, max: 4 ms, #called: 2)
+I1206 13:10:07.800997   22300 gpu_compiler.cc:263] GpuCompiler::RunHloPasses for jit_f time: 3.1 s (3100000 us) (cumulative: 3.1 s, max: 3.1 s, #called: 1)
+I1206 13:10:08.100000   22300 nvptx_compiler.cc:658] NVPTXCompiler::CompileTargetBinary - PtxToCubin for jit_f time: 620 ms (619894 us) (cumulative: 620 ms, max: 620 ms, #called: 1)
+I1206 13:10:08.200000   22300 nvptx_compiler.cc:658] NVPTXCompiler::CompileTargetBinary - PtxToCubin for jit_f time: 380 ms (380106 us) (cumulative: 1 s, max: 620 ms, #called: 2)
+"""
+
+
+def test_xla_timers_sums_each_phase_and_each_hlo_pass_over_its_calls():
+  t = aot_report.xla_timers(XLA_LOG)
+  assert t["phases_s"] == {"GpuCompiler::RunHloPasses": 3.1, "NVPTXCompiler::CompileTargetBinary - PtxToCubin": 1.0}
+  assert t["phase_calls"]["NVPTXCompiler::CompileTargetBinary - PtxToCubin"] == 2
+  assert t["top_passes_s"] == {"config-assigner": 2.5, "algsimp": 0.004}
+  assert t["hlo_passes_s"] == 2.504
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_deviceless_h200_memory_is_byte_for_byte_what_the_h200_itself_reported(tmp_path):
+  """results/bench_static_gpu.json: memory_analysis() of the FFN block compiled on a real H200."""
+  gpu = json.loads((REPO / "results" / "bench_static_gpu.json").read_text())
+  (w1,) = [row for row in gpu["results"]["ffn_memory"] if row["shape"] == "W1"]
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  args = ["--target", "h200", "--program", "ffn", "--shapes", "W1", "--tokens", str(w1["tokens"])]
+  cmd = [sys.executable, "-m", "benchmarks", "aot", *args, "--recipes", "bf16,int8_rtne", "--out-dir", str(tmp_path)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (path,) = tmp_path.glob("bench_aot_h200_cpu.json")
+  for row in json.loads(path.read_text())["results"]:
+    assert row["memory"]["temp"] == w1["recipes"][row["recipe"]]["temp_size_in_bytes"], row["recipe"]
