@@ -150,7 +150,7 @@ def test_fsdp_gathers_the_int8_weights_not_the_f32_master_weights(fsdp_train):
 
 def test_mixed_meshes_shard_weights_over_fsdp_and_tensor(mesh_train_losses):
   run = mesh_train_losses["data=2,fsdp=2,tensor=2:int32"]
-  assert run["devices"] == 8 and run["q_spec"] == "P('fsdp', 'tensor')"
+  assert run["devices"] == 8 and run["q_spec"] == "P(None, 'fsdp', 'tensor')"
   assert mesh_train_losses["1"]["devices"] == 1
 
 
