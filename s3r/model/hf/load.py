@@ -65,13 +65,13 @@ def load_hf(
   rows: dict[tuple, list[np.ndarray]] = {}  # the layers read so far of each stacked parameter
   for entry in sorted(entries, key=lambda e: stacked_path(cfg, e.path)):  # one stacked parameter at a time
     host = entry.layout.to_s3r([ckpt.read(name) for name in entry.hub], np_dtype)
-    path = stacked_path(cfg, entry.path)
-    if path != entry.path:  # a layer's parameter: placed with the other layers of its segment
-      rows.setdefault(path, []).append(host)
-      if len(rows[path]) < stack.segment(cfg, path[0]).count:
+    where = stacked_path(cfg, entry.path)
+    if where != entry.path:  # a layer's parameter: placed with the other layers of its segment
+      rows.setdefault(where, []).append(host)
+      if len(rows[where]) < stack.segment(cfg, where[0]).count:
         continue
-      host = np.stack(rows.pop(path))
-    _set(params, path, _place(host, None if shardings is None else _get(shardings, path)))
+      host = np.stack(rows.pop(where))
+    _set(params, where, _place(host, None if shardings is None else _get(shardings, where)))
     del host
   return cfg, params
 
