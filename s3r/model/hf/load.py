@@ -62,15 +62,19 @@ def load_hf(
   _check_unused(ckpt, cfg, entries, sliced="n_layers" in overrides)
   np_dtype = np.dtype(dtype)
   params: dict = {}
-  rows: dict[tuple, list[np.ndarray]] = {}  # the layers read so far of each stacked parameter
+  stacked: dict[tuple, np.ndarray] = {}  # the host array of each stacked parameter being filled
   for entry in sorted(entries, key=lambda e: stacked_path(cfg, e.path)):  # one stacked parameter at a time
     host = entry.layout.to_s3r([ckpt.read(name) for name in entry.hub], np_dtype)
     where = stacked_path(cfg, entry.path)
-    if where != entry.path:  # a layer's parameter: placed with the other layers of its segment
-      rows.setdefault(where, []).append(host)
-      if len(rows[where]) < stack.segment(cfg, where[0]).count:
+    if where != entry.path:  # one layer's parameter: its row of the segment's stacked array
+      segment, row = stack.locate(cfg, entry.path[1])
+      count = stack.segment(cfg, segment).count
+      rows = stacked.setdefault(where, np.empty((count, *host.shape), host.dtype))
+      rows[row] = host
+      del host
+      if row < count - 1:
         continue
-      host = np.stack(rows.pop(where))
+      host = stacked.pop(where)
     _set(params, where, _place(host, None if shardings is None else _get(shardings, where)))
     del host
   return cfg, params
