@@ -14,7 +14,7 @@ every recipe, scanned and unrolled, update one shared train state (both layouts 
 parameters) and are timed interleaved (`benchmarks.timing`); the ratio unrolled / scanned of each
 recipe's median (> 1: the scan is faster) and its paired ratio.
 
-Files: bench_scan_<platform>.{json,md} in `--out-dir` (default runs/results).
+Files: bench_scan[_<tag>]_<platform>.{json,md} in `--out-dir` (default runs/results).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--repeats", type=int, default=6, help="timed steps per recipe and layout (default %(default)s)")
   p.add_argument("--skip", choices=("none", "compile", "step"), default="none", help="leave one part out")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
+  p.add_argument(
+    "--tag", default=None, help="results go to bench_scan_<tag>_<platform>.* (default: bench_scan_<platform>.*)"
+  )
   p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
 
 
@@ -193,8 +196,8 @@ def run(args: argparse.Namespace) -> dict:
   depths = [int(d) for d in args.depths.split(",") if d.strip()]
   presets = parse_list(args.step_presets, list(PRESETS), "presets")
   mesh = sharding.make_mesh(sharding.parse_mesh(None, jax.device_count()))
-  settings = {k: v for k, v in vars(args).items() if k not in ("func", "bench_command", "out_dir")}
-  run_ = Run("scan", args.out_dir, **settings)
+  settings = {k: v for k, v in vars(args).items() if k not in ("func", "bench_command", "out_dir", "tag")}
+  run_ = Run("scan" if not args.tag else f"scan_{args.tag}", args.out_dir, **settings)
   results: dict = {"depths": depths, "target_ratio": TARGET_RATIO}
   paths: dict = {}
   if args.skip != "compile":
