@@ -1,6 +1,6 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, profile, merge, comm, hf_load, eqx, aot,
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx, aot,
 maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
 when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
@@ -21,6 +21,7 @@ COMMANDS = {
   ),
   "peers": ("benchmarks.peers", "compare with AQT and Qwix (optional extra s3r[peers]): time and gradient error"),
   "step": ("benchmarks.step", "time full training steps of a model preset (default cpu-small) per recipe"),
+  "scan": ("benchmarks.scan", "the scanned decoder vs the unrolled loop: train-step compile time per depth, step time"),
   "profile": ("benchmarks.profile", "per-fusion CPU time of the FFN block fwd+bwd (jax.profiler + compiled HLO)"),
   "merge": ("benchmarks.merge", "join ffn or quantizer results files that cover different shapes into one"),
   "comm": ("benchmarks.comm", "bytes moved by collectives in one compiled train step, per recipe"),

@@ -50,7 +50,8 @@ def probe_gradients_fn(cfg: s3r_model.ModelConfig, recipe: str) -> Callable:
       return cross_entropy(logits, batch_BxS1[:, 1:])
 
     g_params, g_probes = jax.grad(loss, argnums=(0, 1))(params, probes)
-    block0 = g_params["blocks"][0]
+    segment, row = s3r_model.stack.locate(cfg, 0)
+    block0 = jax.tree.map(lambda a: a[row], g_params[segment])
     dw_first = jnp.concatenate([block0[name].reshape(-1) for name in s3r_model.PROJECTIONS])
     return {"dx_first": g_probes[0], "dx_last": g_probes[-1], "dw_first": dw_first, "embed": g_params["embed"]}
 

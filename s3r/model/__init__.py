@@ -1,6 +1,7 @@
 """Decoder families (Flax NNX) whose block projections are INT8 quantized matmuls: Llama 3, Qwen3,
 Gemma 3, Qwen3-MoE and DeepSeek-V2 (see s3r/model/config.py, s3r/model/presets.py and docs/models.md)."""
 
+from s3r.model import stack
 from s3r.model.config import (
   FAMILIES,
   DeepSeekV2Config,

@@ -7,7 +7,9 @@ H head dim, F FFN hidden width.
 - Gemma 3: QK-norm, RMSNorm with (1 + scale) before and after each sublayer, GeGLU with the
   tanh-approximated GELU, attention scaled by query_pre_attn_scalar ** -0.5; every
   `global_every`-th layer attends globally with RoPE base `rope_theta` (and `rope_scaling`),
-  the others within a causal window of `sliding_window` positions with base `local_rope_theta`.
+  the others within a causal window of `sliding_window` positions with base `local_rope_theta`
+  (under the decoder's scan, a `jax.lax.cond` on the layer index picks the kind: each kind's
+  computation is the one an unrolled layer of that kind runs).
 - Qwen3-MoE: Qwen3 attention with the routed feed-forward `s3r.model.moe.MoEFeedForward`.
 Every projection is a recipe `qmatmul` (Block._proj); norms, RoPE and attention as in the Llama block.
 """
@@ -46,16 +48,27 @@ class Gemma3Block(Qwen3Block[Gemma3Config]):
   def _norm(self, dim: int) -> RMSNorm:
     return RMSNorm(dim, self.cfg.norm_eps, offset=self.cfg.norm_offset, dtype=self.cfg.act_dtype)
 
-  def _rope(self, x_BxSxNxH, positions_BxS=None):
-    cfg = self.cfg
-    if cfg.is_global(self.layer):
-      return rope(x_BxSxNxH, cfg.rope_theta, cfg.rope_scaling, positions_BxS)
-    return rope(x_BxSxNxH, cfg.local_rope_theta, None, positions_BxS)
+  def _per_kind(self, layer, global_fn, local_fn):
+    """global_fn() on a global layer, local_fn() on a local one: chosen in Python for a static layer
+    index, by `jax.lax.cond` (which runs only the chosen branch) for a traced one (the scanned decoder)."""
+    is_global = self.cfg.is_global(self.layer if layer is None else layer)
+    if isinstance(is_global, bool):
+      return global_fn() if is_global else local_fn()
+    return jax.lax.cond(is_global, global_fn, local_fn)
 
-  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None):
+  def _rope(self, x_BxSxNxH, positions_BxS=None, layer=None):
     cfg = self.cfg
-    window = None if cfg.is_global(self.layer) else cfg.sliding_window
-    return attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cfg, cache, scale=cfg.query_pre_attn_scalar**-0.5, window=window)
+    return self._per_kind(
+      layer,
+      lambda: rope(x_BxSxNxH, cfg.rope_theta, cfg.rope_scaling, positions_BxS),
+      lambda: rope(x_BxSxNxH, cfg.local_rope_theta, None, positions_BxS),
+    )
+
+  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None, layer=None):
+    cfg = self.cfg
+    scale = cfg.query_pre_attn_scalar**-0.5
+    run = lambda window: lambda: attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cfg, cache, scale=scale, window=window)
+    return self._per_kind(layer, run(None), run(cfg.sliding_window))
 
   def _act(self, gate_BxSxF):
     return jax.nn.gelu(gate_BxSxF, approximate=True)

@@ -90,6 +90,7 @@ class ModelConfig:
   init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
   recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.recipe: NAME or NAME@FORMAT)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
+  scan_layers: bool = True  # run the stacked blocks as a jax.lax.scan (one compiled block); False: a Python loop
   tp_partial_sums: str = (
     "bf16"  # tensor parallelism: "bf16" rounds each shard's GEMM output (the paper), "int32" sums exactly
   )

@@ -65,6 +65,12 @@ def intercept_projections(fn: Callable):
     _projection.reset(token)
 
 
+def intercepting() -> bool:
+  """Whether an `intercept_projections` context is active (the decoder then runs its layers unrolled,
+  so that the interceptor sees every layer's projections in layer order)."""
+  return _projection.get() is not None
+
+
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
   """Tags activation `x` with logical axis names (a no-op outside `activation_sharding`)."""
   fn = _constraint.get()
@@ -203,10 +209,10 @@ class Block[C: ModelConfig](nnx.Module):
   def _qk(self, q_BxSxNxH, k_BxSxKxH):
     return q_BxSxNxH, k_BxSxKxH
 
-  def _rope(self, x_BxSxNxH, positions_BxS=None):
+  def _rope(self, x_BxSxNxH, positions_BxS=None, layer=None):
     return rope(x_BxSxNxH, self.cfg.rope_theta, self.cfg.rope_scaling, positions_BxS)
 
-  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None):
+  def _attend(self, q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, cache=None, layer=None):
     # scores and probability-value products in the activation dtype (f32 softmax); "cudnn": fused flash attention.
     return attend(q_BxSxNxH, k_BxLxKxH, v_BxLxKxH, self.cfg, cache)
 
@@ -218,7 +224,7 @@ class Block[C: ModelConfig](nnx.Module):
     """What generation caches per position of one layer (s3r.model.cache): name -> trailing shape."""
     return {"k": (cfg.n_kv_heads, cfg.head_dim), "v": (cfg.n_kv_heads, cfg.head_dim)}
 
-  def _attention(self, h_BxSxD, layer_key, cache=None):
+  def _attention(self, h_BxSxD, layer_key, cache=None, layer=None):
     cfg = self.cfg
     b, s, _ = h_BxSxD.shape
     positions = None if cache is None else cache.positions_BxS
@@ -226,12 +232,12 @@ class Block[C: ModelConfig](nnx.Module):
     k_BxSxKxH = self._proj("k", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
     v_BxSxKxH = self._proj("v", h_BxSxD, layer_key).reshape(b, s, cfg.n_kv_heads, cfg.head_dim)
     q_BxSxNxH, k_BxSxKxH = self._qk(q_BxSxNxH, k_BxSxKxH)
-    q_BxSxNxH = constrain(self._rope(q_BxSxNxH, positions), ("batch", "seq", "act_heads", None))
-    k_BxSxKxH = constrain(self._rope(k_BxSxKxH, positions), ("batch", "seq", "act_kv_heads", None))
+    q_BxSxNxH = constrain(self._rope(q_BxSxNxH, positions, layer), ("batch", "seq", "act_heads", None))
+    k_BxSxKxH = constrain(self._rope(k_BxSxKxH, positions, layer), ("batch", "seq", "act_kv_heads", None))
     v_BxSxKxH = constrain(v_BxSxKxH, ("batch", "seq", "act_kv_heads", None))
     if cache is not None:  # the new keys and values join the cached ones: [B, L, K, H]
-      k_BxSxKxH, v_BxSxKxH = cache.write(self.layer, "k", k_BxSxKxH), cache.write(self.layer, "v", v_BxSxKxH)
-    a_BxSxNxH = self._attend(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, cache)
+      k_BxSxKxH, v_BxSxKxH = cache.write(layer, "k", k_BxSxKxH), cache.write(layer, "v", v_BxSxKxH)
+    a_BxSxNxH = self._attend(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, cache, layer)
     return self._proj("o", a_BxSxNxH.reshape(b, s, -1), layer_key)
 
   def _act(self, gate_BxSxF):
@@ -243,10 +249,13 @@ class Block[C: ModelConfig](nnx.Module):
     hidden_BxSxF = constrain(self._act(gate_BxSxF) * up_BxSxF, ("batch", "seq", "act_mlp"))
     return self._proj("down", hidden_BxSxF, layer_key), {}
 
-  def __call__(self, x_BxSxD, layer_key, cache=None):
+  def __call__(self, x_BxSxD, layer_key, cache=None, *, layer=None):
     """(the block's output [B, S, D], MoE auxiliary terms: {} for a dense block). `cache`: a
-    `cache.Step` during generation (the block attends over the cached positions and adds its own)."""
-    y_BxSxD = self._after("attn", self._attention(self.attn_norm(x_BxSxD), layer_key, cache))
+    `cache.Step` during generation (the block attends over the cached positions and adds its own).
+    `layer`: the block's layer index (default `self.layer`); a traced int32 when the block runs
+    inside the decoder's scan over a stacked segment."""
+    layer = self.layer if layer is None else layer
+    y_BxSxD = self._after("attn", self._attention(self.attn_norm(x_BxSxD), layer_key, cache, layer))
     x_BxSxD = constrain(x_BxSxD + y_BxSxD, ("batch", "seq", "act_embed"))
     y_BxSxD, aux = self._ffn(self.mlp_norm(x_BxSxD), layer_key)
     return constrain(x_BxSxD + self._after("mlp", y_BxSxD), ("batch", "seq", "act_embed")), aux

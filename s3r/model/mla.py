@@ -86,7 +86,7 @@ class DeepSeekV2Block(Block[DeepSeekV2Config]):
   def cache_shapes(cls, cfg: DeepSeekV2Config) -> dict[str, tuple[int, ...]]:
     return {"latent": (cfg.kv_lora_rank,), "k_rope": (1, cfg.qk_rope_head_dim)}
 
-  def _attention(self, h_BxSxD, layer_key, cache=None):
+  def _attention(self, h_BxSxD, layer_key, cache=None, layer=None):
     cfg = self.cfg
     b, s, _ = h_BxSxD.shape
     n, p, r, u, c = cfg.n_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
@@ -101,8 +101,8 @@ class DeepSeekV2Block(Block[DeepSeekV2Config]):
     k_rope_BxSx1xR = rope(k_rope_BxSx1xR, cfg.rope_theta, cfg.rope_scaling, positions)
     if cache is not None:  # the latents of the cached positions and the new ones: L positions
       latent_BxSxC, k_rope_BxSx1xR = (
-        cache.write(self.layer, "latent", latent_BxSxC),
-        cache.write(self.layer, "k_rope", k_rope_BxSx1xR),
+        cache.write(layer, "latent", latent_BxSxC),
+        cache.write(layer, "k_rope", k_rope_BxSx1xR),
       )
     t = latent_BxSxC.shape[1]  # key positions: S, or L with a cache
     kv_BxTxNxPU = self._proj("kv_b", latent_BxSxC, layer_key).reshape(b, t, n, p + u)

@@ -13,9 +13,16 @@ softmax stay in the activation dtype (norm, RoPE and softmax math in f32). Param
 master weights; activations are bf16, or f32 with `act_dtype="float32"` (every float matmul then
 at full f32 precision); logits are f32.
 
+Layers: the blocks are stacked (s3r.model.stack): each segment (all layers; the MoE families'
+leading dense layers form a segment of their own) is one block module whose parameters have a
+leading layer axis. With `scan_layers` (the default) a segment runs as one `jax.lax.scan`, so XLA
+compiles one block whatever the depth; `scan_layers=False` runs the same parameters in a Python
+loop, one block per layer (debugging, tests that count operations per layer), and so does an
+`intercept_projections` context. Both give the same results. `remat` rematerializes each layer.
+
 Randomness: one step key enters `Transformer.__call__`; the key of projection j of layer l
 is `fold_in(fold_in(step_key, l), j)` (j: index in the block's PROJECTIONS), so every
-projection of every step gets its own key.
+projection of every step gets its own key, scanned or not.
 
 Sharding: every parameter carries `logical_axes` metadata, and activations are tagged with
 logical names through `constrain`; `s3r.train.sharding` maps both onto the device mesh.
@@ -33,9 +40,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from s3r.model import blocks, mla
+from s3r.model import blocks, mla, stack
 from s3r.model.config import DeepSeekV2Config, Gemma3Config, ModelConfig, Qwen3Config, Qwen3MoeConfig
-from s3r.model.layers import Block, RMSNorm, constrain, param
+from s3r.model.layers import Block, RMSNorm, constrain, intercepting, param
 from s3r.quant import recipe as get_recipe
 
 # The block of each family, keyed by its config class: the one place a family's config picks code.
@@ -57,14 +64,16 @@ def block_class(cfg: ModelConfig) -> type[Block]:
 
 
 class Transformer(nnx.Module):
-  """Token embedding, `n_layers` blocks of the config's family, final RMSNorm, logits projection
-  (untied, or the embedding's transpose with `tie_embeddings`; Gemma 3 scales the embedding by sqrt(D))."""
+  """Token embedding, `n_layers` blocks of the config's family (stacked by segment, see
+  s3r.model.stack), final RMSNorm, logits projection (untied, or the embedding's transpose with
+  `tie_embeddings`; Gemma 3 scales the embedding by sqrt(D))."""
 
   def __init__(self, cfg: ModelConfig, *, key: jax.Array):
     embed_key, blocks_key, out_key = jax.random.split(key, 3)
     self.embed = param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
-    block = block_class(cfg)
-    self.blocks = nnx.List([block(cfg, k, layer) for layer, k in enumerate(jax.random.split(blocks_key, cfg.n_layers))])
+    layer_keys = jax.random.split(blocks_key, cfg.n_layers)
+    for seg in stack.segments(cfg):
+      setattr(self, seg.name, stacked_block(cfg, seg, layer_keys[seg.start : seg.start + seg.count]))
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset, dtype=cfg.act_dtype)
     if not cfg.tie_embeddings:
       self.out = param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
@@ -92,6 +101,8 @@ class Transformer(nnx.Module):
       raise ValueError(f"sequence length {tokens_BxS.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
     if key is None and get_recipe(cfg.recipe).stochastic:
       raise ValueError(f"recipe {cfg.recipe!r} is stochastic: pass a step key")
+    if probes is not None and len(probes) != cfg.n_layers:
+      raise ValueError(f"probes: one per layer ({cfg.n_layers}), got {len(probes)}")
     with float32_matmuls(cfg):
       return self._forward(tokens_BxS, key, probes, aux, cache)
 
@@ -101,22 +112,73 @@ class Transformer(nnx.Module):
     if cfg.embed_scale:
       x_BxSxD = x_BxSxD * jnp.asarray(math.sqrt(cfg.d_model), dt)
     x_BxSxD = constrain(x_BxSxD, ("batch", "seq", "act_embed"))
-    for layer, block in enumerate(self.blocks):
-      layer_key = None if key is None else jax.random.fold_in(key, layer)
-      if probes is not None:
-        x_BxSxD = x_BxSxD + probes[layer].astype(x_BxSxD.dtype)
-      if cache is not None:
-        x_BxSxD, block_aux = block(x_BxSxD, layer_key, cache)
-      elif cfg.remat:
-        x_BxSxD, block_aux = nnx.remat(lambda blk, x, k: blk(x, k))(block, x_BxSxD, layer_key)
-      else:
-        x_BxSxD, block_aux = block(x_BxSxD, layer_key)
-      if aux is not None and block_aux:
-        aux.append(block_aux)
+    run = scan_segment if cfg.scan_layers and not intercepting() else loop_segment
+    for seg in stack.segments(cfg):
+      seg_probes = None if probes is None else probes[seg.start : seg.start + seg.count]
+      x_BxSxD, per_layer = run(getattr(self, seg.name), seg, x_BxSxD, key, seg_probes, cache)
+      if aux is not None:
+        aux.extend(a for a in per_layer if a)
     h_BxSxD = self.final_norm(x_BxSxD)
     w_DxV = self.embed[...].T if cfg.tie_embeddings else self.out[...]
     logits_BxSxV = jnp.dot(h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32)
     return constrain(logits_BxSxV, ("batch", "seq", "act_vocab"))
+
+
+def stacked_block(cfg: ModelConfig, seg: stack.Segment, keys: jax.Array) -> Block:
+  """One block module of `cfg`'s family for the layers of `seg`, its parameters stacked over them
+  (row i initialized from keys[i], as an unstacked block of layer seg.start + i would be)."""
+  make = lambda k: block_class(cfg)(cfg, k, seg.start)
+  gdef = nnx.graphdef(nnx.eval_shape(lambda: make(keys[0])))
+  return nnx.merge(gdef, jax.vmap(lambda k: nnx.state(make(k)))(keys))
+
+
+def _layer_call(gdef: nnx.GraphDef, cfg: ModelConfig, cache):
+  """f(state, x, layer_key, layer) -> (x, aux): one layer of a segment, rematerialized with `remat`."""
+
+  def call(state, x_BxSxD, layer_key, layer):
+    return nnx.merge(gdef, state)(x_BxSxD, layer_key, cache, layer=layer)
+
+  return jax.checkpoint(call) if cfg.remat and cache is None else call
+
+
+def scan_segment(block: Block, seg: stack.Segment, x_BxSxD, key, probes, cache):
+  """(output, [aux of each layer]) of the segment's layers as one `jax.lax.scan` over the stacked
+  parameters (a generation cache rides in the carry, written at the traced layer index)."""
+  gdef, state = nnx.split(block)
+  call = _layer_call(gdef, block.cfg, cache)
+  layers = jnp.arange(seg.start, seg.start + seg.count, dtype=jnp.int32)
+  probes_N = None if probes is None else jnp.stack([p.astype(x_BxSxD.dtype) for p in probes])
+
+  def body(carry, xs):
+    x, entries = carry
+    st, layer, probe = xs
+    if cache is not None:
+      cache.set_entries(entries)
+    if probe is not None:
+      x = x + probe
+    x, aux = call(st, x, None if key is None else jax.random.fold_in(key, layer), layer)
+    return (x, None if cache is None else cache.entries()), aux
+
+  entries = None if cache is None else cache.entries()
+  (x_BxSxD, entries), aux_N = jax.lax.scan(body, (x_BxSxD, entries), (state, layers, probes_N))
+  if cache is not None:
+    cache.set_entries(entries)
+  return x_BxSxD, [jax.tree.map(lambda a, i=i: a[i], aux_N) for i in range(seg.count)]
+
+
+def loop_segment(block: Block, seg: stack.Segment, x_BxSxD, key, probes, cache):
+  """(output, [aux of each layer]) of the segment's layers in a Python loop (one traced block per layer)."""
+  gdef, state = nnx.split(block)
+  call = _layer_call(gdef, block.cfg, cache)
+  per_layer = []
+  for i in range(seg.count):
+    layer = seg.start + i
+    if probes is not None:
+      x_BxSxD = x_BxSxD + probes[i].astype(x_BxSxD.dtype)
+    layer_key = None if key is None else jax.random.fold_in(key, layer)
+    x_BxSxD, aux = call(jax.tree.map(lambda a, i=i: a[i], state), x_BxSxD, layer_key, layer)
+    per_layer.append(aux)
+  return x_BxSxD, per_layer
 
 
 def float32_matmuls(cfg: ModelConfig):
@@ -165,5 +227,13 @@ def logical_axes(cfg: ModelConfig) -> dict:
   """The params tree with each leaf replaced by a PartitionSpec of logical axis names."""
   state = jax.eval_shape(lambda: nnx.split(Transformer(cfg, key=jax.random.key(0)))[1])
   is_var = lambda x: isinstance(x, nnx.Variable)
-  specs = jax.tree.map(lambda v: jax.sharding.PartitionSpec(*v.get_metadata()["logical_axes"]), state, is_leaf=is_var)
-  return nnx.to_pure_dict(specs)
+  specs = nnx.to_pure_dict(
+    jax.tree.map(lambda v: jax.sharding.PartitionSpec(*v.get_metadata()["logical_axes"]), state, is_leaf=is_var)
+  )
+  for seg in stack.segments(cfg):  # the layer axis of a stacked segment is not sharded
+    specs[seg.name] = jax.tree.map(
+      lambda p: jax.sharding.PartitionSpec(None, *p),
+      specs[seg.name],
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
+  return specs

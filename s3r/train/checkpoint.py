@@ -25,11 +25,17 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from s3r.model import stack
 from s3r.train.logs import RUN_LOG
+
+# A restore fallback: the target abstract state -> (the abstract state of an older layout, converter of
+# a state read in that layout to the target's).
+Fallback = Callable[[Any], tuple[Any, Callable[[Any], Any]]]
 
 CHECKPOINT_DIR = "checkpoints"
 KNOWN_GOOD_FILE = "known_good.json"
@@ -156,21 +162,40 @@ class Checkpointer:
     step = self._require(step)
     return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def restore[S](self, abstract_state: S, step: int | None = None) -> tuple[S, dict]:
-    """(state, meta) of checkpoint `step`; `abstract_state` gives shapes, dtypes and shardings."""
+  def restore[S](
+    self, abstract_state: S, step: int | None = None, *, fallback: Fallback | None = None
+  ) -> tuple[S, dict]:
+    """(state, meta) of checkpoint `step`; `abstract_state` gives shapes, dtypes and shardings.
+    `fallback` (see `per_layer_fallback`): an older layout tried when the checkpoint does not hold
+    `abstract_state`'s, converted after reading."""
     step = self._require(step)
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-    restored = self._manager.restore(step, args=args)
+    read = lambda abstract: self._manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+    )
+    try:
+      restored = read(abstract_state)
+    except Exception as error:  # orbax reports a tree that differs from the target as any of several errors
+      if fallback is None:
+        raise
+      old_abstract, convert = fallback(abstract_state)
+      try:
+        restored = read(old_abstract)
+      except Exception:
+        raise error from None
+      return convert(restored["state"]), restored["meta"]
     return restored["state"], restored["meta"]
 
   def read_latest_meta(self, log=print) -> tuple[int, dict]:
     """(step, meta) of the newest checkpoint whose meta is readable (see `restore_latest`)."""
     return self._newest_readable(lambda step: self.read_meta(step), log, meta_of=lambda meta: meta)
 
-  def restore_latest[S](self, abstract_state: S, log=print, *, newest: int | None = None) -> tuple[int, S, dict]:
-    """(step, state, meta) of the newest checkpoint (at most step `newest`, when given) that restores;
-    unreadable ones are reported through `log` and skipped. CorruptCheckpoint if none is readable."""
-    read = lambda step: self.restore(abstract_state, step)
+  def restore_latest[S](
+    self, abstract_state: S, log=print, *, newest: int | None = None, fallback: Fallback | None = None
+  ) -> tuple[int, S, dict]:
+    """(step, state, meta) of the newest checkpoint (at most step `newest`, when given) that restores
+    (with `fallback` as in `restore`); unreadable ones are reported through `log` and skipped.
+    CorruptCheckpoint if none is readable."""
+    read = lambda step: self.restore(abstract_state, step, fallback=fallback)
     step, (state, meta) = self._newest_readable(read, log, meta_of=lambda restored: restored[1], newest=newest)
     return step, state, meta
 
@@ -245,6 +270,21 @@ def disk_full(error: BaseException) -> bool:
       return True
     current = current.__cause__ or current.__context__
   return False
+
+
+def per_layer_fallback(model_cfg) -> Fallback:
+  """The restore fallback for checkpoints that hold the decoder's blocks one subtree per layer
+  (`params["blocks"][l]`, as runs saved before the blocks were stacked): they are read in that layout
+  and stacked (s3r.model.stack), parameters and optimizer moments alike, onto the target's shardings."""
+
+  def fallback(abstract_state):
+    def convert(state):
+      stacked = stack.stack_all(state, model_cfg)
+      return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), stacked, abstract_state)
+
+    return stack.unstack_all(abstract_state, model_cfg), convert
+
+  return fallback
 
 
 def abstract_like(tree, shardings):

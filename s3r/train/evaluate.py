@@ -266,11 +266,12 @@ def evaluate_pretrained(
 
 def _restore(ckpt: checkpoint.Checkpointer, setup: Setup, step: int | None, log) -> tuple[int, TrainState, dict]:
   """(step, state, meta) of checkpoint `step`, or of the newest that restores when `step` is None."""
+  fallback = checkpoint.per_layer_fallback(setup.model_cfg)  # runs saved before the blocks were stacked
   if step is not None:
-    state, meta = _read_step(ckpt, step, lambda s: ckpt.restore(setup.abstract_state, s))
+    state, meta = _read_step(ckpt, step, lambda s: ckpt.restore(setup.abstract_state, s, fallback=fallback))
     return step, state, meta
   try:
-    return ckpt.restore_latest(setup.abstract_state, log)
+    return ckpt.restore_latest(setup.abstract_state, log, fallback=fallback)
   except checkpoint.CorruptCheckpoint as e:
     raise ConfigError(str(e)) from None
 

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from s3r.model.stack import per_layer_ndim
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
@@ -79,8 +81,9 @@ def schedule(cfg: OptimizerConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """Global-norm clipping followed by AdamW (weight decay on parameters with >= 2 dims)."""
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Global-norm clipping followed by AdamW (weight decay on parameters with >= 2 dims per layer: a
+  stacked block parameter of s3r.model counts without its layer axis, so norm scales never decay)."""
+  decay_mask = lambda params: jax.tree.map(lambda n: n >= 2, per_layer_ndim(params))
   return optax.chain(
     optax.clip_by_global_norm(cfg.clip_norm),
     optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask),

@@ -181,7 +181,8 @@ def initial_state(setup: Setup, ckpt, loader, resume_step: int | None, log):
   if resume_step is None:
     return setup.init_state(setup.keys["init"]), 0.0
   try:
-    step, state, meta = ckpt.restore_latest(setup.abstract_state, log, newest=resume_step)
+    fallback = checkpoint.per_layer_fallback(setup.model_cfg)
+    step, state, meta = ckpt.restore_latest(setup.abstract_state, log, newest=resume_step, fallback=fallback)
   except checkpoint.CorruptCheckpoint as e:
     raise ConfigError(f"{e}; {NEW_RUN}") from None
   try:

@@ -23,7 +23,7 @@ def test_a_checkpoint_restores_bitwise_onto_other_meshes(sharded_cli_run):
   result, out = sharded_cli_run["result"], sharded_cli_run["out"]
   restored = result["restored"]
   assert restored["4x2"]["devices"] == restored["2x4"]["devices"] == 8 and restored["1"]["devices"] == 1
-  assert restored["2x4"]["q_spec"] == "P('fsdp', 'tensor')" and restored["1"]["q_spec"] == "P(None, None)"
+  assert restored["2x4"]["q_spec"] == "P(None, 'fsdp', 'tensor')" and restored["1"]["q_spec"] == "P(None, None, None)"
   ref = np.load(out / "restored_4x2.npz")
   assert len(ref.files) == restored["4x2"]["leaves"] > 3  # step, parameters, optimizer moments
   for mesh in ("2x4", "1"):
@@ -57,7 +57,7 @@ def test_an_imported_hugging_face_checkpoint_lands_on_the_runs_mesh_with_its_val
   from tests.model.test_hf_import import FIXTURES
 
   imported = sharded_cli_run["result"]["imported"]
-  assert (imported["q_spec"], imported["q_devices"], imported["q_shard"]) == ("P('fsdp', 'tensor')", 8, [16, 32])
+  assert (imported["q_spec"], imported["q_devices"], imported["q_shard"]) == ("P(None, 'fsdp', 'tensor')", 8, [16, 32])
   _, want = M.load_hf(FIXTURES / "llama")
   got = np.load(sharded_cli_run["out"] / "imported.npz")
   flat = jax.tree_util.tree_flatten_with_path(want)[0]

@@ -203,7 +203,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
       state, m = step(state, jax.device_put(b, setup.batch_sharding), setup.keys["train"])
       losses.append(float(m["loss"]))
       norms.append(float(m["grad_norm"]))
-    q = state.params["blocks"][0]["q"]
+    q = state.params["layers"]["q"]  # stacked over the layers (the layer axis unsharded)
     result[name] = {
       "losses": losses,
       "grad_norms": norms,
@@ -288,7 +288,7 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
     state, _ = ckpt.restore(setup.abstract_state, 2)
     leaves = jax.tree.leaves(state)
     np.savez(out / f"restored_{name}.npz", *[np.asarray(x) for x in leaves])
-    q = state.params["blocks"][0]["q"]
+    q = state.params["layers"]["q"]  # stacked over the layers (the layer axis unsharded)
     result["restored"][name] = {
       "devices": len(q.sharding.device_set),
       "q_spec": str(q.sharding.spec),
@@ -312,11 +312,11 @@ def _imported_on_a_mesh(out: pathlib.Path, mesh_spec: str) -> dict:
   params = builder.imported_params(cfg, jax.tree.map(lambda a: a.sharding, setup.abstract_state.params))
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   np.savez(out / "imported.npz", **{jax.tree_util.keystr(k): np.asarray(x) for k, x in flat})
-  q = params["blocks"][0]["q"]
+  q = params["layers"]["q"]  # stacked over the layers (the layer axis unsharded)
   return {
     "q_spec": str(q.sharding.spec),
     "q_devices": len(q.sharding.device_set),
-    "q_shard": list(q.addressable_shards[0].data.shape),
+    "q_shard": list(q.addressable_shards[0].data.shape[1:]),
   }
 
 

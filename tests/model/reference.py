@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 
 LATENT_EPS = 1e-6  # DeepSeek-V2's latent norms (q_a_layernorm, kv_a_layernorm) ignore rms_norm_eps
@@ -147,6 +148,14 @@ def _mla_attention(x, p, cfg):
   return out.reshape(s, n * u) @ _a(p["o"])
 
 
+def layer_params(params, layer):
+  """Layer `layer`'s parameters: row `layer` of the stacked blocks, counting the leading dense layers'
+  stack (when there is one) first."""
+  dense = len(params["dense_layers"]["attn_norm"]["scale"]) if "dense_layers" in params else 0
+  name, row = ("dense_layers", layer) if layer < dense else ("layers", layer - dense)
+  return jax.tree.map(lambda a: a[row], params[name])
+
+
 def forward(cfg, params, tokens_S, margins=None):
   """float64 logits [S, V] of one sequence; `margins` (a list) receives each MoE layer's routing
   margins [S] (see `moe`)."""
@@ -155,7 +164,7 @@ def forward(cfg, params, tokens_S, margins=None):
   if gemma:
     x = x * math.sqrt(cfg.d_model)
   for layer in range(cfg.n_layers):
-    p = params["blocks"][layer]
+    p = layer_params(params, layer)
     norm = lambda y, name: rms_norm(y, p[name]["scale"], cfg.norm_eps, gemma)
     h = norm(x, "attn_norm")
     a = _mla_attention(h, p, cfg) if cfg.family == "deepseek_v2" else _gqa_attention(h, p, cfg, layer)

@@ -144,7 +144,7 @@ def test_config_round_trips_through_its_dict(name):
 
 @pytest.mark.parametrize("name", ["gemma3-tiny", "deepseek-tiny"])
 def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
-  cfg = M.preset(name, recipe="s3r")
+  cfg = M.preset(name, recipe="s3r", scan_layers=False)  # unrolled: the keys are concrete (the scan draws the same)
   seen = []
 
   def recording_qmatmul(x, w, *, key, recipe, tp=None, compute_dtype=None):

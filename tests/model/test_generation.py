@@ -72,11 +72,11 @@ def test_the_cache_holds_keys_and_values_or_for_mla_the_latent_and_the_shared_ro
   for name, want in [("gemma3", {"k": (2, 24), "v": (2, 24)}), ("deepseek_v2", {"latent": (32,), "k_rope": (1, 8)})]:
     cfg = M.hf_config(FIXTURES / name, act_dtype="float32")
     slots = cache.empty(cfg, batch=2, length=LONG + NEW)
-    assert len(slots.layers) == cfg.n_layers and slots.slot_pos_BxL.shape == (2, LONG + NEW)
-    assert all(
-      {k: v.shape for k, v in layer.items()} == {k: (2, LONG + NEW, *s) for k, s in want.items()}
-      for layer in slots.layers
-    ), name
+    assert slots.slot_pos_BxL.shape == (2, LONG + NEW)
+    # stacked over the layers like the blocks' parameters
+    assert {k: v.shape for k, v in slots.layers.items()} == {
+      k: (cfg.n_layers, 2, LONG + NEW, *s) for k, s in want.items()
+    }, name
 
 
 # Sampling: the sampler on fixed logits (frequencies within bounds from the binomial variance), then

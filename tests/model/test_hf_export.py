@@ -54,7 +54,7 @@ def test_import_then_export_gives_back_every_tensor_bit_for_bit(name, tmp_path):
 
 def test_the_round_trip_check_sees_a_changed_tensor(tmp_path):
   cfg, params = M.load_hf(FIXTURES / "llama")
-  params["blocks"][1]["q"] = params["blocks"][1]["q"].at[3, 5].add(2.0**-6)  # one bf16 step of a weight near 1
+  params["layers"]["q"] = params["layers"]["q"].at[1, 3, 5].add(2.0**-6)  # layer 1: one bf16 step of a weight near 1
   out = M.save_hf(tmp_path / "export", cfg, params)
   assert (out / "model.safetensors").read_bytes() != (FIXTURES / "llama" / "model.safetensors").read_bytes()
   name = "model.layers.1.self_attn.q_proj.weight"
@@ -121,13 +121,13 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
 
 def test_params_that_do_not_match_the_config_are_refused_naming_the_parameter(tmp_path):
   cfg, params = M.load_hf(FIXTURES / "llama")
-  q = params["blocks"][0]["q"]
-  params["blocks"][0]["q"] = q[:, :32]
-  with pytest.raises(ValueError, match=r"params blocks/0/q has shape \[64, 32\]; the config implies \[64, 64\]"):
+  q = params["layers"]["q"]
+  params["layers"]["q"] = q[:, :, :32]
+  with pytest.raises(ValueError, match=r"params layers/q has shape \[2, 64, 32\]; the config implies \[2, 64, 64\]"):
     M.save_hf(tmp_path / "a", cfg, params)
-  params["blocks"][0]["q"] = q
-  del params["blocks"][1]["mlp_norm"]
-  with pytest.raises(ValueError, match=r"params have no blocks/1/mlp_norm/scale"):
+  params["layers"]["q"] = q
+  del params["layers"]["mlp_norm"]
+  with pytest.raises(ValueError, match=r"params have no layers/mlp_norm/scale"):
     M.save_hf(tmp_path / "b", cfg, params)
   assert list(tmp_path.iterdir()) == []
 

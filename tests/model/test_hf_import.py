@@ -189,8 +189,12 @@ def test_load_places_each_parameter_on_its_sharding_in_the_asked_dtype():
 def test_n_layers_override_reads_the_first_layers_only():
   cfg, params = M.load_hf(FIXTURES / "deepseek_v2", n_layers=2)
   _, full = M.load_hf(FIXTURES / "deepseek_v2")
-  assert cfg.n_layers == 2 and sorted(params["blocks"]) == [0, 1]
-  assert np.array_equal(params["blocks"][1]["moe"]["gate"], full["blocks"][1]["moe"]["gate"])
+  layers, full_layers = (
+    M.stack.unstack(params, cfg)["blocks"],
+    M.stack.unstack(full, M.hf_config(FIXTURES / "deepseek_v2"))["blocks"],
+  )
+  assert cfg.n_layers == 2 and sorted(layers) == [0, 1]
+  assert np.array_equal(layers[1]["moe"]["gate"], full_layers[1]["moe"]["gate"])
 
 
 # Bad input: one-line errors naming the file, tensor or field.

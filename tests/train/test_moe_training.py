@@ -70,7 +70,7 @@ def test_the_load_balancing_gradient_reaches_the_router():
   batch = _batch(64)
   router_grad = lambda cfg: jax.jit(jax.grad(lambda p: St.training_loss_fn(p, M.graphdef(cfg), batch, None)[0]))(
     M.init_params(cfg, jax.random.key(0))
-  )["blocks"][0]["moe"]["router"]
+  )["layers"]["moe"]["router"][0]
   without, with_ = router_grad(_micro("bf16", aux_loss_weight=0.0)), router_grad(_micro("bf16", aux_loss_weight=1.0))
   assert float(jnp.linalg.norm(with_ - without)) > 0.1 * float(jnp.linalg.norm(without))
 

@@ -33,7 +33,7 @@ def _dots(jaxpr):
 
 @pytest.mark.parametrize("recipe", INT8_RECIPES + ["bf16"])
 def test_train_step_has_three_int8_gemms_per_projection_plus_the_ec_factor_product(recipe):
-  cfg = M.preset("tiny", recipe=recipe)
+  cfg = M.preset("tiny", recipe=recipe, scan_layers=False)  # unrolled: every layer's GEMMs are in the jaxpr
   batch = 2
   dots = _dots(_train_step_jaxpr(cfg, batch=batch))
   int8 = [e for e in dots if is_int8_dot(e)]
@@ -50,7 +50,7 @@ def test_train_step_has_three_int8_gemms_per_projection_plus_the_ec_factor_produ
 
 
 def test_embedding_logits_and_attention_stay_bf16_in_the_forward_pass():
-  cfg = M.preset("tiny", recipe="s3r_ec_dx")
+  cfg = M.preset("tiny", recipe="s3r_ec_dx", scan_layers=False)
   params = jax.eval_shape(lambda k: M.init_params(cfg, k), jax.random.key(0))
   tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
   jaxpr = jax.make_jaxpr(lambda p, t: M.apply(M.graphdef(cfg), p, t, key=jax.random.key(1)))(params, tokens)
@@ -66,10 +66,12 @@ def test_embedding_logits_and_attention_stay_bf16_in_the_forward_pass():
   assert embedding_lookups and embedding_lookups[0].invars[0].aval.dtype == jnp.bfloat16
 
 
-def test_remat_recomputes_the_int8_forward_in_the_backward():
-  cfg = M.preset("tiny", recipe="s3r", remat=True)
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_recomputes_the_int8_forward_in_the_backward(scan):
+  cfg = M.preset("tiny", recipe="s3r", remat=True, scan_layers=scan)
   int8 = [e for e in _dots(_train_step_jaxpr(cfg)) if is_int8_dot(e)]
-  per_block = len(int8) / cfg.n_layers  # 21 plus the recomputed forward dots whose outputs the backward needs
+  # 21 plus the recomputed forward dots whose outputs the backward needs; the scan's jaxpr holds one layer
+  per_block = len(int8) / (1 if scan else cfg.n_layers)
   assert 3 * len(M.PROJECTIONS) < per_block <= 4 * len(M.PROJECTIONS)
 
 

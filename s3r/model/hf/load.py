@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from s3r.model import stack
 from s3r.model.config import ModelConfig
 from s3r.model.hf import configs
 from s3r.model.hf.checkpoint import Checkpoint, read_json
@@ -61,16 +62,36 @@ def load_hf(
   _check_unused(ckpt, cfg, entries, sliced="n_layers" in overrides)
   np_dtype = np.dtype(dtype)
   params: dict = {}
-  for entry in entries:
+  stacked: dict[tuple, np.ndarray] = {}  # the host array of each stacked parameter being filled
+  for entry in sorted(entries, key=lambda e: stacked_path(cfg, e.path)):  # one stacked parameter at a time
     host = entry.layout.to_s3r([ckpt.read(name) for name in entry.hub], np_dtype)
-    _set(params, entry.path, _place(host, None if shardings is None else _get(shardings, entry.path)))
+    where = stacked_path(cfg, entry.path)
+    if where != entry.path:  # one layer's parameter: its row of the segment's stacked array
+      segment, row = stack.locate(cfg, entry.path[1])
+      count = stack.segment(cfg, segment).count
+      rows = stacked.setdefault(where, np.empty((count, *host.shape), host.dtype))
+      rows[row] = host
+      del host
+      if row < count - 1:
+        continue
+      host = stacked.pop(where)
+    _set(params, where, _place(host, None if shardings is None else _get(shardings, where)))
     del host
   return cfg, params
 
 
+def stacked_path(cfg: ModelConfig, path: tuple) -> tuple:
+  """The path in s3r's (stacked) params tree of a path of the per-layer layout: ("blocks", l, *rest)
+  becomes (segment, *rest) (the layer is row l - start of its segment); other paths are kept."""
+  if path[0] != stack.UNSTACKED:
+    return path
+  return (stack.locate(cfg, path[1])[0], *path[2:])
+
+
 def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
-  """{path in the params tree: shape} of the parameters of `cfg` (from abstract values: nothing is allocated)."""
-  abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  """{path in the per-layer layout of the params tree (s3r.model.stack): shape} of the parameters of
+  `cfg`, one entry per layer (from abstract values: nothing is allocated)."""
+  abstract = stack.unstack(jax.eval_shape(lambda: init_params(cfg, jax.random.key(0))), cfg)
   leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in leaves}
 

@@ -25,13 +25,15 @@ import numpy as np
 import tokenizers
 from tokenizers import processors
 
+from s3r.model import stack
 from s3r.model.config import ModelConfig
 from s3r.model.hf.checkpoint import INDEX, read_json
 from s3r.model.hf.hub_config import TORCH_DTYPES, carried_config, hub_config
-from s3r.model.hf.load import _get, hf_config, param_shapes
+from s3r.model.hf.load import _get, hf_config, param_shapes, stacked_path
 from s3r.model.hf.safetensors import SafetensorsWriter
 from s3r.model.hf.tensors import Entry, tensor_map
 from s3r.model.hf.tokenizer import HFTokenizer, load_hf_tokenizer
+from s3r.model.transformer import init_params
 
 SHARD_BYTES = 5 * 10**9  # the Hub's usual shard size
 TOKENIZER_FILES = (  # copied from a checkpoint folder when present
@@ -82,13 +84,15 @@ def save_hf(
     source_json = pathlib.Path(source) / "config.json"
     hub = carried_config(read_json(source_json), hf_config(source), config, dtype=np_dtype.name)
   entries = _hub_order(tensor_map(config, set()))
-  _check_params(config, params, entries)
+  if stack.UNSTACKED in params:  # the per-layer layout (older checkpoints)
+    params = stack.stack(params, config)
+  _check_params(config, params)
   tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
   try:
     (tmp / "config.json").write_text(json.dumps(hub, indent=2, sort_keys=True) + "\n")  # as transformers writes
-    _write_weights(tmp, params, entries, np_dtype, max_shard_bytes)
+    _write_weights(tmp, config, params, entries, np_dtype, max_shard_bytes)
     if isinstance(tokenizer, str | pathlib.Path):
       copy_tokenizer_files(tokenizer, tmp)
     elif tok is not None:
@@ -116,16 +120,24 @@ def _hub_order(entries: list[Entry]) -> list[Entry]:
   return sorted(entries, key=lambda e: rank[e.path[0]])  # stable: the layers keep their order
 
 
-def _check_params(config: ModelConfig, params: dict, entries: list[Entry]) -> None:
-  shapes = param_shapes(config)
-  for entry in entries:
-    where = "/".join(map(str, entry.path))
+def _check_params(config: ModelConfig, params: dict) -> None:
+  abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  for path, want in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+    keys = tuple(k.key for k in path)
+    where = "/".join(map(str, keys))
     try:
-      leaf = _get(params, entry.path)
+      leaf = _get(params, keys)
     except (KeyError, IndexError, TypeError):
       raise ValueError(f"params have no {where}, which {type(config).__name__} has") from None
-    if tuple(leaf.shape) != shapes[entry.path]:
-      raise ValueError(f"params {where} has shape {list(leaf.shape)}; the config implies {list(shapes[entry.path])}")
+    if tuple(leaf.shape) != tuple(want.shape):
+      raise ValueError(f"params {where} has shape {list(leaf.shape)}; the config implies {list(want.shape)}")
+
+
+def _layer_leaf(config: ModelConfig, params: dict, path: tuple):
+  """The parameter at `path` of the per-layer layout (one layer's row of a stacked parameter: a copy of
+  that row only), from the stacked params."""
+  leaf = _get(params, stacked_path(config, path))
+  return leaf if path[0] != stack.UNSTACKED else leaf[stack.locate(config, path[1])[1]]
 
 
 def _shards(specs: list[tuple[str, tuple, int]], limit: int) -> list[list[str]]:
@@ -141,8 +153,10 @@ def _shards(specs: list[tuple[str, tuple, int]], limit: int) -> list[list[str]]:
   return shards
 
 
-def _write_weights(folder: pathlib.Path, params: dict, entries: list[Entry], dtype: np.dtype, limit: int) -> None:
-  shapes = {entry.path: tuple(_get(params, entry.path).shape) for entry in entries}
+def _write_weights(
+  folder: pathlib.Path, config: ModelConfig, params: dict, entries: list[Entry], dtype: np.dtype, limit: int
+) -> None:
+  shapes = param_shapes(config)
   specs = [
     (name, shape, int(np.prod(shape)) * dtype.itemsize)
     for entry in entries
@@ -159,7 +173,7 @@ def _write_weights(folder: pathlib.Path, params: dict, entries: list[Entry], dty
   writer_of = {name: w for w, names in zip(writers, shards) for name in names}
   try:
     for entry in entries:
-      host = np.asarray(jax.device_get(_get(params, entry.path)))
+      host = np.asarray(jax.device_get(_layer_leaf(config, params, entry.path)))
       for name, array in zip(entry.hub, entry.layout.to_hub(host)):
         writer_of[name].write(name, np.asarray(array, dtype=dtype))
       del host
