@@ -26,15 +26,15 @@ class GradientLayout(Protocol):
     """(Δ, G'/Δ, Q for dX, Q for dW): the scaled gradient's step and codes (one Q twice unless split)."""
     ...
 
-  def error_factors(self, e: jax.Array) -> ec.Factors:
+  def error_factors(self, e: jax.Array, /) -> ec.Factors:
     """S3R-EC's factors (row, column and grand means per example or segment) of the error e."""
     ...
 
-  def dx(self, q_dx: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+  def dx(self, q_dx: jax.Array, delta: jax.Array, factors: ec.Factors | None, /) -> jax.Array:
     """dX from Q, corrected with `factors` when given."""
     ...
 
-  def dw(self, q_dw: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
+  def dw(self, q_dw: jax.Array, delta: jax.Array, factors: ec.Factors | None, /) -> jax.Array:
     """dW from Q, corrected with `factors` when given."""
     ...
 
