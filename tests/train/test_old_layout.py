@@ -2,7 +2,6 @@
 before the blocks were stacked) evaluates and resumes: the checkpoint is stacked on restore."""
 
 import json
-import random
 
 import jax
 import numpy as np
@@ -11,21 +10,13 @@ import pytest
 from s3r import cli
 from s3r.model import stack
 from s3r.train import checkpoint, evaluate
-
-
-def _corpus(directory):
-  rng = random.Random(1)
-  words = "an old run of the tiny preset whose checkpoint holds one subtree per layer".split()
-  directory.mkdir()
-  for i in range(3):
-    docs = [" ".join(rng.choice(words) for _ in range(120)) + "." for _ in range(40)]
-    (directory / f"file{i}.txt").write_text("\n\n\n".join(docs))
+from tests.train.conftest import write_corpus
 
 
 @pytest.mark.slow  # trains, evaluates and resumes a tiny run: three compiled programs
 def test_an_old_layout_run_evaluates_and_resumes(tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
-  _corpus(tmp_path / "data")
+  write_corpus(tmp_path / "data")
   argv = ["train", "--preset", "tiny", "--recipe", "s3r", "--steps", "2", "--batch", "2", "--seq", "32"]
   argv += ["--vocab", "300", "--data", "data", "--out", "run", "--eval-every", "2", "--ckpt-every", "2"]
   argv += ["--eval-batches", "1", "--cache-dir", "cache", "--no-progress"]
