@@ -125,11 +125,12 @@ def dx_correction(
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator. `fmt` is the format of the gradient codes: for
   one without integer codes (block-scaled FP4, FP8), whose error in units of Δ is not bounded by 1,
-  the products are f32 emulations as its GEMMs are; otherwise they read Ŵ as int8 (below).
+  or with E4M3 weight codes Ŵ (an FP8 forward), the products are f32 emulations (small: B + 1 rows);
+  otherwise they read Ŵ as int8 (below).
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
-  if not fmt.capabilities.integer_codes:
+  if not fmt.capabilities.integer_codes or not jnp.issubdtype(wq_KxN.dtype, jnp.integer):
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)

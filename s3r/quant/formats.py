@@ -7,8 +7,10 @@ gets 1, never 0), the rounding (to nearest, or stochastic with a threshold) and 
 values into codes, their dequantization (codes times step), the GEMM on them, and its
 `Capabilities` (where that GEMM is native, whether the codes are integers, which paths take them).
 
-The forward pass is always INT8 (`FORWARD_FORMAT`); a recipe names the format of the backward's
-gradient codes Q (`Recipe.grad_format`, looked up with `get_format`):
+The forward pass quantizes activations per token and weights per output channel, round to nearest,
+into `FORWARD_FORMAT` (int8) or, for an all-FP8 recipe, E4M3 (`Recipe.forward_format`, one of
+`FORWARD_FORMATS`); a recipe names the format of the backward's gradient codes Q
+(`Recipe.grad_format`, looked up with `get_format`):
 - `UniformFormat`, the integers in [-Q, Q] with one per-tensor step Δ = max|G'| / Q: `int8`
   (Q = 127), `int6` (Q = 31) and `int4` (Q = 7). Codes stored as int8, GEMMs int8 x int8 -> int32.
 - `E2M1Format`, block-scaled FP4 (the values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}): `nvfp4` (a per-tensor
@@ -21,9 +23,13 @@ gradient codes Q (`Recipe.grad_format`, looked up with `get_format`):
 - `FloatFormat`, the values of an FP8 dtype with one per-tensor step Δ = max|G'| / (its largest
   finite value): `e4m3` (float8_e4m3fn, 448) and `e5m2` (float8_e5m2, 57344). Codes stored in that
   dtype (exactly: they are its values).
-The block-scaled and FP8 codes multiply the INT8 forward's codes, a mixed product no tensor core
-runs: their GEMMs are exact f32 emulations (f32 products of the code values) on every platform, and
-say nothing about the speed of FP4 or FP8 hardware.
+The GEMM on two code tensors is chosen by their dtypes (`code_dot_general`): integer x integer is an
+int32-accumulated integer GEMM; FP8 x FP8 (float8_e4m3fn, float8_e5m2) a dot on the FP8 operands
+with f32 results, which XLA:GPU lowers to an FP8 tensor-core GEMM on Hopper (cuBLASLt's FP8 matmul
+or a Triton GEMM with FP8 operands) and XLA:CPU emulates (operands converted to f32, exact); any
+other pair (int8 forward codes times FP8 or FP4 gradient codes) is a mixed product no tensor core
+runs, emulated exactly in f32 on every platform. So FP8 gradients are native GEMMs only with the
+E4M3 forward (an all-FP8 recipe, e.g. `s3r_ec_dx@e5m2+fwd_e4m3`).
 
 A new format is one instance in `_FORMATS` (a new kind of grid: one more subclass of `Format`,
 with its `grid`, `capabilities`, `tensor_max`, `round` and, if its GEMM differs, `dot_general`).
@@ -52,7 +58,7 @@ __all__ = ["E2M1_MAX", "E4M3_MAX", "block_amax", "expand_blocks"]  # grid helper
 class Capabilities:
   """What the code paths can do with a format's codes; checked where a path needs it."""
 
-  native_gemm: tuple[str, ...]  # platforms whose GEMM on these codes is a native low-precision one; () = f32 emulation
+  native_gemm: tuple[str, ...]  # platforms with a native low-precision GEMM on these codes (for FP8: with FP8 partner codes)
   integer_codes: bool  # codes are integers: the rounding error in units of Δ is at most 1 (S3R-EC's int8 digits)
   grouped: bool  # the grouped (expert) GEMMs and their Pallas kernels take these codes
   column_tp: bool  # column tensor parallelism's per-shard partial sums of the dX GEMM take these codes
@@ -65,6 +71,24 @@ class Capabilities:
 
 _INTEGER = Capabilities(native_gemm=PLATFORMS, integer_codes=True, grouped=True, column_tp=True)
 _EMULATED = Capabilities(native_gemm=(), integer_codes=False, grouped=False, column_tp=False)
+_FP8 = Capabilities(native_gemm=("cuda",), integer_codes=False, grouped=False, column_tp=False)
+# the FP8 dtypes of the tensor cores (Hopper and later): a dot on two of them is a native FP8 GEMM there
+NATIVE_FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
+
+
+def code_dot_general(a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
+  """The GEMM on two code tensors, chosen by their dtypes (see the module doc): integer x integer
+  exact in int32; FP8 x FP8 with f32 results (native on Hopper, an exact f32 emulation on XLA:CPU);
+  any other pair an exact f32 emulation (operands converted to f32, multiplied at the highest
+  precision)."""
+  da, db = np.dtype(a.dtype), np.dtype(b.dtype)
+  if da.kind in "iu" and db.kind in "iu":
+    return lax.dot_general(a, b, dimension_numbers, preferred_element_type=jnp.int32)
+  if da in NATIVE_FP8_DTYPES and db in NATIVE_FP8_DTYPES:
+    return lax.dot_general(a, b, dimension_numbers, preferred_element_type=jnp.float32)
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  hi = lax.Precision.HIGHEST
+  return lax.dot_general(a, b, dimension_numbers, precision=hi, preferred_element_type=jnp.float32)
 
 
 def _is_number_dtype(dtype: np.dtype) -> bool:
@@ -156,11 +180,9 @@ class Format(abc.ABC):
     return values if step is None else values * step
 
   def dot_general(self, a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
-    """A GEMM on two code tensors (or codes and int8 forward codes), exact in acc_dtype: here an f32
-    emulation, the operands converted to f32 (exactly) and multiplied at the highest precision."""
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    hi = lax.Precision.HIGHEST
-    return lax.dot_general(a, b, dimension_numbers, precision=hi, preferred_element_type=self.acc_dtype)
+    """A GEMM on two code tensors (these codes and the forward's, or two forward code tensors),
+    exact in its accumulator: `code_dot_general`, chosen by the operands' dtypes."""
+    return code_dot_general(a, b, dimension_numbers)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,9 +205,6 @@ class UniformFormat(Format):
     """RTNE(v) without a threshold, else the stochastic rounding floor(v + u); then clipped."""
     return self.clip(jnp.round(v) if threshold is None else jnp.floor(v + threshold))
 
-  def dot_general(self, a: jax.Array, b: jax.Array, dimension_numbers) -> jax.Array:
-    """An integer GEMM (int8 x int8 -> int32), exact."""
-    return lax.dot_general(a, b, dimension_numbers, preferred_element_type=self.acc_dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -247,7 +266,6 @@ class FloatFormat(Format):
   per-tensor step that maps max|x| onto the largest of them; codes stored in that dtype."""
 
   grid: ClassVar[str] = "float"
-  capabilities: ClassVar[Capabilities] = _EMULATED
 
   acc_dtype: np.dtype = np.dtype(np.float32)
 
@@ -262,6 +280,12 @@ class FloatFormat(Format):
       )
     if self.acc_dtype != np.float32:
       raise ValueError(f"FloatFormat.acc_dtype must be float32 (the emulated GEMM's accumulator), got {self.acc_dtype}")
+
+  @property
+  def capabilities(self) -> Capabilities:  # pyrefly: ignore[bad-override]
+    """Native on CUDA (Hopper's FP8 tensor cores) for float8_e4m3fn and float8_e5m2 codes with FP8
+    partner codes (`code_dot_general`); emulated for any other float dtype."""
+    return _FP8 if self.code_dtype in NATIVE_FP8_DTYPES else _EMULATED
 
   @property
   def mantissa_bits(self) -> int:
@@ -297,7 +321,8 @@ def _fp8(name: str, dtype) -> FloatFormat:
 
 
 INT8 = _uniform("int8", 127)
-FORWARD_FORMAT = INT8  # the forward's activation and weight codes (every quantized recipe)
+FORWARD_FORMAT = INT8  # the forward's activation and weight codes (the default `Recipe.forward_format`)
+FORWARD_FORMATS = ("int8", "e4m3")  # the formats a recipe's forward may quantize into (`Recipe.forward_format`)
 
 _FORMATS: tuple[Format, ...] = (
   INT8,

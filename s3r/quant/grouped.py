@@ -123,6 +123,11 @@ def grouped_qmatmul(
       f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer codes only; use one of "
       f"{', '.join(formats.formats_with('grouped'))}"
     )
+  if recipe.forward_format != formats.INT8.name:
+    raise ValueError(
+      f"{_NAME}: forward format {recipe.forward_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
+      "(expert) path: its grouped GEMMs, and the Pallas kernels, take int8 forward codes only"
+    )
   if not recipe.quantized:
     return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
   rows = None if rows is None else _normalized(rows)

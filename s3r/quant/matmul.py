@@ -1,12 +1,16 @@
-"""The quantized linear layer Y = X W with an INT8 forward and an INT8, unbiased backward.
+"""The quantized linear layer Y = X W with an INT8 (or FP8) forward and an unbiased quantized backward.
 
-Forward (every INT8 recipe): per-token and per-output-channel absmax scales, RTNE codes,
-one int8 x int8 -> int32 GEMM, rescale. Backward: both scales are folded into the upstream
+Forward (every quantized recipe): per-token and per-output-channel absmax scales, RTNE codes of
+the recipe's forward format, one GEMM on codes, rescale: int8 x int8 -> int32 by default, E4M3 x
+E4M3 -> f32 for an all-FP8 recipe (`Recipe.forward_format`; the scales map max|x| onto 448 and are
+applied after the GEMM, as the int8 ones are). Backward: both scales are folded into the upstream
 gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into codes Q of the
 recipe's gradient format (formats.py); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more
-GEMMs on codes: int8 x int8 -> int32 for the uniform grids (int8, int6, int4), exact f32
-emulations for the block-scaled FP4 grids (nvfp4, mxfp4), whose Q holds code · s_blk in units of
-Δ (one quantization with square blocks feeds both GEMMs). The recipe decides how Q is rounded
+GEMMs on codes (`formats.code_dot_general`): int8 x int8 -> int32 for the uniform grids (int8, int6,
+int4) with the int8 forward; FP8 x FP8 -> f32 for FP8 gradients with the E4M3 forward (native FP8
+GEMMs on Hopper, f32 emulations on the CPU); exact f32 emulations for every mixed pair (FP8 or the
+block-scaled FP4 grids nvfp4 and mxfp4, whose Q holds code · s_blk in units of Δ, times int8 codes).
+One quantization (with square blocks for FP4) feeds both GEMMs. The recipe decides how Q is rounded
 (see recipes.py) and whether S3R-EC corrects the products (see ec.py). `scale_gradient` and `round_gradient` are the
 quantizer of the grouped layer too (grouped.py).
 
@@ -114,6 +118,11 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
   tp_split = tensor_parallel.resolve(tp, tp_axis, w.shape[0] if tp == "row" else w.shape[-1])
   if tp_split is not None and tp_split.kind == "column" and recipe.quantized_gradient:
+    if recipe.forward_format != formats.INT8.name:
+      raise ValueError(
+        f"qmatmul: forward format {recipe.forward_format!r} (recipe {recipe.name!r}) is not supported with "
+        "tp='column' under a split tensor axis: the dX GEMM's per-shard partial sums run on int8 forward codes only"
+      )
     if not formats.get_format(recipe.grad_format).capabilities.column_tp:  # one device: nothing to refuse
       raise ValueError(
         f"qmatmul: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported with "
@@ -151,8 +160,8 @@ def _as_examples(a: jax.Array) -> jax.Array:
 class _Residuals(NamedTuple):
   """What the forward saves for the backward: the forward's codes, their scales and the key."""
 
-  xqT_KxT: jax.Array  # X̂ᵀ, int8 [K, T]: the activation codes, transposed for dW = X̂ᵀ Q
-  wq_KxN: jax.Array  # Ŵ, int8 [K, N]: the weight codes
+  xqT_KxT: jax.Array  # X̂ᵀ [K, T]: the activation codes (int8 or E4M3), transposed for dW = X̂ᵀ Q
+  wq_KxN: jax.Array  # Ŵ [K, N]: the weight codes (int8 or E4M3)
   sx_BxS: jax.Array  # s_x, f32 [B, S]: the per-token activation scales
   sw_N: jax.Array  # s_w, f32 [N]: the per-output-channel weight scales
   key: jax.Array | None  # typed key of the backward's rounding; None for forward-only use
@@ -181,12 +190,13 @@ def _fwd(
   key: jax.Array | None,
 ) -> tuple[jax.Array, _Residuals]:
   """(Y [B, S, N] in x's dtype, the residuals)."""
-  del recipe, w_dtype
+  del w_dtype
   batch, seq, k = x_BxSxK.shape
-  sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2)
-  sw_N = numerics.absmax_scale(w_KxN, axis=0)
-  xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None]).reshape(batch * seq, k)
-  wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :])
+  fmt = formats.get_format(recipe.forward_format)  # int8, or E4M3 (an all-FP8 recipe)
+  sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2, fmt=fmt)
+  sw_N = numerics.absmax_scale(w_KxN, axis=0, fmt=fmt)
+  xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None], fmt).reshape(batch * seq, k)
+  wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :], fmt)
 
   def rescale(acc_TxN: jax.Array) -> jax.Array:
     return acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
@@ -379,8 +389,9 @@ def gradient_codes(
   recipe, key = arguments.check("qmatmul", recipe, key, x, w, key_required=True)
   if not recipe.quantized_gradient:
     raise ValueError(f"gradient_codes: recipe {recipe.name!r} does not quantize the gradient")
-  sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2)
-  sw_N = numerics.absmax_scale(w, axis=0)
+  fwd = formats.get_format(recipe.forward_format)
+  sx_BxS = numerics.absmax_scale(_as_examples(x), axis=2, fmt=fwd)
+  sw_N = numerics.absmax_scale(w, axis=0, fmt=fwd)
   delta, _, q_dx, q_dw = quantize_gradient(recipe, sx_BxS, sw_N, _as_examples(g), key)
   shape = x.shape[:-1] + (w.shape[1],)
   return q_dx.reshape(shape), q_dw.reshape(shape), delta

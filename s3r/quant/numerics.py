@@ -1,7 +1,8 @@
-"""Forward numerics and GEMMs on codes: absmax scales, round-to-nearest-even codes, the int8 GEMMs.
+"""Forward numerics and GEMMs on codes: absmax scales, round-to-nearest-even codes, the code GEMMs.
 
-The forward's codes are `formats.FORWARD_FORMAT` (int8 in [-127, 127]); the grid, dtypes, step and
-clipping of every format live in formats.py.
+The forward's codes are `formats.FORWARD_FORMAT` (int8 in [-127, 127]) unless a recipe names another
+forward format (E4M3, `Recipe.forward_format`); the grid, dtypes, step and clipping of every format
+live in formats.py.
 
 Dimension letters: T tokens (B*S flattened), K input features, N output features.
 """
@@ -19,19 +20,21 @@ QMAX = FORWARD_FORMAT.qmax  # the forward's largest code (127: the int8 range ma
 INV_QMAX = FORWARD_FORMAT.inv_qmax  # f32 reciprocal of QMAX
 
 
-def absmax_scale(x: jax.Array, axis: int) -> jax.Array:
-  """s = max |x| / 127 along `axis` (f32): the forward format's scale; an all-zero slice gets 1.
+def absmax_scale(x: jax.Array, axis: int, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """s = max |x| / 127 along `axis` (f32): the forward format's scale (max |x| / 448 for E4M3 `fmt`);
+  an all-zero slice gets 1.
 
   Computed as max|x| * f32(1/127) (`Format.scale`). A slice whose max is below 127 times the
   smallest normal f32 (~1.5e-36) gets a subnormal scale, which XLA:CPU flushes to zero, so it
   takes the zero-slice path and quantizes to all-zero codes. A slice holding a NaN or an Inf gets
   the scale NaN (`reductions.abs_max`): its codes are 0 and every product rescaled by it NaN.
   """
-  return FORWARD_FORMAT.scale(abs_max(x, axis=axis))
+  return fmt.scale(abs_max(x, axis=axis))
 
 
-def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
-  """int8 codes RTNE(x * (1/scale)), clipped to [-127, 127]; `scale` broadcasts against x.
+def quantize_rtne(x: jax.Array, scale: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
+  """int8 codes RTNE(x * (1/scale)), clipped to [-127, 127] (codes of `fmt`, rounded to nearest, for
+  another format); `scale` broadcasts against x.
 
   Multiplies by the f32 reciprocal of the scale, never divides: XLA rewrites a division by a
   broadcast scale into that multiplication in some fusions and not in others, and the two
@@ -39,7 +42,7 @@ def quantize_rtne(x: jax.Array, scale: jax.Array) -> jax.Array:
   reciprocal but 63.499996 with the division), so a division let the forward GEMM and the
   saved X̂ᵀ of the same program, or two device meshes, round a tie differently.
   """
-  return FORWARD_FORMAT.round(x.astype(jnp.float32) * reciprocal(scale))
+  return fmt.round(x.astype(jnp.float32) * reciprocal(scale))
 
 
 def reciprocal(a: jax.Array) -> jax.Array:
@@ -48,9 +51,9 @@ def reciprocal(a: jax.Array) -> jax.Array:
 
 
 def code_matmul(a_MxC: jax.Array, b_CxN: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
-  """Product of two code tensors by `fmt`'s GEMM in its accumulator (int8 x int8 -> int32 for the
-  forward's and the integer gradient formats' codes; an exact f32 emulation for FP4 and FP8 gradient
-  codes) in the canonical layout (contract a's last, b's first dim).
+  """Product of two code tensors by `fmt`'s GEMM (`formats.code_dot_general`, chosen by the operand
+  dtypes: int8 x int8 -> int32; FP8 x FP8 -> f32, native on Hopper; an exact f32 emulation for any
+  other pair) in the canonical layout (contract a's last, b's first dim).
 
   XLA:CPU runs this layout several times faster than one that contracts a leading
   dimension, so every caller passes operands already laid out this way.

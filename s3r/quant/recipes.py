@@ -4,11 +4,14 @@ A `Recipe` says how the backward pass turns the scaled upstream gradient G' into
 (docs/algorithm.md §1): round to nearest, independent stochastic rounding, or shared
 stochastic rounding with one threshold per token ("token", Φ2D) or per example
 ("example", Φbcast), which of the two backward products gets the S3R-EC correction, and the
-number format of Q (`grad_format`, a name in formats.FORMATS; the forward is always INT8).
+number format of Q (`grad_format`, a name in formats.FORMATS) and of the forward's codes
+(`forward_format`: int8, or E4M3 for an all-FP8 recipe).
 
 Every registered recipe that quantizes the gradient exists at every gradient format: `recipe("s3r_ec_dx@int4")`
 is `s3r_ec_dx` with `grad_format="int4"` (named "s3r_ec_dx@int4"), and so on for each name in
-formats.FORMATS. The registered names themselves use int8.
+formats.FORMATS. Every quantized recipe also exists with an E4M3 forward: `recipe("s3r_ec_dx@e5m2+fwd_e4m3")`
+is `s3r_ec_dx` with E5M2 gradient codes and E4M3 forward codes, an all-FP8 recipe whose six GEMMs
+per layer are FP8 GEMMs (native on Hopper, see formats.py). The registered names themselves use int8.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Recipe:
   correct_dx: bool = False  # S3R-EC: subtract the structured rounding error from dX
   correct_dw: bool = False  # S3R-EC: subtract the structured rounding error from dW
   grad_format: str = "int8"  # number format of the backward's gradient codes Q (formats.FORMATS)
+  forward_format: str = "int8"  # number format of the forward's activation and weight codes (formats.FORWARD_FORMATS)
   description: str = ""  # one line for `s3r recipes`
 
   def __post_init__(self):
@@ -48,6 +52,10 @@ class Recipe:
         f"Recipe.grad_format must be 'int8' when rounding={self.rounding!r} (no quantized gradient), "
         f"got {self.grad_format!r}"
       )
+    if not isinstance(self.forward_format, str) or self.forward_format not in formats.FORWARD_FORMATS:
+      raise ValueError(f"Recipe.forward_format must be one of {formats.FORWARD_FORMATS}, got {self.forward_format!r}")
+    if self.forward_format != formats.INT8.name and self.rounding == "none":
+      raise ValueError(f"Recipe.forward_format must be 'int8' when rounding='none' (no quantization), got {self.forward_format!r}")
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)
@@ -162,22 +170,42 @@ DIAGNOSTIC_RECIPES = (
 
 
 FORMAT_SEPARATOR = "@"  # "s3r_ec_dx@int4": a registered recipe at another gradient format
+FORWARD_SEPARATOR = "+fwd_"  # "s3r_ec_dx@e5m2+fwd_e4m3": ... with another forward format
 
 
 def recipe(name_or_recipe: str | Recipe) -> Recipe:
   """Returns the recipe called `name_or_recipe` (a Recipe passes through): a registered name, or
-  "NAME@FORMAT" for registered recipe NAME with gradient format FORMAT (see `at_format`)."""
+  "NAME@FORMAT" for registered recipe NAME with gradient format FORMAT (see `at_format`), either
+  optionally followed by "+fwd_FORWARD" for forward format FORWARD (see `at_forward_format`)."""
   if isinstance(name_or_recipe, Recipe):
     return name_or_recipe
   if not isinstance(name_or_recipe, str):
     raise TypeError(f"recipe must be a Recipe or one of {sorted(RECIPES)}, got {type(name_or_recipe).__name__}")
-  base, sep, fmt = name_or_recipe.partition(FORMAT_SEPARATOR)
+  head, fwd_sep, fwd = name_or_recipe.partition(FORWARD_SEPARATOR)
+  base, sep, fmt = head.partition(FORMAT_SEPARATOR)
   if base not in RECIPES:
     raise ValueError(
       f"unknown recipe {base!r}; valid names: {', '.join(RECIPES)} "
-      f"(optionally NAME{FORMAT_SEPARATOR}FORMAT, FORMAT one of {', '.join(formats.FORMATS)})"
+      f"(optionally NAME{FORMAT_SEPARATOR}FORMAT, FORMAT one of {', '.join(formats.FORMATS)}, then "
+      f"{FORWARD_SEPARATOR}FORWARD, FORWARD one of {', '.join(formats.FORWARD_FORMATS)})"
     )
-  return at_format(RECIPES[base], fmt) if sep else RECIPES[base]
+  found = at_format(RECIPES[base], fmt) if sep else RECIPES[base]
+  return at_forward_format(found, fwd) if fwd_sep else found
+
+
+def at_forward_format(base: Recipe, forward_format: str) -> Recipe:
+  """`base` with forward format `forward_format`, named "BASE+fwd_FORWARD" (the int8 forward keeps
+  the name); refused for `bf16` (no quantized forward) and for a format not in FORWARD_FORMATS."""
+  if forward_format == base.forward_format:
+    return base
+  name = f"{base.name}{FORWARD_SEPARATOR}{forward_format}"
+  if not base.quantized:
+    raise ValueError(f"recipe {name!r}: {base.name!r} does not quantize the forward, so it has no forward format")
+  if forward_format not in formats.FORWARD_FORMATS:
+    raise ValueError(
+      f"recipe {name!r}: unknown forward format {forward_format!r}; valid: {', '.join(formats.FORWARD_FORMATS)}"
+    )
+  return dataclasses.replace(base, forward_format=forward_format, name=name)
 
 
 def at_format(base: Recipe, grad_format: str) -> Recipe:

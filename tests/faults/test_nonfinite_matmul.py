@@ -36,7 +36,7 @@ def _recipes_at(grad_formats) -> list[str]:
 
 
 ALL_FORMATS = tuple(formats.FORMATS)
-INTEGER_FORMATS = tuple(n for n, f in formats.FORMATS.items() if not f.emulated)
+INTEGER_FORMATS = tuple(n for n, f in formats.FORMATS.items() if f.capabilities.integer_codes)
 # the default suite: every registered recipe at int8, and the recommended one at every format
 FAST_DENSE = list(recipes.RECIPES) + [f"{recipes.DEFAULT_RECIPE}@{f}" for f in ALL_FORMATS if f != "int8"]
 SLOW_DENSE = [r for r in _recipes_at(ALL_FORMATS) if r not in FAST_DENSE]

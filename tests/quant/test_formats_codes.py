@@ -20,7 +20,7 @@ FP4 = [n for n, f in FORMATS.items() if f.grid == "e2m1"]
 FP8 = [n for n, f in FORMATS.items() if f.grid == "float"]
 NOT_GROUPED = [n for n, f in FORMATS.items() if not f.capabilities.grouped]
 NOT_COLUMN_TP = [n for n, f in FORMATS.items() if not f.capabilities.column_tp]
-EMULATED = [n for n, f in FORMATS.items() if f.emulated]
+NOT_INTEGER = [n for n, f in FORMATS.items() if not f.capabilities.integer_codes]
 
 
 def _problem(rng, shape_BxSxK, n):
@@ -216,8 +216,8 @@ def test_column_tensor_parallelism_refuses_the_emulated_formats_only_under_a_spl
     jax.make_jaxpr(lambda a, b: s3r.qmatmul(a, b, key=key, recipe="s3r@int4", tp="column"))(x, w)
 
 
-@pytest.mark.parametrize("fmt", EMULATED)
-def test_a_non_finite_gradient_gives_non_finite_gradients_at_the_emulated_formats(fmt, rng):
+@pytest.mark.parametrize("fmt", NOT_INTEGER)
+def test_a_non_finite_gradient_gives_non_finite_gradients_at_the_float_code_formats(fmt, rng):
   x = jnp.asarray(rng.standard_normal((1, 16, 8)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)
   g = jnp.ones((1, 16, 6), jnp.float32).at[0, 3, 2].set(jnp.inf)
