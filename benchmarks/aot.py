@@ -9,6 +9,9 @@ the optional extra `gpu-aot` (the CUDA plugin of the pinned JAX, about 4.3 GB; n
 `pip install -e '.[gpu-aot]' -c constraints.txt`. The command sets `JAX_PLATFORMS=cpu` for itself.
 
 Programs (`--program`, comma-separated):
+Recipes (`--recipes`): registered names, also at a gradient format and with the E4M3 forward
+(`s3r_ec_dx@e5m2`, `s3r_ec_dx@e5m2+fwd_e4m3`); the report counts the native FP8 GEMMs of each program
+(`aot_report.fp8_gemms`: FP8 operands in cuBLASLt's FP8 matmul or a Triton GEMM).
 - ffn: the SwiGLU FFN block forward + backward of `python -m benchmarks ffn` (x [T, H] bf16, f32
   weights) at `--shapes` and `--tokens`;
 - moe: one `s3r.grouped_qmatmul` forward + backward (x [T, K], w [E, K, N], E equal groups) with the
@@ -304,9 +307,7 @@ def run(args: argparse.Namespace) -> dict:
   if not cuda_plugin_installed():
     raise SystemExit(MISSING_EXTRA)
   use_cpu_host(args.xla_timers)
-  from s3r import RECIPES
-
-  recipes = parse_list(args.recipes, list(RECIPES), "recipes")
+  recipes = recipe_names(args.recipes)
   opts = compiler_options(args.xla)
   spec = target_spec(args.target)
   devices = target_devices(args.target)
@@ -343,6 +344,20 @@ def run(args: argparse.Namespace) -> dict:
     paths = run_.write(rows, aot_report.markdown(rows, devices[0].device_kind), complete=i == len(todo) - 1)
   log(f"[aot] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": rows, "paths": paths}
+
+
+def recipe_names(value: str) -> list[str]:
+  """The comma-separated `--recipes`: registered names, NAME@FORMAT (gradient format) and NAME+fwd_e4m3
+  (forward format) included, each checked by `s3r.recipe`."""
+  from s3r import recipe
+
+  names = [v.strip() for v in value.split(",") if v.strip()]
+  for name in names:
+    try:
+      recipe(name)
+    except ValueError as e:
+      raise SystemExit(f"--recipes: {e}") from None
+  return names
 
 
 def _settings(args: argparse.Namespace) -> list[str]:

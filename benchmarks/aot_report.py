@@ -3,11 +3,15 @@
 GEMM kinds in XLA:GPU's optimized HLO (`compiled.as_text()`):
 - triton_gemm: a fusion whose backend config kind is `__triton_gemm` or `__triton_nested_gemm_fusion`
   (XLA's Triton GEMM emitter), counted by the element types of its dot's operands (e.g. "s8 x s8");
-- cublas / cublaslt: custom calls `__cublas$gemm` and `__cublas$lt$matmul*`;
+- cublas / cublaslt: custom calls `__cublas$gemm` and `__cublas$lt$matmul`; cublaslt_f8: cuBLASLt's FP8
+  matmul `__cublas$lt$matmul$f8`, counted by its operand types (e.g. "f8e5m2 x f8e4m3fn");
 - cudnn_gemm: a fusion of kind `__cudnn$fusion`; cudnn_attention: custom calls `__cudnn$fmha*`;
 - pallas_triton: custom calls `__gpu$xla.gpu.triton` (Pallas kernels lowered through Triton);
 - dot: a dot left outside any fusion.
 Every GEMM is counted once per instruction of the program (a while loop's body once, not per trip).
+A native FP8 GEMM (`fp8_gemms`) is a cublaslt_f8 call or a Triton GEMM whose dot takes two FP8 operands
+(`f8e4m3fn`, `f8e5m2`): XLA:GPU runs both on the FP8 tensor cores (Hopper's wgmma with FP8 inputs).
+An FP8 code emulated in a wider type shows up as a GEMM of that type (f32, bf16 or f16 operands).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ MIB = 2**20
 _KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
 _TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
 _CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")
+FP8_TYPES = ("f8e4m3fn", "f8e5m2")  # the element types of the FP8 tensor-core GEMMs in HLO text
 
 
 def memory(compiled) -> dict[str, int]:
@@ -71,6 +76,9 @@ def gemm_kinds(text: str) -> dict[str, int]:
         t = target.group(1) if target else ""
         if t == "__cublas$gemm":
           found["cublas"] += 1
+        elif t == "__cublas$lt$matmul$f8":
+          types = {i.name: i.dtype for i in comp.instrs}
+          found[f"cublaslt_f8 {' x '.join(str(types.get(o, '?')) for o in ins.operands[:2])}"] += 1
         elif t.startswith("__cublas$lt$matmul"):
           found["cublaslt"] += 1
         elif t.startswith("__cudnn$fmha"):
@@ -80,6 +88,17 @@ def gemm_kinds(text: str) -> dict[str, int]:
       elif ins.opcode == "dot" and comp.entry:
         found["dot"] += 1
   return dict(sorted(found.items()))
+
+
+def fp8_gemms(gemms: dict[str, int]) -> int:
+  """How many GEMMs of a `gemm_kinds` census are native FP8 GEMMs (see the module docstring)."""
+  native = 0
+  for kind, n in gemms.items():
+    what, _, operands = kind.partition(" ")
+    types = operands.split(" x ")
+    if what in ("triton_gemm", "cublaslt_f8") and len(types) == 2 and all(t in FP8_TYPES for t in types):
+      native += n
+  return native
 
 
 def hlo_summary(text: str) -> dict:
@@ -92,8 +111,10 @@ def hlo_summary(text: str) -> dict:
       if ins.opcode == "fusion":
         kind = _KIND_RE.search(ins.attrs)
         fusions[kind.group(1) if kind else re.search(r"kind=(\w+)", ins.attrs).group(1)] += 1  # type: ignore[union-attr]
+  gemms = gemm_kinds(text)
   return {
-    "gemms": gemm_kinds(text),
+    "gemms": gemms,
+    "fp8_gemms": fp8_gemms(gemms),
     "fusions": dict(sorted(fusions.items())),
     "entry_instructions": len(entry.instrs) if entry else 0,
     "instructions": sum(len(c.instrs) for c in comps.values()),
@@ -175,6 +196,7 @@ def markdown(rows: list[dict], device_kind: str) -> str:
     "args MiB",
     "out MiB",
     "GEMMs",
+    "FP8 GEMMs",
     "fusions",
   ]
   for config, group in configs.items():
@@ -182,7 +204,7 @@ def markdown(rows: list[dict], device_kind: str) -> str:
     table = []
     for r in group:
       if "error" in r:
-        table.append([r["recipe"], "", "failed", "", "", "", "", "", "", "", r["error"][:160], ""])
+        table.append([r["recipe"], "", "failed", "", "", "", "", "", "", "", r["error"][:160], "", ""])
         continue
       m = r["memory"]
       table.append(
@@ -198,6 +220,7 @@ def markdown(rows: list[dict], device_kind: str) -> str:
           _mib(m.get("argument")),
           _mib(m.get("output")),
           gemm_text(r["hlo"]["gemms"]),
+          r["hlo"].get("fp8_gemms", fp8_gemms(r["hlo"]["gemms"])),
           sum(r["hlo"]["fusions"].values()),
         ]
       )

@@ -125,12 +125,14 @@ def dx_correction(
   Only rowsum(Ŵ) [K] and Ŵ c_b [B, K] are products; the rest is a broadcast that XLA
   fuses into the rescale of the dX accumulator. `fmt` is the format of the gradient codes: for
   one without integer codes (block-scaled FP4, FP8), whose error in units of Δ is not bounded by 1,
-  or with E4M3 weight codes Ŵ (an FP8 forward), the products are f32 emulations (small: B + 1 rows);
-  otherwise they read Ŵ as int8 (below).
+  the products are f32 emulations; with E4M3 weight codes Ŵ (an FP8 forward) one bf16 GEMM
+  (`_float_weight_dx_correction`); otherwise they read Ŵ as int8 (below).
   """
   # N whole: under FSDP the int8 Ŵ is gathered along N (as the dX GEMM's own operand is).
   wq_KxN = _unsharded_along(wq_KxN, 1)
-  if not fmt.capabilities.integer_codes or not jnp.issubdtype(wq_KxN.dtype, jnp.integer):
+  if not jnp.issubdtype(wq_KxN.dtype, jnp.integer):
+    return _float_weight_dx_correction(r_BxS, c_BxN, m_B, wq_KxN)
+  if not fmt.capabilities.integer_codes:
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)
@@ -147,6 +149,25 @@ def dx_correction(
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
   return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
+
+
+def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array) -> jax.Array:
+  """`dx_correction` for float weight codes Ŵ (E4M3, exact in bf16): c is split exactly into three bf16
+  parts, c = c0 + c1 + c2 (8 significant bits each; f32 has 24), and one bf16 GEMM with f32 results
+  gives Ŵ c_j (every product exact in f32) and rowsum(Ŵ) = Ŵ 1, reading Ŵ in bf16 instead of a
+  weight-sized f32 copy; the three parts are summed in f32, as an f32 dot's partial sums are."""
+  batch, n = c_BxN.shape
+  parts, rest = [], c_BxN.astype(jnp.float32)
+  for _ in range(3):
+    part = rest.astype(jnp.bfloat16)
+    parts.append(part)
+    rest = rest - part.astype(jnp.float32)  # exact: the rounding error of a bf16 rounding
+  lhs_RxN = jnp.concatenate([jnp.stack(parts, axis=1).reshape(3 * batch, n), jnp.ones((1, n), jnp.bfloat16)])
+  acc_RxK = jax.lax.dot_general(
+    lhs_RxN, wq_KxN.astype(jnp.bfloat16), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  wc_BxK = jnp.sum(acc_RxK[:-1].reshape(batch, 3, -1), axis=1)
+  return (r_BxS - m_B[:, None])[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
 
 
 def dw_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, xqT_KxT: jax.Array) -> jax.Array:

@@ -17,15 +17,28 @@ def np_rtne_codes(a: np.ndarray, s: np.ndarray) -> np.ndarray:
   return np.clip(np.round(a.astype(np.float32) * (np.float32(1) / s.astype(np.float32))), -127, 127).astype(np.int8)
 
 
-class Reference:
-  """The executed forward graph's operands and its exact (float64) backward for upstream g."""
+def np_e4m3_scale(a: np.ndarray, axis: int) -> np.ndarray:
+  s = np.max(np.abs(a.astype(np.float32)), axis=axis) * np.float32(1 / 448)  # max |a| onto E4M3's largest value
+  return np.where(s == 0, np.float32(1), s).astype(np.float32)
 
-  def __init__(self, x, w, g):
+
+def np_e4m3_codes(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+  # ml_dtypes' cast rounds to nearest even; the clip keeps an f32 product just above 448 finite
+  v = np.clip(a.astype(np.float32) * (np.float32(1) / s.astype(np.float32)), -448, 448)
+  return v.astype(jnp.float8_e4m3fn)
+
+
+class Reference:
+  """The executed forward graph's operands and its exact (float64) backward for upstream g
+  (`forward`: the forward format, "int8" or "e4m3")."""
+
+  def __init__(self, x, w, g, forward: str = "int8"):
     x, w, g = (np.asarray(a, np.float32) for a in (x, w, g))
-    self.sx = np_scale(x, axis=-1)  # [B, S]
-    self.sw = np_scale(w, axis=0)  # [N]
-    self.xq = np_rtne_codes(x, self.sx[..., None])
-    self.wq = np_rtne_codes(w, self.sw[None, :])
+    scale, codes = (np_scale, np_rtne_codes) if forward == "int8" else (np_e4m3_scale, np_e4m3_codes)
+    self.sx = scale(x, axis=-1)  # [B, S]
+    self.sw = scale(w, axis=0)  # [N]
+    self.xq = codes(x, self.sx[..., None])
+    self.wq = codes(w, self.sw[None, :])
     x_deq = self.xq.astype(np.float64) * self.sx[..., None]
     w_deq = self.wq.astype(np.float64) * self.sw[None, :]
     self.y = x_deq @ w_deq
@@ -50,13 +63,14 @@ def grads(recipe, x, w, g, key):
 
 
 @functools.cache
-def gradient_problem(b: int, s: int, k: int, n: int):
-  """(x [b,s,k], w [k,n], heavy-tailed upstream g [b,s,n], its Reference): the unbiasedness tests' problem."""
+def gradient_problem(b: int, s: int, k: int, n: int, forward: str = "int8"):
+  """(x [b,s,k], w [k,n], heavy-tailed upstream g [b,s,n], its Reference at the forward format
+  `forward`): the unbiasedness tests' problem."""
   rng = np.random.default_rng(1)
   x = rng.standard_normal((b, s, k)).astype(np.float32)
   w = (rng.standard_normal((k, n)) * 0.3).astype(np.float32)
   g = heavy_tailed(rng, (b, s, n), decades=4)
-  return x, w, g, Reference(x, w, g)
+  return x, w, g, Reference(x, w, g, forward)
 
 
 def gradient_samples(recipe: str, problem, draws: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The FP8 gradient recipes train end to end through `s3r train` (on `tiny`, a few steps)."""
+"""The FP8 gradient recipes, and the all-FP8 one (E4M3 forward), train end to end through `s3r train` (on `tiny`,
+a few steps)."""
 
 import json
 import math
@@ -8,7 +9,10 @@ import pytest
 from s3r import cli
 
 
-@pytest.mark.parametrize("recipe", ["s3r_ec_dx@e5m2", pytest.param("s3r@e4m3", marks=pytest.mark.slow)])
+RECIPES = ["s3r_ec_dx@e5m2", "s3r_ec_dx@e5m2+fwd_e4m3", pytest.param("s3r@e4m3", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_an_fp8_gradient_recipe_trains_through_s3r_train(recipe, tmp_path, corpus_dir, cache_dir):
   argv = ["train", "--preset", "tiny", "--recipe", recipe, "--steps", "8", "--warmup", "2", "--lr", "3e-3"]
   argv += ["--batch", "4", "--seq", "32", "--vocab", "300", "--data", str(corpus_dir), "--cache-dir", str(cache_dir)]
