@@ -37,6 +37,10 @@ ENTRY %main (a: s8[64,32], b: s8[32,16], c: bf16[64,32], d: bf16[32,16]) -> f32[
   %custom-call.2 = (bf16[64,16]{1,0}, s8[0]{0}) custom-call(%c, %d), custom_call_target="__cublas$lt$matmul"
   %custom-call.3 = (bf16[1,64,4,16]{3,2,1,0}, u8[0]{0}) custom-call(%c, %d, %d), custom_call_target="__cudnn$fmhaSoftmax"
   %custom-call.4 = f32[64,16]{1,0} custom-call(%a, %b), custom_call_target="__gpu$xla.gpu.triton"
+  %e = f8e5m2[64,32]{1,0} parameter(4)
+  %f = f8e4m3fn[32,16]{1,0} parameter(5)
+  %one = f32[] constant(1)
+  %custom-call.5 = (f32[64,16]{1,0}, s8[0]{0}) custom-call(%e, %f, %one, %one), custom_call_target="__cublas$lt$matmul$f8"
   ROOT %convert.1 = f32[64,16]{1,0} convert(%gemm_fusion_dot.1)
 }
 """
@@ -46,10 +50,24 @@ def test_gemm_kinds_names_triton_cublas_cublaslt_cudnn_and_pallas_gemms_of_a_gpu
   assert aot_report.gemm_kinds(GPU_HLO) == {
     "cublas": 1,
     "cublaslt": 1,
+    "cublaslt_f8 f8e5m2 x f8e4m3fn": 1,
     "cudnn_attention": 1,
     "pallas_triton": 1,
     "triton_gemm s8 x s8": 1,
   }
+
+
+def test_native_fp8_gemms_are_cublaslt_f8_calls_and_triton_gemms_on_two_fp8_operands():
+  gemms = {
+    "cublaslt_f8 f8e5m2 x f8e4m3fn": 2,
+    "triton_gemm f8e4m3fn x f8e4m3fn": 3,
+    "triton_gemm f8e5m2 x f8e5m2": 1,
+    "triton_gemm f32 x f32": 5,  # an FP8 code emulated in f32
+    "triton_gemm bf16 x f8e4m3fn": 7,  # one operand converted: not an FP8 GEMM
+    "cublaslt": 4,
+  }
+  assert aot_report.fp8_gemms(gemms) == 6
+  assert aot_report.hlo_summary(GPU_HLO)["fp8_gemms"] == 1
 
 
 def test_aot_refuses_in_one_message_naming_the_extra_when_the_cuda_plugin_is_missing(monkeypatch):
@@ -93,6 +111,36 @@ def test_a_tiny_train_step_compiles_for_the_h100_with_int8_triton_gemms_and_cudn
     assert r["hlo"]["gemms"].get("cudnn_attention", 0) >= 2  # forward and backward
   assert by["s3r_ec_dx"]["hlo"]["gemms"].get("triton_gemm s8 x s8", 0) >= 9  # 3 int8 GEMMs per projection
   assert not any("s8" in k for k in by["bf16"]["hlo"]["gemms"])
+
+
+def _without_fp8(gemms: dict[str, int], native: str) -> dict[str, int]:
+  """The GEMM census without the GEMMs on two operands of the `native` kind (FP8, or s8)."""
+  types = aot_report.FP8_TYPES if native == "f8" else ("s8",)
+  keep = {}
+  for kind, n in gemms.items():
+    operands = kind.partition(" ")[2].split(" x ")
+    if not (len(operands) == 2 and all(t in types for t in operands)):
+      keep[kind] = n
+  return keep
+
+
+@pytest.mark.slow
+@needs_plugin
+@pytest.mark.parametrize("program", ["ffn", "step"])
+def test_every_gemm_on_codes_of_an_all_fp8_recipe_is_a_native_fp8_gemm_for_the_h100(program, tmp_path):
+  # The int8 recipe's program with every int8 GEMM an FP8 one: the other GEMMs (unquantized head, attention,
+  # S3R-EC's small bf16 correction products) are the same, so no FP8 code reaches a GEMM through an f32 or bf16
+  # conversion. The int8 forward with FP8 gradients is the contrast: a mixed product, emulated in f32.
+  shape = ["--shapes", "256x512", "--tokens", "512"] if program == "ffn" else ["--preset", "tiny", "--batch", "2"]
+  recipes = "s3r,s3r@e5m2+fwd_e4m3,s3r@e4m3+fwd_e4m3,s3r@e5m2"
+  rows = _aot(tmp_path, "--program", program, *shape, "--seq", "64", "--recipes", recipes)
+  by = {r["recipe"]: r["hlo"] for r in rows}
+  assert all("error" not in r for r in rows), [r.get("error") for r in rows]
+  int8 = by["s3r"]["gemms"]
+  for name in ("s3r@e5m2+fwd_e4m3", "s3r@e4m3+fwd_e4m3"):
+    assert by[name]["fp8_gemms"] >= 3, by[name]["gemms"]  # at least one linear's three GEMMs
+    assert _without_fp8(by[name]["gemms"], "f8") == _without_fp8(int8, "s8"), by[name]["gemms"]
+  assert by["s3r@e5m2"]["fp8_gemms"] == 0 and "triton_gemm f32 x f32" in by["s3r@e5m2"]["gemms"]
 
 
 @pytest.mark.slow
