@@ -60,7 +60,7 @@ class Capabilities:
 
   native_gemm: tuple[str, ...]  # platforms with a native low-precision GEMM on these codes (for FP8: with FP8 partner codes)
   integer_codes: bool  # codes are integers: the rounding error in units of Δ is at most 1 (S3R-EC's int8 digits)
-  grouped: bool  # the grouped (expert) GEMMs and their Pallas kernels take these codes
+  grouped: bool  # the grouped (expert) GEMMs take these codes (integer ones in the Pallas kernels too)
   column_tp: bool  # column tensor parallelism's per-shard partial sums of the dX GEMM take these codes
 
   def __post_init__(self):
@@ -71,7 +71,7 @@ class Capabilities:
 
 _INTEGER = Capabilities(native_gemm=PLATFORMS, integer_codes=True, grouped=True, column_tp=True)
 _EMULATED = Capabilities(native_gemm=(), integer_codes=False, grouped=False, column_tp=False)
-_FP8 = Capabilities(native_gemm=("cuda",), integer_codes=False, grouped=False, column_tp=False)
+_FP8 = Capabilities(native_gemm=("cuda",), integer_codes=False, grouped=True, column_tp=False)
 # the FP8 dtypes of the tensor cores (Hopper and later): a dot on two of them is a native FP8 GEMM there
 NATIVE_FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 

@@ -9,7 +9,8 @@ It mirrors the dense layer (matmul.py), and runs the same backward sequence
 per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped GEMM,
 rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor step Δ, Q
 quantized once for both products (twice for split recipes) into codes of the recipe's gradient
-format (a uniform grid: int8, int6 or int4; the emulated FP4 and FP8 formats are refused here) by the
+format (a uniform grid: int8, int6 or int4, or FP8: e4m3, e5m2, whose products with the int8 codes
+are exact f32 emulations on the tiled or ragged GEMMs; the block-scaled FP4 formats are refused) by the
 dense quantizer's own functions (`matmul.scale_gradient`, `matmul.round_gradient`), as
 `quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x) Q Ŵ_eᵀ
 and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes. Shared thresholds are one
@@ -246,7 +247,7 @@ def _bwd(
   gp_TxN = jnp.where(valid_Tx1, sx_T[:, None] * g_TxN.astype(jnp.float32) * _row_scales(sw_ExN, lay), 0.0)
   if recipe.rounding == "exact":
     return _exact_bwd(impl, x_dtype, w_dtype, res, lay, jnp.where(valid_Tx1, g_TxN.astype(jnp.float32), 0.0))
-  layout = _GroupedLayout(impl, x_dtype, w_dtype, res, lay, gp_TxN)
+  layout = _GroupedLayout(impl, x_dtype, w_dtype, res, lay, gp_TxN, recipe.grad_format)
   dx_TxK, dw_ExKxN = backward.quantized_backward(recipe, layout, key)
   return dx_TxK, dw_ExKxN, None, None, None
 
@@ -261,6 +262,7 @@ class _GroupedLayout(NamedTuple):
   res: _Residuals
   lay: grouped_gemm.Layout
   gp_TxN: jax.Array  # G' (padding rows 0)
+  grad_format: str  # the recipe's gradient format (formats.FORMATS)
 
   def quantize(self, recipe: Recipe, key: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     n_seg = self.lay.group_sizes.shape[0]
@@ -272,7 +274,8 @@ class _GroupedLayout(NamedTuple):
   def dx(self, q_TxN: jax.Array, delta: jax.Array, factors: ec.Factors | None) -> jax.Array:
     """dX [T, K] = (acc - corr) · Δ/s_x[t] in the GEMM's epilogue (padding rows 0)."""
     wq_ExKxN = self.res.wq_ExKxN
-    corr_TxK = None if factors is None else grouped_ec.dx_correction(*factors, wq_ExKxN, self.lay.seg_T)
+    fmt = formats.get_format(self.grad_format)
+    corr_TxK = None if factors is None else grouped_ec.dx_correction(*factors, wq_ExKxN, self.lay.seg_T, fmt)
     row_T = delta / self.res.sx_T
     return grouped_gemm.gmm_nt_epilogue(
       q_TxN, wq_ExKxN, self.lay, self.impl, sub_TxK=corr_TxK, row_T=row_T, out=self.x_dtype

@@ -33,20 +33,35 @@ def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array) 
   return r_T, seg_mean(e_TxN), seg_mean(r_T)
 
 
-def dx_correction(r_T: jax.Array, c_ExN: jax.Array, m_E: jax.Array, wq_ExKxN: jax.Array, seg_T: jax.Array) -> jax.Array:
+def dx_correction(
+  r_T: jax.Array,
+  c_ExN: jax.Array,
+  m_E: jax.Array,
+  wq_ExKxN: jax.Array,
+  seg_T: jax.Array,
+  fmt: formats.Format = formats.INT8,
+) -> jax.Array:
   """e_str[t] Ŵ_{e(t)}ᵀ = (r[t] - m_e) rowsum(Ŵ_e) + Ŵ_e c_e for every row, [T, K] (f32).
 
   Rows past the sum get 0. The per-expert products rowsum(Ŵ_e) and Ŵ_e c_e [E, K] come from
   one small batched int8 dot of c_e's int8 digits (ec.int8_digits) and a row of ones with Ŵ_e,
-  so Ŵ is read as int8, as in the dense correction.
+  so Ŵ is read as int8, as in the dense correction. For gradient codes `fmt` without integer codes
+  (FP8), whose error in units of Δ is not bounded by 1, the products are f32 emulations, as in
+  the dense correction.
   """
   experts, n = c_ExN.shape
-  digits_Ex3xN = ec.int8_digits(c_ExN)
-  lhs_Ex4xN = jnp.concatenate([digits_Ex3xN, jnp.ones((experts, 1, n), digits_Ex3xN.dtype)], axis=1)
-  dims = (((2,), (2,)), ((0,), (0,)))
-  acc_Ex4xK = lax.dot_general(lhs_Ex4xN, wq_ExKxN, dims, preferred_element_type=formats.accumulator(wq_ExKxN.dtype))
-  wc_ExK = ec.from_int8_digits(acc_Ex4xK[:, :3])
-  rowsum_ExK = acc_Ex4xK[:, 3].astype(jnp.float32)
+  if fmt.capabilities.integer_codes:
+    digits_Ex3xN = ec.int8_digits(c_ExN)
+    lhs_Ex4xN = jnp.concatenate([digits_Ex3xN, jnp.ones((experts, 1, n), digits_Ex3xN.dtype)], axis=1)
+    dims = (((2,), (2,)), ((0,), (0,)))
+    acc_Ex4xK = lax.dot_general(lhs_Ex4xN, wq_ExKxN, dims, preferred_element_type=formats.accumulator(wq_ExKxN.dtype))
+    wc_ExK = ec.from_int8_digits(acc_Ex4xK[:, :3])
+    rowsum_ExK = acc_Ex4xK[:, 3].astype(jnp.float32)
+  else:
+    w_ExKxN = wq_ExKxN.astype(jnp.float32)
+    hi = lax.Precision.HIGHEST
+    wc_ExK = jnp.einsum("en,ekn->ek", c_ExN.astype(jnp.float32), w_ExKxN, precision=hi)
+    rowsum_ExK = jnp.sum(w_ExKxN, axis=2)
   valid_T = seg_T < experts
   seg_c = jnp.minimum(seg_T, experts - 1)
   corr_TxK = (r_T - m_E[seg_c])[:, None] * rowsum_ExK[seg_c] + wc_ExK[seg_c]

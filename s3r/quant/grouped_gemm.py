@@ -19,8 +19,9 @@ Three implementations with the same results (int32 accumulators are exact, so bi
   (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
 - "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
   GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
-  (the bf16 recipe's, `int8_exact_bwd`'s backward) runs its forward and dX on the tiled path and
-  its dW on the ragged path on CUDA, the tiled path elsewhere.
+  (the bf16 recipe's, `int8_exact_bwd`'s backward, and the backward GEMMs on FP8 gradient codes,
+  exact f32 emulations) runs its forward and dX on the tiled path and its dW on the ragged path
+  on CUDA, the tiled path elsewhere.
 - "auto" (grouped_qmatmul's default): the compiled Pallas kernels on GPU (CUDA), the tiled path
   elsewhere; float GEMMs as under "pallas".
 
@@ -274,12 +275,24 @@ def _dispatch(impl: str, kernel, xla, *args):
   return lax.platform_dependent(*args, cuda=compiled, default=other)
 
 
+def _float_codes(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array, object, object]:
+  """(a, b, accumulator, precision) of a GEMM on codes: int8 x int8 as is (the kernels' int32 GEMM);
+  any other pair (FP8 gradient codes times int8 forward codes) as f32 operands at the highest
+  precision, an exact f32 emulation (`formats.code_dot_general`'s), on the tiled or ragged path."""
+  if _int8_codes(a, b, _ACC, None):
+    return a, b, _ACC, None
+  return a.astype(jnp.float32), b.astype(jnp.float32), jnp.float32, lax.Precision.HIGHEST
+
+
 def _row_gemm_epilogue(a, b, lay, impl, contract_last, sub, row, col, out):
   experts = b.shape[0]
+  if not _int8_codes(a, b, _ACC, None):  # float codes: no kernel takes them
+    impl = "tiled" if impl in _KERNEL_IMPLS else impl
   xla_impl = "tiled" if impl in _KERNEL_IMPLS else impl
 
   def xla(a, b, sub, row, col):
-    acc = (gmm_nt if contract_last else gmm)(a, b, lay, xla_impl)
+    a, b, acc_type, precision = _float_codes(a, b)
+    acc = (gmm_nt if contract_last else gmm)(a, b, lay, xla_impl, out=acc_type, precision=precision)
     col_rows = None if col is None else col[jnp.minimum(lay.seg_T, experts - 1)]
     row_col = None if row is None else row.reshape(-1, 1)
     return grouped_pallas.epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
@@ -312,13 +325,17 @@ def gmm_nt_epilogue(a_TxN, b_ExKxN, lay: Layout, impl: str, *, sub_TxK=None, row
 
 def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_ExN=None, out=_ACC) -> jax.Array:
   """epilogue(Σ_{t in e} a[t]ᵀ b[t]) with sub_ExKxN subtracted and col_ExN [E, N] scales: [E, K, N] in `out`."""
-  xla_impl = "tiled" if impl in _KERNEL_IMPLS else impl
+  float_codes = not _int8_codes(a_TxK, b_TxN, _ACC, None)  # no kernel takes them: the float dW path
+  xla_impl = impl if float_codes else "tiled" if impl in _KERNEL_IMPLS else impl
 
   def xla(a, b, sub, col):
-    acc = tgmm(a, b, lay, xla_impl)
+    a, b, acc_type, precision = _float_codes(a, b)
+    acc = tgmm(a, b, lay, xla_impl, out=acc_type, precision=precision)
     return grouped_pallas.epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
 
   def kernel(a, b, sub, col, interpret):
     return grouped_pallas.tgmm(a, b, lay.group_sizes, sub_ExKxN=sub, col_ExN=col, out=out, interpret=interpret)
 
+  if float_codes:
+    return xla(a_TxK, b_TxN, sub_ExKxN, col_ExN)
   return _dispatch(impl, kernel, xla, a_TxK, b_TxN, sub_ExKxN, col_ExN)

@@ -201,6 +201,30 @@ def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients(
   np.testing.assert_allclose(dw_g, dw_d, rtol=0, atol=1e-6 * np.abs(dw_d).max())
 
 
+@pytest.mark.parametrize("recipe", ["s3r@e5m2", "int8_sr@e4m3", "s3r_ec@e4m3", "s3r_ec_dx_bcast@e5m2"])
+def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients_at_fp8(recipe):
+  """As above at the FP8 gradient formats: the same codes Q (same step, thresholds and grid), whose
+  products with the int8 codes are exact f32 emulations on both paths, summed in another order
+  (tiles vs one dot), so dX and dW agree to f32 rounding of the accumulated magnitudes."""
+  b, s = 3, 8
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.standard_normal((b, s, K)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((b, s, N)) * np.logspace(-3, 0, N), jnp.float32)
+  key = jax.random.key(7)
+  gs = jnp.full((b,), s, jnp.int32)
+  y_d, vjp_d = jax.vjp(lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), x, w)
+  for impl in ("tiled", "ragged", None):
+    grouped = lambda a, c: s3r.grouped_qmatmul(
+      a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key, recipe=recipe, impl=impl
+    ).reshape(b, s, N)
+    y_g, vjp_g = jax.vjp(grouped, x, w)
+    (dx_d, dw_d), (dx_g, dw_g) = vjp_d(g), vjp_g(g)
+    np.testing.assert_array_equal(y_g, y_d)
+    np.testing.assert_allclose(dx_g, dx_d, rtol=0, atol=1e-6 * np.abs(dx_d).max())
+    np.testing.assert_allclose(dw_g, dw_d, rtol=0, atol=1e-6 * np.abs(dw_d).max())
+
+
 @pytest.mark.parametrize("recipe", ALL)
 def test_empty_experts_and_padding_rows_get_zero_outputs_and_gradients_never_nan(recipe):
   x, w, g = _problem(seed=5)
