@@ -8,7 +8,9 @@ for an s3r value it returns an `S3rQuantization`, for any other value MaxText's 
 (`maxtext.trainers.pre_train.train`) with `register()` called first.
 
 Values: `s3r` is the default recipe (`s3r.DEFAULT_RECIPE`, s3r_ec_dx); `s3r:NAME` any recipe by
-name (`s3r:int8_rtne`, `s3r:bf16`, `s3r:s3r_ec_dx@int4`); `quantization_values()` lists them.
+name (`s3r:int8_rtne`, `s3r:bf16`, `s3r:s3r_ec_dx@int4`, FP8 gradients `s3r:s3r_ec_dx@e5m2`, the all-FP8
+`s3r:s3r_ec_dx@e5m2+fwd_e4m3`: its E4M3 forward runs in the dense projections only, the expert GEMMs
+refuse it); `quantization_values()` lists them.
 
 What it quantizes: every MaxText `DenseGeneral` built with the quantization object (the attention and MLP
 projections; MaxText gives the output projection `logits_dense` none) takes its `dot_general` from
@@ -63,7 +65,7 @@ import jax.numpy as jnp
 from s3r.nn.dot_general import LinenDotGeneral, dot_general, kernel_fingerprint
 from s3r.quant import formats
 from s3r.quant.grouped import grouped_qmatmul
-from s3r.quant.recipes import DEFAULT_RECIPE, FORMAT_SEPARATOR, RECIPES, Recipe
+from s3r.quant.recipes import DEFAULT_RECIPE, FORMAT_SEPARATOR, FORWARD_SEPARATOR, RECIPES, Recipe
 from s3r.quant.recipes import recipe as get_recipe
 
 PREFIX = "s3r"  # the config value of the default recipe; "s3r:NAME" names a recipe
@@ -75,10 +77,18 @@ INSTALL_HINT = "pip install 's3r[maxtext]'"
 
 def quantization_values() -> tuple[str, ...]:
   """Every `quantization=` value that selects s3r: "s3r" and "s3r:NAME" for each recipe name,
-  NAME@FORMAT included for the recipes with a quantized gradient."""
+  NAME@FORMAT included for the recipes with a quantized gradient, and the all-FP8 recipes
+  NAME@e4m3+fwd_e4m3 and NAME@e5m2+fwd_e4m3 (E4M3 forward, FP8 gradients)."""
   names = list(RECIPES)
   names += [
     f"{name}{FORMAT_SEPARATOR}{fmt}" for name, r in RECIPES.items() if r.quantized_gradient for fmt in formats.FORMATS
+  ]
+  fp8 = [n for n, f in formats.FORMATS.items() if f.grid == "float" and f.capabilities.native_gemm]
+  names += [
+    f"{name}{FORMAT_SEPARATOR}{fmt}{FORWARD_SEPARATOR}e4m3"
+    for name, r in RECIPES.items()
+    if r.quantized_gradient
+    for fmt in fp8
   ]
   return (PREFIX, *(f"{PREFIX}{SEPARATOR}{name}" for name in names))
 

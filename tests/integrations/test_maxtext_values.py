@@ -23,6 +23,9 @@ def test_values_select_every_recipe_by_name_and_s3r_alone_the_default():
   assert smt.parse("s3r:s3r_ec_dx@int4").grad_format == "int4"
   for fmt in ("e4m3", "e5m2"):  # FP8 gradients
     assert f"s3r:s3r_ec_dx@{fmt}" in values and smt.parse(f"s3r:s3r_ec_dx@{fmt}").grad_format == fmt
+  all_fp8 = smt.parse("s3r:s3r_ec_dx@e5m2+fwd_e4m3")  # E4M3 forward and E5M2 gradients
+  assert "s3r:s3r_ec_dx@e5m2+fwd_e4m3" in values and (all_fp8.forward_format, all_fp8.grad_format) == ("e4m3", "e5m2")
+  assert "s3r:s3r@e4m3+fwd_e4m3" in values and "s3r:bf16+fwd_e4m3" not in values
   assert "s3r:bf16@int4" not in values  # bf16 has no quantized gradient, so no gradient format
   assert len(set(values)) == len(values)
 
