@@ -58,7 +58,9 @@ __all__ = ["E2M1_MAX", "E4M3_MAX", "block_amax", "expand_blocks"]  # grid helper
 class Capabilities:
   """What the code paths can do with a format's codes; checked where a path needs it."""
 
-  native_gemm: tuple[str, ...]  # platforms with a native low-precision GEMM on these codes (for FP8: with FP8 partner codes)
+  native_gemm: tuple[
+    str, ...
+  ]  # platforms with a native low-precision GEMM on these codes (for FP8: with FP8 partner codes)
   integer_codes: bool  # codes are integers: the rounding error in units of Δ is at most 1 (S3R-EC's int8 digits)
   grouped: bool  # the grouped (expert) GEMMs take these codes (integer ones in the Pallas kernels too)
   column_tp: bool  # column tensor parallelism's per-shard partial sums of the dX GEMM take these codes
@@ -204,7 +206,6 @@ class UniformFormat(Format):
   def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
     """RTNE(v) without a threshold, else the stochastic rounding floor(v + u); then clipped."""
     return self.clip(jnp.round(v) if threshold is None else jnp.floor(v + threshold))
-
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -55,7 +55,9 @@ class Recipe:
     if not isinstance(self.forward_format, str) or self.forward_format not in formats.FORWARD_FORMATS:
       raise ValueError(f"Recipe.forward_format must be one of {formats.FORWARD_FORMATS}, got {self.forward_format!r}")
     if self.forward_format != formats.INT8.name and self.rounding == "none":
-      raise ValueError(f"Recipe.forward_format must be 'int8' when rounding='none' (no quantization), got {self.forward_format!r}")
+      raise ValueError(
+        f"Recipe.forward_format must be 'int8' when rounding='none' (no quantization), got {self.forward_format!r}"
+      )
     shared = self.rounding == "shared"
     for field in ("dx_topology", "dw_topology"):
       value = getattr(self, field)

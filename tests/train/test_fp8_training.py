@@ -8,7 +8,6 @@ import pytest
 
 from s3r import cli
 
-
 RECIPES = ["s3r_ec_dx@e5m2", "s3r_ec_dx@e5m2+fwd_e4m3", pytest.param("s3r@e4m3", marks=pytest.mark.slow)]
 
 
