@@ -29,10 +29,11 @@ def _corpus(directory: pathlib.Path) -> pathlib.Path:
 def test_recipes_lists_every_recipe_with_its_description(capsys):
   assert cli.main(["recipes"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert len(lines) == len(RECIPES) + 1
+  assert len(lines) == len(RECIPES) + 2
   for line, (name, recipe) in zip(lines, RECIPES.items()):
     assert line.split()[0] == name and line.endswith(recipe.description)
-  assert lines[-1].startswith("gradient formats") and all(f in lines[-1] for f in FORMATS)
+  assert lines[-2].startswith("gradient formats") and all(f in lines[-2] for f in FORMATS)
+  assert lines[-1].startswith("forward formats") and "int8, e4m3" in lines[-1]
 
 
 @pytest.mark.parametrize("argv, level", [(["train", "--help"], "2"), (["train", "--verbose", "--help"], None)])

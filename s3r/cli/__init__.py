@@ -382,7 +382,8 @@ def run_eval(args) -> int:
 
 
 def _recipe_name(value: str) -> str:
-  """`--recipe`: a registered recipe name or NAME@FORMAT (s3r.quant.recipe), refused in one line."""
+  """`--recipe`: a registered recipe name, NAME@FORMAT or NAME[@FORMAT]+fwd_FORMAT (s3r.quant.recipe), refused in
+  one line."""
   from s3r.quant import recipe
 
   try:
@@ -402,20 +403,25 @@ def register_recipes(subparsers) -> None:
     "recipes",
     help="list the quantization recipes and gradient formats",
     description="One line per registered recipe (name and description), then the gradient formats: "
-    "NAME@FORMAT is recipe NAME with its backward's gradient codes in FORMAT.",
+    "NAME@FORMAT is recipe NAME with its backward's gradient codes in FORMAT, NAME+fwd_FORMAT with its forward's "
+    "codes in FORMAT.",
   )
   p.set_defaults(func=run_recipes)
 
 
 def run_recipes(args) -> int:
   from s3r.quant import RECIPES
-  from s3r.quant.formats import FORMATS
+  from s3r.quant.formats import FORMATS, FORWARD_FORMATS
 
   width = max(map(len, RECIPES))
   for name, r in RECIPES.items():
     print(f"{name:<{width}}  {r.description}")
   print(
     f"gradient formats (NAME@FORMAT, every recipe but bf16 and int8_exact_bwd): {', '.join(FORMATS)} (default int8)"
+  )
+  print(
+    f"forward formats (NAME+fwd_FORMAT or NAME@FORMAT+fwd_FORMAT, every recipe but bf16): "
+    f"{', '.join(FORWARD_FORMATS)} (default int8; e.g. the all-FP8 s3r_ec_dx@e5m2+fwd_e4m3)"
   )
   return 0
 
