@@ -70,11 +70,18 @@ def test_a_recipe_at_a_gradient_format_is_accepted_and_reaches_the_model():
 
 @pytest.mark.parametrize("fmt", [n for n, f in FORMATS.items() if not f.capabilities.grouped])
 def test_a_gradient_format_without_grouped_gemms_is_refused_up_front_for_a_model_with_experts(fmt):
-  """The grouped (expert) GEMMs take integer codes only: refused at the flag, before any tracing."""
+  """The grouped (expert) GEMMs refuse the block-scaled FP4 codes: refused at the flag, before any tracing."""
   with pytest.raises(ConfigError) as e:
     TrainConfig(out="run", steps=20, preset="moe-tiny", recipe=f"s3r@{fmt}")
   assert str(e.value).startswith("--recipe ") and fmt in str(e.value) and "dense models" in str(e.value)
   assert TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r@int4").recipe == "s3r@int4"
+
+
+def test_the_e4m3_forward_is_refused_up_front_for_a_model_with_experts():
+  with pytest.raises(ConfigError) as e:
+    TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@e5m2+fwd_e4m3")
+  assert str(e.value).startswith("--recipe ") and "e4m3 forward" in str(e.value) and "dense models" in str(e.value)
+  assert TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@e5m2").recipe == "s3r_ec_dx@e5m2"
 
 
 def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():
