@@ -121,7 +121,7 @@ def grouped_qmatmul(
   if recipe.quantized_gradient and not formats.get_format(recipe.grad_format).capabilities.grouped:
     raise ValueError(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
-      f"(expert) path: its grouped GEMMs, and the Pallas kernels, take integer or FP8 codes only; use one of "
+      f"(expert) path: its grouped GEMMs take integer or FP8 codes only (the Pallas kernels integer ones); use one of "
       f"{', '.join(formats.formats_with('grouped'))}"
     )
   if recipe.forward_format != formats.INT8.name:
