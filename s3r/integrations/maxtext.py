@@ -287,7 +287,7 @@ def backend(config: Any, quant_mode_str: str = "train") -> S3rQuantization | Non
 
 
 def _member_name(value: str) -> str:
-  return value.upper().replace(SEPARATOR, "__").replace(FORMAT_SEPARATOR, "_AT_")
+  return value.upper().replace(SEPARATOR, "__").replace(FORMAT_SEPARATOR, "_AT_").replace("+", "_")
 
 
 def _extend_enum(cls: type[enum.Enum], values: Sequence[str]) -> None:

@@ -194,3 +194,9 @@ def test_a_plain_expert_gemm_call_is_covered_and_a_zero_group_offset_too():
 )
 def test_each_expert_gemm_option_the_backend_does_not_cover_is_named(field, value, name):
   assert smt._unsupported_gmm_arguments(_gmm_call(**{field: value})) == [name]
+
+
+def test_every_value_gets_a_distinct_enum_member_name_that_is_an_identifier():
+  names = [smt._member_name(v) for v in smt.quantization_values()]  # noqa: SLF001 - the names register() adds
+  assert len(set(names)) == len(names) and all(n.isidentifier() for n in names)
+  assert smt._member_name("s3r:s3r_ec_dx@e5m2+fwd_e4m3") == "S3R__S3R_EC_DX_AT_E5M2_FWD_E4M3"  # noqa: SLF001
