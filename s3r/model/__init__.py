@@ -3,7 +3,6 @@ Gemma 3, Qwen3-MoE and DeepSeek-V2 (see s3r/model/config.py, s3r/model/presets.p
 
 from s3r.model import stack
 from s3r.model.config import (
-  FAMILIES,
   DeepSeekV2Config,
   Gemma3Config,
   ModelConfig,
@@ -11,6 +10,7 @@ from s3r.model.config import (
   Qwen3MoeConfig,
   RopeScaling,
 )
+from s3r.model.families import FAMILIES, Family
 from s3r.model.generation import Decoder, generate
 from s3r.model.hf import HFConfigError, HFError, HFTokenizer, hf_config, load_hf, load_hf_tokenizer, save_hf
 from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections

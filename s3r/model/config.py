@@ -1,7 +1,7 @@
 """Model configurations of the five decoder families.
 
-One frozen config class per family; the decoder (`s3r.model.transformer`) picks each
-family's blocks from the config's class:
+One frozen config class per family; its record in `s3r.model.families` (registered once) names
+its block and Hugging Face conversion, and every dispatch on the config's class goes through it:
 
 | class             | family        | attention                          | feed-forward                 |
 |-------------------|---------------|------------------------------------|------------------------------|
@@ -140,7 +140,9 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, d: dict) -> ModelConfig:
     d = dict(d)
-    family = FAMILIES[d.pop("family", cls.family)]
+    from s3r.model import families  # the registry imports the config classes: looked up on use
+
+    family = families.config_class(d.pop("family", cls.family))
     if d.get("rope_scaling") is not None:
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     return family(**d)
@@ -310,8 +312,3 @@ class DeepSeekV2Config(MoeFields, ModelConfig):
     q = d * n * qk if self.q_lora_rank is None else d * self.q_lora_rank + self.q_lora_rank * (1 + n * qk)
     kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # + latent RMSNorm
     return q + kv + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim) + n * self.v_head_dim * d
-
-
-FAMILIES: dict[str, type[ModelConfig]] = {
-  c.family: c for c in (ModelConfig, Qwen3Config, Gemma3Config, Qwen3MoeConfig, DeepSeekV2Config)
-}

@@ -27,7 +27,8 @@ import numpy as np
 from flax import nnx
 
 from s3r.model import cache as kv
-from s3r.model.config import ModelConfig, MoeFields
+from s3r.model import families
+from s3r.model.config import ModelConfig
 from s3r.model.transformer import graphdef
 from s3r.quant import recipe as get_recipe
 
@@ -39,11 +40,9 @@ def _purpose(key: jax.Array, name: str) -> jax.Array:
 
 
 def inference_config(cfg: ModelConfig) -> ModelConfig:
-  """`cfg` as generation runs it: no rematerialization, MoE routing dropless."""
-  changes: dict = {"remat": False}
-  if isinstance(cfg, MoeFields):
-    changes["capacity_factor"] = None
-  return dataclasses.replace(cfg, **changes)
+  """`cfg` as generation runs it: no rematerialization, and the family's inference settings
+  (`Family.inference`: the MoE families route dropless)."""
+  return dataclasses.replace(cfg, remat=False, **families.family_of(cfg).inference)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -1,6 +1,7 @@
 """The decoder in Flax NNX whose block projections are INT8 `qmatmul`s: the model and its
 functional interface. The blocks live in `s3r.model.layers` (the shared pieces and the Llama
-block), `s3r.model.blocks` (Qwen3, Gemma 3, Qwen3-MoE) and `s3r.model.mla` (DeepSeek-V2).
+block), `s3r.model.blocks` (Qwen3, Gemma 3, Qwen3-MoE) and `s3r.model.mla` (DeepSeek-V2); each
+family's record (s3r.model.families) names its block.
 
 Dimension letters in tensor names:
   B batch, S sequence, D model width, N query heads, K key/value heads, H head dim,
@@ -40,27 +41,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from s3r.model import blocks, mla, stack
-from s3r.model.config import DeepSeekV2Config, Gemma3Config, ModelConfig, Qwen3Config, Qwen3MoeConfig
+from s3r.model import families, stack
+from s3r.model.config import ModelConfig
 from s3r.model.layers import Block, RMSNorm, constrain, intercepting, param
 from s3r.quant import recipe as get_recipe
 
-# The block of each family, keyed by its config class: the one place a family's config picks code.
-BLOCKS: dict[type[ModelConfig], type[Block]] = {
-  ModelConfig: Block,
-  Qwen3Config: blocks.Qwen3Block,
-  Gemma3Config: blocks.Gemma3Block,
-  Qwen3MoeConfig: blocks.Qwen3MoeBlock,
-  DeepSeekV2Config: mla.DeepSeekV2Block,
-}
-
 
 def block_class(cfg: ModelConfig) -> type[Block]:
-  """The block of the config's family (a subclass of a family's config gets that family's block)."""
-  for cls in type(cfg).__mro__:
-    if cls in BLOCKS:
-      return BLOCKS[cls]
-  raise TypeError(f"{type(cfg).__name__} is not a ModelConfig")
+  """The block of the config's family (s3r.model.families; a subclass of a family's config gets that
+  family's block)."""
+  return families.family_of(cfg).block
 
 
 class Transformer(nnx.Module):

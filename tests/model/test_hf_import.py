@@ -23,7 +23,7 @@ import pytest
 
 from s3r import model as M
 from s3r.model.config import MoeFields
-from s3r.model.hf import checkpoint, configs, safetensors, tensors
+from s3r.model.hf import checkpoint, configs, layouts, safetensors, tensors
 from tests.model import reference
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures_hf"
@@ -136,7 +136,7 @@ def test_every_layout_gives_back_the_stored_tensors(name):
 
 
 def test_deepseek_rope_dims_are_reordered_from_interleaved_pairs_to_halves():
-  layout = tensors.RopeLinear(group=5, r=4)  # one head: 1 dim without position, 4 RoPE dims stored as pairs
+  layout = layouts.RopeLinear(group=5, r=4)  # one head: 1 dim without position, 4 RoPE dims stored as pairs
   w = np.arange(5)[:, None] * np.ones((5, 2))  # row i holds i
   assert layout.to_s3r([w], np.float32)[0].tolist() == [0, 1, 3, 2, 4]
 

@@ -3,9 +3,9 @@
 config, params)`. Supported architectures and the treatment of every config field: docs/models.md,
 "Hugging Face checkpoints"."""
 
-from s3r.model.hf.configs import ARCHITECTURES
 from s3r.model.hf.errors import HFConfigError, HFError
+from s3r.model.hf.layouts import Entry
 from s3r.model.hf.load import hf_config, load_hf
 from s3r.model.hf.save import save_hf
-from s3r.model.hf.tensors import Entry, tensor_map
+from s3r.model.hf.tensors import tensor_map
 from s3r.model.hf.tokenizer import HFTokenizer, load_hf_tokenizer

@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.model import stack
+from s3r.model import stack, transformer
 from s3r.model.config import ModelConfig
 from s3r.model.hf import configs
 from s3r.model.hf.checkpoint import Checkpoint, read_json
 from s3r.model.hf.errors import HFConfigError, HFError
-from s3r.model.hf.tensors import Entry, tensor_map, text_prefix
-from s3r.model.transformer import init_params
+from s3r.model.hf.layouts import Entry
+from s3r.model.hf.tensors import tensor_map, text_prefix
 
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # buffers some older checkpoints store
 
@@ -91,7 +91,7 @@ def stacked_path(cfg: ModelConfig, path: tuple) -> tuple:
 def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
   """{path in the per-layer layout of the params tree (s3r.model.stack): shape} of the parameters of
   `cfg`, one entry per layer (from abstract values: nothing is allocated)."""
-  abstract = stack.unstack(jax.eval_shape(lambda: init_params(cfg, jax.random.key(0))), cfg)
+  abstract = stack.unstack(jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0))), cfg)
   leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in leaves}
 

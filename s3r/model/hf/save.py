@@ -29,9 +29,10 @@ from s3r.model import stack
 from s3r.model.config import ModelConfig
 from s3r.model.hf.checkpoint import INDEX, read_json
 from s3r.model.hf.hub_config import TORCH_DTYPES, carried_config, hub_config
+from s3r.model.hf.layouts import Entry
 from s3r.model.hf.load import _get, hf_config, param_shapes, stacked_path
 from s3r.model.hf.safetensors import SafetensorsWriter
-from s3r.model.hf.tensors import Entry, tensor_map
+from s3r.model.hf.tensors import tensor_map
 from s3r.model.hf.tokenizer import HFTokenizer, load_hf_tokenizer
 from s3r.model.transformer import init_params
 

@@ -1,0 +1,64 @@
+"""The record of one decoder family: everything s3r dispatches on a family's config class.
+
+A family is registered once, as one `Family` in `s3r.model.families.FAMILIES`; the decoder takes its
+block from it (s3r.model.transformer), generation its inference settings (s3r.model.generation), and
+the Hugging Face import and export its `config.json` reader and writer and its tensor mapping
+(s3r.model.hf). docs/extending.md lists the steps for a new family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from s3r.model.config import ModelConfig
+from s3r.model.hf.fields import Fields
+from s3r.model.hf.layouts import Entry
+from s3r.model.layers import Block
+
+Reader = Callable[[Fields], ModelConfig]  # a `config.json` (as Fields) -> the family's s3r config
+Writer = Callable[[Any], dict]  # the family's s3r config -> its `config.json` dict (without token ids and dtype)
+# (config, layer, Hub name prefix of the layer, experts fused?) -> the entries of the layer's parameters
+BlockTensors = Callable[[Any, int, str, bool], list[Entry]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Family:
+  """One decoder family: its config class, its block, and its Hugging Face conversion.
+
+  config: the frozen config class; `config.family` is the family's name (config files, presets).
+  block: the block module (s3r.model.layers.Block or a subclass), built as block(cfg, key, layer).
+  readers: `transformers` architecture name -> the reader of a `config.json` naming it.
+  writer: the `config.json` of an s3r config of exactly this class (the inverse of the first reader).
+  block_tensors: where each parameter of one layer lives in a checkpoint (s3r.model.hf.layouts).
+  inference: config fields that generation replaces (e.g. dropless MoE routing).
+  """
+
+  config: type[ModelConfig]
+  block: type[Block]
+  readers: Mapping[str, Reader]
+  writer: Writer
+  block_tensors: BlockTensors
+  inference: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+  def __post_init__(self):
+    if not (isinstance(self.config, type) and issubclass(self.config, ModelConfig)):
+      raise TypeError(f"Family.config must be a ModelConfig subclass, got {self.config!r}")
+    if not (isinstance(self.block, type) and issubclass(self.block, Block)):
+      raise TypeError(f"Family.block must be a Block subclass, got {self.block!r}")
+    if not self.readers:
+      raise ValueError(f"Family.readers of {self.name!r} names no architecture")
+    unknown = set(self.inference) - {f.name for f in dataclasses.fields(self.config)}
+    if unknown:
+      raise ValueError(f"Family.inference of {self.name!r}: {self.config.__name__} has no field {sorted(unknown)}")
+
+  @property
+  def name(self) -> str:
+    return self.config.family
+
+  @property
+  def architecture(self) -> str:
+    """The architecture name the export writes (the first reader's)."""
+    return next(iter(self.readers))
