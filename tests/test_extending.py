@@ -101,3 +101,71 @@ def _scales(x, w):
   from s3r.quant import numerics
 
   return numerics.absmax_scale(x, axis=2), numerics.absmax_scale(w, axis=0)
+
+
+# --- the steps docs/extending.md gives for a new model family -----------------------------------------
+
+
+def test_every_registered_family_has_a_preset_and_a_checkpoint_fixture_of_each_architecture():
+  import json
+
+  import s3r.model as M
+  from s3r.model import families
+
+  fixtures = REPO / "tests" / "model" / "fixtures_hf"
+  archs = {json.loads((d / "config.json").read_text())["architectures"][0] for d in fixtures.iterdir() if d.is_dir()}
+  assert archs == set(families.readers()), "one fixture per architecture a family reads"
+  assert {p.family for p in M.PRESETS.values()} == set(M.FAMILIES)
+  for family in M.FAMILIES.values():
+    assert families.family_of(family.config) is family and family.name == family.config.family
+
+
+def test_a_new_family_is_one_record_that_every_dispatch_uses(monkeypatch, tmp_path):
+  """A family registered as docs/extending.md says (a config class, a block, a `Family` in the registry)
+  builds, generates, round-trips through a config file and through a Hugging Face checkpoint."""
+  import dataclasses
+  from typing import ClassVar
+
+  import jax
+  import numpy as np
+
+  import s3r.model as M
+  from s3r.model import families, transformer
+  from s3r.model.families import llama
+  from s3r.model.layers import Block
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class TinyConfig(M.ModelConfig):
+    family: ClassVar[str] = "tiny"
+
+  class TinyBlock(Block[TinyConfig]):
+    """The Llama block (a real family overrides its hooks)."""
+
+  def read(f):
+    cfg = llama.read(f)
+    return TinyConfig(**{field.name: getattr(cfg, field.name) for field in dataclasses.fields(cfg)})
+
+  def write(cfg):
+    return {**llama.write(cfg), "architectures": ["TinyForCausalLM"], "model_type": "tiny"}
+
+  family = families.Family(
+    config=TinyConfig,
+    block=TinyBlock,
+    readers={"TinyForCausalLM": read},
+    writer=write,
+    block_tensors=llama.block_tensors,
+  )
+  monkeypatch.setitem(families.FAMILIES, "tiny", family)
+
+  cfg = TinyConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=16, recipe="bf16"
+  )
+  assert transformer.block_class(cfg) is TinyBlock
+  assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
+  params = M.init_params(cfg, jax.random.key(0))
+  out = M.generate(cfg, params, [[1, 2, 3]], max_new_tokens=2)
+  assert out.shape == (1, 2)
+  path = M.save_hf(tmp_path / "tiny", cfg, params, dtype=np.float32)
+  back_cfg, back = M.load_hf(path, recipe="bf16")  # training fields are not in config.json
+  assert back_cfg == cfg
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), back, params))

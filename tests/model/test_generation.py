@@ -20,9 +20,10 @@ import pytest
 
 from s3r import model as M
 from s3r.model.generation import check_prompts, left_pad, sample
+from tests.model.test_hf_import import NAMES
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures_hf"
-FAMILIES = ["llama", "qwen3", "gemma3", "qwen3_moe", "deepseek_v2", "deepseek_v2_qlora"]
+FAMILIES = [n for n in NAMES if n != "gemma3_multimodal"]  # the multimodal fixture holds the gemma3 text tower
 EXACT = 1e-5  # s3r's float32 forward vs transformers' float32 logits (test_hf_import.py)
 LONG, NEW = 13, 8  # the longer prompt (past gemma3's sliding window of 8) and the tokens decoded after it
 

@@ -27,7 +27,7 @@ from s3r.model.hf import checkpoint, configs, layouts, safetensors, tensors
 from tests.model import reference
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures_hf"
-NAMES = ["llama", "qwen3", "gemma3", "gemma3_multimodal", "qwen3_moe", "deepseek_v2", "deepseek_v2_qlora"]
+NAMES = sorted(d.name for d in FIXTURES.iterdir() if (d / "config.json").is_file())  # every fixture checkpoint
 EXACT = 1e-5  # float64 reference, or s3r's float32 forward, on the imported weights vs transformers' float32 logits
 BF16 = 3e-2  # s3r's bf16 forward vs transformers' float32 logits
 ROUTING_TIE = 0.002  # router-probability gap below which bf16 activations may flip a top-k choice
