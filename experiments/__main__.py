@@ -12,15 +12,15 @@ library; the library never imports them.
 
 import sys
 
-from s3r.cli import EXIT_CODES, _Parser
+from s3r.cli.common import EXIT_CODES, Parser
 
 COMMANDS = ("sweep", "diagnose")
 
 
-def build_parser() -> _Parser:
+def build_parser() -> Parser:
   import importlib
 
-  parser = _Parser(prog="python -m experiments", description=__doc__.split("\n\n")[0].strip("`"))
+  parser = Parser(prog="python -m experiments", description=__doc__.split("\n\n")[0].strip("`"))
   sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
   sub.required = True
   for name in COMMANDS:

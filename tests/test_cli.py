@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from s3r import cli
+from s3r.cli import common as cli_common
 from s3r.quant import RECIPES
 from s3r.quant.formats import FORMATS
 from tests.faults.conftest import run_in_process
@@ -179,13 +180,13 @@ def _raise(error):
   ],
 )
 def test_expected_failures_map_to_distinct_exit_codes_in_one_line(capsys, error, code, text):
-  assert cli._guarded(_raise(error), None) == code
+  assert cli_common.guarded(_raise(error), None) == code
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("s3r: error: ") and text in err, err
 
 
 def test_an_unexpected_crash_prints_its_traceback_and_exits_70(capsys):
-  assert cli._guarded(_raise(ZeroDivisionError("bug")), None) == cli.EXIT_CODES["internal"] == 70
+  assert cli_common.guarded(_raise(ZeroDivisionError("bug")), None) == cli.EXIT_CODES["internal"] == 70
   err = capsys.readouterr().err
   assert "Traceback" in err and err.strip().splitlines()[-1] == "s3r: error: internal error: ZeroDivisionError: bug"
 

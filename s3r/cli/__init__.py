@@ -24,6 +24,8 @@ import importlib
 import os
 import sys
 
+from s3r.cli.common import EXIT_CODES, EXIT_HELP, HelpFormatter, Parser, fail, guarded, paragraphs, recipe_name
+
 COMMANDS: dict[str, str] = {
   "train": "s3r.cli:register_train",
   "eval": "s3r.cli:register_eval",
@@ -32,79 +34,6 @@ COMMANDS: dict[str, str] = {
   "models": "s3r.cli.models:register",
   "export": "s3r.cli.export:register",
 }
-
-
-class _Parser(argparse.ArgumentParser):
-  """Reports a bad flag in one line (exit code 2)."""
-
-  def error(self, message):
-    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-  """Shows "(default: X)" except where the default is None or False (the help text says it); keeps the
-  paragraphs of the epilog (see `_paragraphs`)."""
-
-  def _get_help_string(self, action):
-    return action.help if action.default is None or action.default is False else super()._get_help_string(action)
-
-
-EXIT_CODES = {"ok": 0, "diverged": 1, "bad_input": 2, "resources": 3, "interrupted": 130, "internal": 70}
-EXIT_HELP = (
-  "exit codes: 0 ok, 1 training diverged, 2 bad input (flags, data, run directory), 3 not enough "
-  "memory or disk, 130 interrupted (a checkpoint is saved first), 70 internal error"
-)
-
-
-def _paragraphs(*texts: str) -> str:
-  import textwrap
-
-  return "\n\n".join(textwrap.fill(t, 100) for t in texts)
-
-
-def _fail(message: str, code: int = 2) -> int:
-  print(f"s3r: error: {message}", file=sys.stderr)
-  return code
-
-
-def _guarded(run, args) -> int:
-  """Runs a command, turning expected failures into one line and an exit code (EXIT_CODES)."""
-  from s3r.data import DataError
-  from s3r.model.hf.errors import HFError
-  from s3r.train.builder import ResourceError
-  from s3r.train.config import ConfigError
-  from s3r.train.guard import TrainingDiverged, TrainingInterrupted
-
-  try:
-    return run(args) or 0
-  except (DataError, ConfigError, HFError) as e:
-    return _fail(str(e), EXIT_CODES["bad_input"])
-  except TrainingDiverged as e:
-    return _fail(str(e), EXIT_CODES["diverged"])
-  except ResourceError as e:
-    return _fail(str(e), EXIT_CODES["resources"])
-  except TrainingInterrupted as e:
-    return _fail(f"interrupted: {e}", EXIT_CODES["interrupted"])
-  except KeyboardInterrupt:
-    return _fail("interrupted before training started; nothing was saved", EXIT_CODES["interrupted"])
-  except MemoryError:
-    return _fail("out of host memory; lower --batch or --seq, or use a smaller corpus", EXIT_CODES["resources"])
-  except OSError as e:
-    import errno
-
-    code = EXIT_CODES["resources"] if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM) else EXIT_CODES["bad_input"]
-    return _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), code)
-  except Exception as e:
-    if "RESOURCE_EXHAUSTED" in str(e):
-      first = next((line for line in str(e).splitlines() if "RESOURCE_EXHAUSTED" in line), str(e))[:300]
-      return _fail(
-        f"out of device memory ({first.strip()}); lower --batch or --seq, or add devices (--mesh)",
-        EXIT_CODES["resources"],
-      )
-    import traceback
-
-    traceback.print_exc()
-    return _fail(f"internal error: {type(e).__name__}: {e}", EXIT_CODES["internal"])
 
 
 # `s3r train` flags that are not TrainConfig fields (every field has its flag, `_add_config_flags`).
@@ -118,13 +47,13 @@ def register_train(subparsers) -> None:
   p = subparsers.add_parser(
     "train",
     help="train a language model with a quantization recipe",
-    formatter_class=_Help,
-    description=_paragraphs(
+    formatter_class=HelpFormatter,
+    description=paragraphs(
       "Train a decoder of any preset's family (Llama 3.1, Qwen3, Gemma 3, Qwen3-MoE, DeepSeek-V2; "
       "`s3r models` lists them); writes metrics.jsonl (from step 0), loss.png (with matplotlib), config.json "
       "and checkpoints/ into --out. Only one training may use an --out at a time."
     ),
-    epilog=_paragraphs(
+    epilog=paragraphs(
       f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "
       f"own settings (a damaged newest checkpoint is reported and the one before it used); a folder without a "
       f"run is an error, and so is a corpus that changed since. With --resume only {changeable} and "
@@ -167,7 +96,7 @@ def register_train(subparsers) -> None:
     help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
     "without --coordinator",
   )
-  p.set_defaults(func=lambda args: _guarded(run_train, args))
+  p.set_defaults(func=lambda args: guarded(run_train, args))
 
 
 def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
@@ -286,8 +215,8 @@ def register_eval(subparsers) -> None:
   p = subparsers.add_parser(
     "eval",
     help="validation loss and perplexity of a checkpoint",
-    formatter_class=_Help,
-    description=_paragraphs(
+    formatter_class=HelpFormatter,
+    description=paragraphs(
       "Validation loss and perplexity of the newest readable checkpoint of a run (a "
       "damaged newest checkpoint is reported and the one before it used), or of the checkpoint of one "
       "step: `s3r eval RUN/checkpoints/25` or `s3r eval RUN --step 25`. `s3r eval --init-from HF_DIR --data "
@@ -296,7 +225,7 @@ def register_eval(subparsers) -> None:
       "Activations are bfloat16, as training evaluates (so the numbers are the run's own); --dtype float32 "
       "evaluates them in full precision."
     ),
-    epilog=_paragraphs(EXIT_HELP + "."),
+    epilog=paragraphs(EXIT_HELP + "."),
   )
   p.add_argument(
     "checkpoint_dir",
@@ -335,7 +264,7 @@ def register_eval(subparsers) -> None:
     default="bfloat16",
     help="activation dtype; bfloat16 as training evaluates (the run's own numbers), float32 for full precision",
   )
-  p.set_defaults(func=lambda args: _guarded(run_eval, args))
+  p.set_defaults(func=lambda args: guarded(run_eval, args))
 
 
 def run_eval(args) -> int:
@@ -381,21 +310,9 @@ def run_eval(args) -> int:
   return 0
 
 
-def _recipe_name(value: str) -> str:
-  """`--recipe`: a registered recipe name, NAME@FORMAT or NAME[@FORMAT]+fwd_FORMAT (s3r.quant.recipe), refused in
-  one line."""
-  from s3r.quant import recipe
-
-  try:
-    recipe(value)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(f"invalid choice: {value!r}: {e}") from None
-  return value
-
-
 # Fields whose flag values are checked by a parser of their own (a one-line error at parse time) instead of
 # `choices`: a recipe is a registered name or NAME@FORMAT, too many to list.
-_FLAG_PARSERS = {"recipe": _recipe_name}
+_FLAG_PARSERS = {"recipe": recipe_name}
 
 
 def register_recipes(subparsers) -> None:
@@ -434,12 +351,12 @@ def _register(subparsers, name: str) -> None:
   except ImportError as e:
     why = f"{name} is unavailable: {e}"
     parser = subparsers.choices.get(name) or subparsers.add_parser(name, help=f"(unavailable: {e})")
-    parser.set_defaults(func=lambda args: _fail(why))
+    parser.set_defaults(func=lambda args: fail(why))
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
   """The parser; with a known command first in `argv`, only that command's module is imported."""
-  parser = _Parser(prog="s3r", description="Fast, unbiased INT8 quantized training (S3R, S3R-EC).")
+  parser = Parser(prog="s3r", description="Fast, unbiased INT8 quantized training (S3R, S3R-EC).")
   subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
   subparsers.required = True
   for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:

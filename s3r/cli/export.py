@@ -4,20 +4,20 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
-  from s3r.cli import EXIT_HELP, _guarded, _Help, _paragraphs
+  from s3r.cli.common import EXIT_HELP, HelpFormatter, guarded, paragraphs
 
   p = subparsers.add_parser(
     "export",
     help="write a checkpoint as a Hugging Face checkpoint folder",
-    formatter_class=_Help,
-    description=_paragraphs(
+    formatter_class=HelpFormatter,
+    description=paragraphs(
       "Write the newest readable checkpoint of a run (or that of --step) as a Hugging Face checkpoint folder "
       "that transformers.AutoModelForCausalLM.from_pretrained loads: config.json, the weights as safetensors in "
       "the family's Hub layout (sharded above 5 GB, with model.safetensors.index.json) and the run's tokenizer "
       "(the --init-from checkpoint's files, else the run's own as tokenizer.json). The folder is written under a "
       "temporary name beside --out and renamed at the end: a failed export leaves nothing."
     ),
-    epilog=_paragraphs(EXIT_HELP + "."),
+    epilog=paragraphs(EXIT_HELP + "."),
   )
   p.add_argument("run", metavar="RUN", help="a run directory, its checkpoints/ folder, or one checkpoint's folder")
   p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new, or empty)")
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     help="stored dtype: bf16 rounds the float32 master weights to nearest even, f32 is exact",
   )
   p.add_argument("--step", type=int, default=None, help="the step whose checkpoint to export (default: the newest)")
-  p.set_defaults(func=lambda args: _guarded(run, args))
+  p.set_defaults(func=lambda args: guarded(run, args))
 
 
 def run(args) -> int:

@@ -22,15 +22,15 @@ HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what makes
 
 
 def register(subparsers) -> None:
-  from s3r.cli import EXIT_HELP, _guarded, _Help, _paragraphs, _recipe_name
+  from s3r.cli.common import EXIT_HELP, HelpFormatter, guarded, paragraphs, recipe_name
   from s3r.model.config import ACT_DTYPES
 
   p = subparsers.add_parser(
     "generate",
     help="continue prompts with a run's model or a Hugging Face checkpoint (KV-cached decoding)",
-    formatter_class=_Help,
-    description=_paragraphs(__doc__.split("\n\n")[1].replace("\n", " ")),
-    epilog=_paragraphs(EXIT_HELP + "."),
+    formatter_class=HelpFormatter,
+    description=paragraphs(__doc__.split("\n\n")[1].replace("\n", " ")),
+    epilog=paragraphs(EXIT_HELP + "."),
   )
   p.add_argument("model_dir", metavar="RUN_OR_HF_DIR", help="a run directory, or a Hugging Face checkpoint folder")
   p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several, generated together)")
@@ -40,10 +40,10 @@ def register(subparsers) -> None:
   p.add_argument("--seed", type=int, default=0, help="seed of the sampling key")
   p.add_argument("--dtype", choices=ACT_DTYPES, default="float32", help="activation dtype")
   p.add_argument(
-    "--recipe", type=_recipe_name, default=None, help="recipe of the projections (default: the run's; HF: bf16)"
+    "--recipe", type=recipe_name, default=None, help="recipe of the projections (default: the run's; HF: bf16)"
   )
   p.add_argument("--json", action="store_true", help="print one JSON object per prompt (prompt, tokens, text)")
-  p.set_defaults(func=lambda args: _guarded(run_generate, args))
+  p.set_defaults(func=lambda args: guarded(run_generate, args))
 
 
 def run_generate(args) -> int:
@@ -90,7 +90,7 @@ def _load(folder: pathlib.Path, recipe: str | None):
   if any((folder / name).is_file() for name in HF_WEIGHTS):
     from s3r.model import load_hf, load_hf_tokenizer
 
-    tok = load_hf_tokenizer(folder)  # an HFError is one line, exit 2 (s3r.cli._guarded)
+    tok = load_hf_tokenizer(folder)  # an HFError is one line, exit 2 (s3r.cli.common.guarded)
     cfg, params = load_hf(folder, recipe=recipe or "bf16")
     return cfg, params, tok.prompt, tok.decode, tok.eos_id
   from s3r.train.evaluate import restore_run

@@ -13,7 +13,7 @@ from s3r.quant.formats import FORMATS, FORWARD_FORMAT, E2M1Format, FloatFormat, 
 from s3r.quant.recipes import Recipe
 
 INT8 = dict(name="int8x", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
-UNIFORM = sorted(n for n, f in FORMATS.items() if f.grid == "uniform")  # the block-scaled ones: test_formats_fp4.py
+UNIFORM = sorted(n for n, f in FORMATS.items() if f.grid == "uniform")  # FP4 and FP8: test_formats_codes.py
 
 
 def test_registry_names_every_format_and_the_lookup_returns_it():
