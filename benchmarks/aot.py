@@ -45,6 +45,8 @@ import os
 import pathlib
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks import aot_report, options
 from benchmarks.aot_programs import lower_ffn, lower_lockstep, lower_moe, lower_step
@@ -266,7 +268,7 @@ def _moe_shape(value: str) -> tuple[int, int, int]:
   return k, n, e
 
 
-def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, object]]:
+def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, Callable[..., Any]]]:
   """[(row labels, lower(mesh) -> Lowered)] of every program to compile, in order."""
   programs = parse_list(args.program, list(PROGRAMS), "programs")
   todo = []

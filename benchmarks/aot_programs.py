@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 
 from experiments.results import log
+from s3r.model.config import AttentionImpl
 
 
 def _abstract(mesh):
@@ -66,7 +67,7 @@ def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl
     return jax.jit(fwd_bwd).lower(*args)
 
 
-def target_attention(mesh, args: argparse.Namespace, mcfg) -> str:
+def target_attention(mesh, args: argparse.Namespace, mcfg) -> AttentionImpl:
   """`--attention` for the model `mcfg`: auto is cuDNN's flash attention where its forward and backward compile
   for the target at the model's heads, head dim, window, batch and sequence (as `s3r.train.attention.resolve`
   decides on a GPU: cuDNN refuses head dims above 128), else XLA's."""

@@ -17,7 +17,7 @@ An FP8 code emulated in a wider type shows up as a GEMM of that type (f32, bf16 
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 
 from experiments.results import markdown_table
 from s3r.analysis import hlo
@@ -131,9 +131,9 @@ def xla_timers(log: str, top: int = 10) -> dict:
   """XLA:GPU's compile timers from its logs (`--xla-timers`): seconds per phase, summed over its calls
   (RunHloPasses, RunBackend; CompileToPtx and PtxToCubin run once per kernel module, partly in parallel
   threads, so their sums can exceed the wall-clock time) and the `top` HLO passes by total seconds."""
-  phases: Counter[str] = Counter()
+  phases: defaultdict[str, float] = defaultdict(float)
   calls: Counter[str] = Counter()
-  passes: Counter[str] = Counter()
+  passes: defaultdict[str, float] = defaultdict(float)
   for line in log.splitlines():
     if m := _PASS_RE.search(line):
       passes[m.group(1)] += float(m.group(2)) * _UNITS.get(m.group(3), 0.0)
@@ -144,7 +144,7 @@ def xla_timers(log: str, top: int = 10) -> dict:
     "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())},
     "phase_calls": dict(sorted(calls.items())),
     "hlo_passes_s": round(sum(passes.values()), 3),
-    "top_passes_s": {k: round(v, 3) for k, v in passes.most_common(top)},
+    "top_passes_s": {k: round(v, 3) for k, v in sorted(passes.items(), key=lambda kv: -kv[1])[:top]},
   }
 
 
@@ -212,11 +212,11 @@ def markdown(rows: list[dict], device_kind: str) -> str:
           r["recipe"],
           f"{r['lower_s']:.1f}",
           f"{r['compile_s']:.1f}",
-          _ratio(r["compile_s"], base and base["compile_s"]),
+          _ratio(r["compile_s"], None if base is None else base["compile_s"]),
           f"{r['compile_cpu_s']:.1f}",
-          _ratio(r["compile_cpu_s"], base and base["compile_cpu_s"]),
+          _ratio(r["compile_cpu_s"], None if base is None else base["compile_cpu_s"]),
           _mib(m.get("temp")),
-          _ratio(m.get("temp", 0), base and base["memory"].get("temp")),
+          _ratio(m.get("temp", 0), None if base is None else base["memory"].get("temp")),
           _mib(m.get("argument")),
           _mib(m.get("output")),
           gemm_text(r["hlo"]["gemms"]),

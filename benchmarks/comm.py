@@ -31,6 +31,9 @@ import os
 import pathlib
 import sys
 import time
+from typing import NoReturn
+
+from s3r.analysis.hlo import hlo_text
 
 DEFAULT_RECIPES = ("bf16", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_ec+ungathered")
 DEFAULT_MESHES = ("data=2,fsdp=4", "data=2,fsdp=2,tensor=2")
@@ -78,7 +81,7 @@ def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, bat
   setup = loop.build(cfg, PRESETS[preset].vocab_size, loop.make_mesh(cfg), **overrides)
   tokens = jax.ShapeDtypeStruct((batch, seq + 1), np.int32, sharding=setup.batch_sharding)
   t0 = time.time()
-  hlo = setup.train_step.lower(setup.abstract_state, tokens, setup.keys["train"]).compile().as_text()
+  hlo = hlo_text(setup.train_step.lower(setup.abstract_state, tokens, setup.keys["train"]).compile())
   colls = collectives.collectives(hlo)
   return {
     "recipe": recipe,
@@ -146,7 +149,7 @@ def tables_markdown(results: list[dict]) -> str:
   return "\n".join(out)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
   """Reports bad input in one line on stderr and exits with 2, before any device or compilation starts."""
   print(f"python -m benchmarks comm: error: {message}", file=sys.stderr, flush=True)
   raise SystemExit(2)

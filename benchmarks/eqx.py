@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks import timing
 from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
@@ -93,10 +95,11 @@ def run(args: argparse.Namespace) -> dict:
   recipes = parse_list(args.recipes, list(s3r.RECIPES), "recipe")
   settings = {k: getattr(args, k) for k in ("batch", "seq", "dim", "heads", "layers", "vocab", "repeats", "warmup")}
   run_ = Run("eqx", args.out_dir, recipes=recipes, **settings)
-  configs = _steps(args, recipes)
-  log(f"bench eqx: {len(configs)} steps, batch {args.batch} x {args.seq}, width {args.dim}, {args.layers} layers")
-  info = {}
-  for name, (fn, fargs) in configs.items():
+  steps = _steps(args, recipes)
+  configs: dict[str, tuple[Callable[..., Any], tuple]] = {}  # the compiled steps
+  log(f"bench eqx: {len(steps)} steps, batch {args.batch} x {args.seq}, width {args.dim}, {args.layers} layers")
+  info: dict[str, dict[str, Any]] = {}
+  for name, (fn, fargs) in steps.items():
     t0 = time.perf_counter()
     compiled = fn.lower(*fargs).compile()
     info[name] = {"compile_s": time.perf_counter() - t0, "memory": memory(compiled)}
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
       f"  compiled {name}: {info[name]['compile_s']:.1f} s, temp {info[name]['memory'].get('temp', 0) / 2**20:.1f} MiB"
     )
   timings = timing.time_interleaved(configs, repeats=args.repeats, warmup=args.warmup, log=log)
-  results = {}
+  results: dict[str, dict[str, Any]] = {}
   for name, t in timings.items():
     results[name] = {**t.as_dict(), **info[name], "vs_eqx": timing.paired_ratio(t, timings[REFERENCE])}
   rows = []

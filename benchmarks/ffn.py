@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -166,7 +167,7 @@ def _summarize(shape, hidden, ffn_dim, tokens, timings: dict[str, timing.Timing]
 
   rows = {}
   for r, t in timings.items():
-    row = {"timing": t.as_dict()}
+    row: dict[str, Any] = {"timing": t.as_dict()}
     for ref in ("bf16", "int8_sr"):
       med, paired = ratio(ref, r)
       row[f"speedup_vs_{ref}"], row[f"speedup_vs_{ref}_paired"] = med, paired

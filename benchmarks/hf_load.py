@@ -125,10 +125,10 @@ def measure(kind: str, folder: pathlib.Path) -> dict:
       _, params = M.load_hf(folder, dtype=jnp.float32 if kind == "load_hf f32" else jnp.bfloat16)
       jax.block_until_ready(params)
       load_s = time.perf_counter() - t0
-    if kind.endswith("save_hf"):
-      t1 = time.perf_counter()
-      M.save_hf(folder.parent / "export", M.hf_config(folder), params, dtype=jnp.bfloat16)
-      export_s = time.perf_counter() - t1
+      if kind.endswith("save_hf"):
+        t1 = time.perf_counter()
+        M.save_hf(folder.parent / "export", M.hf_config(folder), params, dtype=jnp.bfloat16)
+        export_s = time.perf_counter() - t1
   return {
     "kind": kind,
     "load_s": load_s,

@@ -8,6 +8,7 @@ upstream gradient; repeats are interleaved and ratios are taken within the run.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from benchmarks import timing
 from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> dict:
 
     return jax.jit(f)
 
-  layers = {r: (lambda a, b, key, r=r: s3r.qmatmul(a, b, key=key, recipe=r)) for r in recipes}
+  layers: dict[str, Callable[..., jax.Array]] = {
+    r: (lambda a, b, key, r=r: s3r.qmatmul(a, b, key=key, recipe=r)) for r in recipes
+  }
   if not args.no_fast_bf16:
     mm = fast_layout_bf16()
     layers[FAST_BF16] = lambda a, b, key: mm(a, b)

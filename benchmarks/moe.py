@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
+from typing import Any
 
 import numpy as np
 
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> dict:
     gemm_forms=",".join(forms),
     **settings,
   )
-  results = {"block": [], "gemm": [], "errors": []}
+  results: dict[str, Any] = {"block": [], "gemm": [], "errors": []}
   timed = functools.partial(
     timing.time_interleaved, repeats=args.repeats, warmup=args.warmup, number=args.number, prime=args.prime, log=log
   )

@@ -35,6 +35,7 @@ import pathlib
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -227,7 +228,14 @@ def main(argv=None) -> int:
   rows = args.tokens * shape["top_k"]
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  report = {"shape": name, **shape, "rows": rows, "backend": jax.default_backend(), "checks": [], "errors": []}
+  report: dict[str, Any] = {
+    "shape": name,
+    **shape,
+    "rows": rows,
+    "backend": jax.default_backend(),
+    "checks": [],
+    "errors": [],
+  }
   report["devices"] = [str(d) for d in jax.devices()]
   log(f"[pallas_check] {name} {shape}, R={rows}, backend {report['backend']}")
   parts = [("int32 GEMMs", lambda: check_gemms(shape, rows, args.seed, report))]

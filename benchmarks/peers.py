@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> dict:
       log(f"  {n}: dX err {errors[n]['dx_rel_err']:.4f}, dW err {errors[n]['dw_rel_err']:.4f}")
     rows = {}
     for n in dict.fromkeys([*ours, *timed_ours, *usable]):
-      row = {"kind": "peer" if n in PEERS else "s3r", "errors": errors.get(n)}
+      row: dict[str, Any] = {"kind": "peer" if n in PEERS else "s3r", "errors": errors.get(n)}
       if n in timings:
         row["timing"] = timings[n].as_dict()
         row["time_vs_" + REFERENCE] = timings[n].median / timings[REFERENCE].median

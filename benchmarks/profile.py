@@ -25,6 +25,7 @@ import tempfile
 from benchmarks import options
 from experiments.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 from s3r.analysis import hlo
+from s3r.analysis.hlo import hlo_text
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 _SIZE_LABELS = {"weight": "[H,D]", "t_d": "[T,D]", "t_h": "[T,H]"}
@@ -133,11 +134,11 @@ def run(args: argparse.Namespace) -> dict:
   for r in recipes:
     log(f"[profile] {label} T={tokens}: {r}")
     fn = ffn.make_fwd_bwd(r)
-    desc = describe_fusions(fn.lower(*inputs).compile().as_text(), sizes)
+    desc = describe_fusions(hlo_text(fn.lower(*inputs).compile()), sizes)
     times, wall = profile_call(fn, inputs, args.iters)
     rows = sorted(((n, t) for n, t in times.items() if n in desc), key=lambda kv: -kv[1])
     total = sum(t for _, t in rows)
-    cats: collections.Counter = collections.Counter()
+    cats: collections.defaultdict[str, float] = collections.defaultdict(float)
     for n, t in rows:
       cats[desc[n]["category"]] += t
     results[r] = {

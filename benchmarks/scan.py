@@ -24,6 +24,7 @@ import time
 
 from benchmarks import options, timing
 from experiments.results import RESULTS_DIR, Run, loadavg, log, markdown_table, parse_list
+from s3r.analysis.hlo import hlo_text
 
 TARGET_RATIO = 1.25  # deepest / shallowest compile time of the scanned step
 LAYOUTS = {"scan": True, "unrolled": False}  # scan_layers of each layout
@@ -77,7 +78,7 @@ def compile_once(preset: str, recipe: str, layers: int, scan: bool, args: argpar
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  return {"lower_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0, "hlo_lines": compiled.as_text().count("\n")}
+  return {"lower_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0, "hlo_lines": hlo_text(compiled).count("\n")}
 
 
 def compile_part(recipes: list[str], depths: list[int], args: argparse.Namespace, mesh) -> dict:

@@ -44,6 +44,7 @@ from experiments.results import RESULTS_DIR, Run, log, markdown_table, parse_lis
 from s3r.analysis import jaxpr as jaxpr_analysis
 from s3r.analysis import memory as memory_analysis
 from s3r.analysis.elementwise import gradient_sized_ops
+from s3r.analysis.hlo import hlo_text
 
 DEFAULT_RECIPES = ",".join(options.BENCH_RECIPES)
 DEFAULT_MEMORY_SHAPES = "all"
@@ -83,7 +84,7 @@ def analyze_layer(recipe: str, tokens: int, k: int, n: int) -> dict:
   f = layer_fwd_bwd(recipe)
   jaxpr = jax.make_jaxpr(f)(*args)
   compiled = jax.jit(f).lower(*args).compile()
-  ops = gradient_sized_ops(compiled.as_text(), tokens * n)
+  ops = gradient_sized_ops(hlo_text(compiled), tokens * n)
   rnd = jaxpr_analysis.random_draws(jaxpr)
   mem = _memory(compiled)
   return {

@@ -27,6 +27,7 @@ import functools
 import gc
 import os
 import time
+from collections.abc import Sequence
 
 from benchmarks import options, step_report, timing
 from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
@@ -218,7 +219,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--no-chart", action="store_true", help="skip the PNG bar chart")
 
 
-def _depths(value: str | None) -> list[int | None]:
+def _depths(value: str | None) -> Sequence[int | None]:
   if not value:
     return [None]
   try:

@@ -31,9 +31,9 @@ def _timed(results: dict) -> list[dict]:
   return [c for c in results["configs"] if "skipped" not in c]
 
 
-def _median(c: dict, r: str) -> float | None:
-  row = c["recipes"].get(r)
-  return None if row is None else row["timing"]["median_s"]
+def _median(c: dict, r: str) -> float:
+  """The median step time of recipe `r` in configuration `c` (which has it)."""
+  return c["recipes"][r]["timing"]["median_s"]
 
 
 def _fit(depths: list[int], values: list[float]) -> tuple[float, float]:
@@ -93,7 +93,7 @@ def checks(c: dict) -> dict:
   bf16_mem = rec.get("bf16", {}).get("memory", {}).get("total")
   mems = {r: rec[r]["memory"]["total"] for r in INT8_RECIPES if r in rec and rec[r].get("memory")}
   if bf16_mem and mems:
-    worst = max(mems, key=mems.get)
+    worst = max(mems, key=lambda r: mems[r])
     out["max_int8_memory_over_bf16"] = mems[worst] / bf16_mem
     out["max_int8_memory_recipe"] = worst
   return out
@@ -145,7 +145,8 @@ def _table_iv(results: dict) -> str:
   for r in recipes:
     cells = []
     for c in cs:
-      t, s = _median(c, r), c["recipes"].get(r, {}).get("speedup_vs_bf16")
+      t = _median(c, r) if r in c["recipes"] else None
+      s = c["recipes"].get(r, {}).get("speedup_vs_bf16")
       cells.append("n/a" if t is None else f"{fmt_ms(t)} ({fmt_ratio(s, 3)}x)" if r != "bf16" else fmt_ms(t))
     rows.append([r, *cells])
   for r in ("s3r", "s3r_ec", "s3r_ec_dx"):

@@ -140,7 +140,8 @@ def time_interleaved(
       for _ in range(prime):
         block(fn(*args))
       t0 = time.perf_counter()
-      for _ in range(number):
+      res = fn(*args)
+      for _ in range(number - 1):
         res = fn(*args)
       block(res)
       out[n].samples.append((time.perf_counter() - t0) / number)

@@ -99,7 +99,7 @@ def gradient_sized_ops(hlo_text: str, elements: int) -> dict:
           by_op[ins.opcode] += mult * n_in
           shape_only += mult * n_in
       if c.name not in fused and ins.elements == elements and ins.opcode not in _NOT_WRITES:
-        written[ins.dtype] += mult * elements * DTYPE_BYTES.get(ins.dtype, 4)
+        written[ins.dtype] += mult * elements * DTYPE_BYTES.get(ins.dtype or "", 4)
         writers.append(_writer(c.name, ins, mult))
   ew = sum(v for k, v in by_op.items() if k in ELEMENTWISE)
   red = sum(v for k, v in by_op.items() if k in REDUCES)

@@ -147,7 +147,7 @@ def execution_counts(comps: dict[str, Computation]) -> tuple[dict[str, int], set
   return dict(counts), fused
 
 
-def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str, str]]:
+def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str | None, str]]:
   """(name, element type, opcode) of the entry computation's instructions with that many elements.
 
   These are the arrays XLA writes to memory; anything computed inside a fusion is not listed.
@@ -162,4 +162,12 @@ def compiled_text(fn: Callable[..., Any], *args: Any) -> str:
   """Optimized HLO text of `jax.jit(fn)` for these arguments."""
   import jax
 
-  return jax.jit(fn).lower(*args).compile().as_text()
+  return hlo_text(jax.jit(fn).lower(*args).compile())
+
+
+def hlo_text(compiled: Any) -> str:
+  """Optimized HLO text of a compiled program (`jax.stages.Compiled`); RuntimeError if the backend gives none."""
+  text = compiled.as_text()
+  if text is None:
+    raise RuntimeError("the backend printed no HLO text for this program")
+  return text

@@ -27,6 +27,7 @@ import os
 import re
 import tempfile
 from collections import defaultdict
+from typing import Any
 
 from s3r.analysis import hlo
 
@@ -119,7 +120,7 @@ def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
     step, live = None, [(name, size) for (_, _, size), name in seen.items()]
   by_name = {v.name: v for v in values}
   instrs = {i.name: i for c in hlo.parse_hlo(hlo_text).values() for i in c.instrs}
-  rows = []
+  rows: list[dict[str, Any]] = []
   for name, size in live:
     v = by_name.get(name)
     ins = instrs.get(name.partition("{")[0])
@@ -188,5 +189,7 @@ def buffer_breakdown(lowered, compiler_options: dict | None = None) -> tuple[dic
       with open(max(paths, key=os.path.getsize)) as f:
         return f.read()
 
-    result = breakdown(read("-buffer-assignment.txt"), read("-live-range.txt", required=False), read(".txt"))
+    assignment, hlo_text = read("-buffer-assignment.txt"), read(".txt")
+    assert assignment is not None and hlo_text is not None  # required: `read` raises instead
+    result = breakdown(assignment, read("-live-range.txt", required=False), hlo_text)
   return result, compiled

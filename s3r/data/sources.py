@@ -105,7 +105,7 @@ def read_documents(path: str | os.PathLike) -> Iterator[str]:
   return read_files(files, os.fspath(path))
 
 
-def read_files(files: list[pathlib.Path], label: str) -> Iterator[str]:
+def read_files(files: list[pathlib.Path], label: str | pathlib.Path) -> Iterator[str]:
   """Yield the non-empty documents of ``files`` in order.
 
   Raises :class:`DataError` (naming ``label``) after the last file if there

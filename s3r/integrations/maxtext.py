@@ -53,6 +53,7 @@ import contextvars
 import dataclasses
 import enum
 import functools
+import importlib
 import inspect
 import sys
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,8 @@ def _mesh_axes(kernel_axes: tuple, ndim: int) -> list[tuple[str, ...]]:
   if len(kernel_axes) != ndim or not linen.get_logical_axis_rules():
     return [()] * ndim
   spec = linen.logical_to_mesh_axes(kernel_axes)
+  if spec is None:
+    return [()] * ndim
   out = []
   for entry in spec:
     names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
@@ -290,7 +293,7 @@ def _member_name(value: str) -> str:
   return value.upper().replace(SEPARATOR, "__").replace(FORMAT_SEPARATOR, "_AT_").replace("+", "_")
 
 
-def _extend_enum(cls: type[enum.Enum], values: Sequence[str]) -> None:
+def _extend_enum(cls: Any, values: Sequence[str]) -> None:  # a str Enum class (its private tables are written)
   """Adds a member per new value to the str Enum `cls` (Python enums have no public API for it)."""
   for value in values:
     if value in cls._value2member_map_:
@@ -438,6 +441,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":  # run as a module: use the imported copy, the one MaxText's code will see
-  from s3r.integrations.maxtext import main as _main
-
-  _main()
+  importlib.import_module("s3r.integrations.maxtext").main()
