@@ -138,7 +138,8 @@ def test_every_import_follows_the_layering():
 
 def test_no_import_cycle_between_packages():
   graph, _ = _graph()
-  assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+  cycle = _cycle(graph)
+  assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The `s3r` command line: recipes, train end to end on `tiny`, resume alone, eval from elsewhere, help texts and
 one-line errors (the fault-injection suite in tests/faults covers the failure cases)."""
 
+import argparse
 import json
 import os
 import pathlib
@@ -193,7 +194,8 @@ def test_an_unexpected_crash_prints_its_traceback_and_exits_70(capsys):
 
 def _train_parser():
   parser = cli.build_parser(["train"])
-  return parser._subparsers._group_actions[0].choices["train"]
+  (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+  return commands.choices["train"]
 
 
 def test_every_train_config_field_has_its_flag_and_every_other_flag_is_a_documented_exception():

@@ -88,6 +88,7 @@ def results_rows() -> list[list[str]]:
   rows = []
   for a, b in RESULT_CONTRASTS:
     c400 = _contrast(short, a, b)
+    assert c400 is not None, (a, b)
     c1600, c_same = _contrast(long_, a, b), _contrast(same_rate, a, b, lr=0.002)
     c_hi = _contrast(same_rate, a, b, lr=0.004)
     rows.append(
@@ -155,7 +156,9 @@ def test_docs_moe_table_matches_results_files():
 def test_readme_quickstart_numbers_match_the_snapshot():
   snap = _load("results/quickstart.json")
   text = README.read_text()
-  quick = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M).group(1)
+  found = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M)
+  assert found is not None, "README has a Quickstart section"
+  quick = found.group(1)
   expected = {
     "validation loss": f"{snap['final_val_losses']['val_loss']:.3f}",
     "C4 loss": f"{snap['final_val_losses']['val_loss_c4']:.3f}",
@@ -192,7 +195,9 @@ def test_scaling_doc_communication_tables_are_those_of_the_committed_comm_result
   """docs/scaling.md quotes the per-mesh tables of results/comm.md (written by `python -m benchmarks
   comm` beside results/comm.json): each of its tables under "Communication per step" is one of them."""
   doc = (ROOT / "docs" / "scaling.md").read_text()
-  section = re.search(r"^## Communication per step.*?\n(.*?)(?=^## |\Z)", doc, flags=re.S | re.M).group(1)
+  found = re.search(r"^## Communication per step.*?\n(.*?)(?=^## |\Z)", doc, flags=re.S | re.M)
+  assert found is not None, "docs/scaling.md has its communication section"
+  section = found.group(1)
   committed = _tables((ROOT / "results" / "comm.md").read_text())
   quoted = _tables(section)
   assert len(quoted) == 2, "the section quotes one table per default mesh"

@@ -147,7 +147,7 @@ def execution_counts(comps: dict[str, Computation]) -> tuple[dict[str, int], set
   return dict(counts), fused
 
 
-def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str | None, str]]:
+def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str, str]]:
   """(name, element type, opcode) of the entry computation's instructions with that many elements.
 
   These are the arrays XLA writes to memory; anything computed inside a fusion is not listed.
@@ -155,7 +155,7 @@ def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str |
   """
   entry = next(c for c in parse_hlo(hlo_text).values() if c.entry)
   return [(i.name, i.dtype, i.opcode) for i in entry.instrs
-          if i.opcode != "parameter" and i.dims and i.elements == num_elements]  # fmt: skip
+          if i.opcode != "parameter" and i.dims and i.elements == num_elements and i.dtype is not None]  # fmt: skip
 
 
 def compiled_text(fn: Callable[..., Any], *args: Any) -> str:

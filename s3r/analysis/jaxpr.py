@@ -46,7 +46,7 @@ def iter_eqns(jaxpr: core.Jaxpr | core.ClosedJaxpr) -> Iterator[core.JaxprEqn]:
     yield eqn
 
 
-def _shaped(var: core.Var | core.Literal) -> ShapedArray:
+def shaped(var: core.Var | core.Literal) -> ShapedArray:
   """The abstract value of an array variable (every operand and result of the primitives read here)."""
   return cast(ShapedArray, var.aval)
 
@@ -55,7 +55,7 @@ def is_int8_dot(eqn: core.JaxprEqn) -> bool:
   """An int8 x int8 dot_general accumulating in int32."""
   if eqn.primitive.name != "dot_general":
     return False
-  lhs, rhs = (_shaped(v) for v in eqn.invars)
+  lhs, rhs = (shaped(v) for v in eqn.invars)
   return lhs.dtype == jnp.int8 and rhs.dtype == jnp.int8 and eqn.params.get("preferred_element_type") == jnp.int32
 
 
@@ -80,12 +80,12 @@ def random_draws(jaxpr: core.Jaxpr | core.ClosedJaxpr) -> dict[str, Any]:
       words += n
       draws.append({"primitive": name, "shape": list(shape), "bit_width": eqn.params["bit_width"], "words": n})
     elif name == "threefry2x32":
-      shape = tuple(_shaped(eqn.outvars[0]).shape)
+      shape = tuple(shaped(eqn.outvars[0]).shape)
       n = 2 * math.prod(shape) * times
       words += n
       draws.append({"primitive": name, "shape": list(shape), "words": n})
     elif name in ("random_split", "random_fold_in"):
-      keys += math.prod(_shaped(eqn.outvars[0]).shape) * times
+      keys += math.prod(shaped(eqn.outvars[0]).shape) * times
   return {"words": words, "draws": draws, "derived_keys": keys}
 
 

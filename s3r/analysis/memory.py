@@ -172,7 +172,7 @@ def _persistent_cache_off():
     cc._cache_checked, cc._cache_used = before
 
 
-def buffer_breakdown(lowered, compiler_options: dict | None = None) -> tuple[dict, object]:
+def buffer_breakdown(lowered, compiler_options: dict | None = None) -> tuple[dict, Any]:
   """(breakdown, compiled) of a `jax.jit(f).lower(...)`: compiles it with XLA's dump on (and with
   `compiler_options`, e.g. the flags of the program being measured)."""
   with tempfile.TemporaryDirectory(prefix="s3r_buffers_") as d, _persistent_cache_off():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable, Iterable
+from typing import Any, overload
 
 import flax.linen as linen
 import jax
@@ -66,6 +67,28 @@ def check_skip(skip: tuple[str, ...], layer_paths: Iterable[Iterable], kinds: st
   )
 
 
+@overload
+def quantize(
+  model: linen.Module,
+  recipe: str | Recipe = ...,
+  *,
+  skip: Iterable[str] = ...,
+  rngs: nnx.Rngs | int = ...,
+  stream: str = ...,
+) -> QuantizedLinen: ...
+
+
+@overload
+def quantize[M: nnx.Module](
+  model: M,
+  recipe: str | Recipe = ...,
+  *,
+  skip: Iterable[str] = ...,
+  rngs: nnx.Rngs | int = ...,
+  stream: str = ...,
+) -> M: ...
+
+
 def quantize(
   model,
   recipe: str | Recipe = DEFAULT_RECIPE,
@@ -103,7 +126,7 @@ def _stack(module: nnx.Linear | nnx.LinearGeneral | nnx.Einsum) -> tuple[int, ..
   return tuple(shape[: len(shape) - own])
 
 
-def _quantize_nnx(model: nnx.Module, recipe: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str):
+def _quantize_nnx[M: nnx.Module](model: M, recipe: Recipe, skip: tuple[str, ...], rngs: nnx.Rngs, stream: str) -> M:
   layers = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, _NNX_TYPES)]
   check_skip(skip, [path for path, _ in layers], "Linear/LinearGeneral/Einsum")
   targets = [(path, m) for path, m in layers if not _skipped(path, skip)]
@@ -202,11 +225,11 @@ class QuantizedLinen:
       check_skip(self.skip, list(self._layers), "Dense/DenseGeneral")
       self._skip_checked = True
 
-  def init(self, *args, **kwargs):
+  def init(self, *args, **kwargs) -> Any:
     with self.intercept():
       return self.module.init(*args, **kwargs)
 
-  def apply(self, *args, **kwargs):
+  def apply(self, *args, **kwargs) -> Any:
     """As `module.apply`; pass `rngs={"quant": step_key}` when a gradient is taken (stochastic recipes)."""
     with self.intercept():
       return self.module.apply(*args, **kwargs)

@@ -13,10 +13,12 @@ how the gradients are computed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import ArrayLike
 
 from s3r.model.stack import per_layer_ndim
 
@@ -61,7 +63,7 @@ class OptimizerConfig:
       raise ValueError(f"OptimizerConfig.lr_changes must have increasing steps and peaks > 0, got {self.lr_changes!r}")
 
 
-def schedule(cfg: OptimizerConfig) -> optax.Schedule:
+def schedule(cfg: OptimizerConfig) -> Callable[[ArrayLike], jax.Array]:
   """Learning rate of the update with optax count c, the one that produces step t = c + 1: lr * t / warmup_steps
   up to t = warmup_steps, then cosine from lr at step max(warmup_steps, 1) to lr * final_lr_ratio at
   total_steps; each of `lr_changes` scales the rest of the curve to its peak (see the module docstring)."""

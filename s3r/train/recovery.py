@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import pathlib
 import shutil
+from typing import Protocol
 
 from s3r.train import checkpoint, report
 from s3r.train.config import TrainConfig
@@ -29,10 +30,18 @@ VAL_MARGIN = 1.0  # nats above the session's best validation loss that a known-g
 DIVERGED_DIR = "diverged"
 
 
+class GoodMarks(Protocol):
+  """What GoodCheckpoints needs of a `checkpoint.Checkpointer`: the known-good record, and marking one."""
+
+  def known_good(self) -> dict | None: ...
+
+  def mark_good(self, step: int, **why) -> None: ...
+
+
 class GoodCheckpoints:
   """Confirms checkpoints as known good as the healthy steps after them come in (see the module)."""
 
-  def __init__(self, ckpt: checkpoint.Checkpointer, *, resumed_from: int | None = None):
+  def __init__(self, ckpt: GoodMarks, *, resumed_from: int | None = None):
     self.ckpt = ckpt
     self.best_val = math.inf
     self._pending: dict[int, list] = {}  # checkpoint step -> [healthy steps seen after it, loss bound]

@@ -23,7 +23,7 @@ import math
 import jax
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from s3r import model as s3r_model
@@ -96,7 +96,7 @@ def make_mesh(shape: dict[str, int]) -> Mesh:
   return Mesh(devices, MESH_AXES)
 
 
-def mesh_spec(logical: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+def mesh_spec(logical: P, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P:
   """Maps a PartitionSpec of logical names onto `mesh` through RULES (dropping axes that do not divide)."""
   used, out = set(), []
   for name, dim in zip(tuple(logical) + (None,) * (len(shape) - len(logical)), shape):

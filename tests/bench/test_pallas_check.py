@@ -50,6 +50,7 @@ def test_the_smoke_stage_passes_on_diagnostic_failures_and_stops_on_a_pallas_fai
 
   root = pathlib.Path(__file__).resolve().parents[2]
   spec = importlib.util.spec_from_file_location("device_smoke", root / "scripts" / "device_smoke.py")
+  assert spec is not None and spec.loader is not None
   smoke = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(smoke)
 

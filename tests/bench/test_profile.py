@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from benchmarks import ffn, profile
+from s3r.analysis.hlo import hlo_text
 
 
 def test_describe_fusions_finds_the_int8_gemms():
   t, h, d = 32, 64, 128
   inputs = ffn.make_inputs(t, h, d)
-  text = ffn.make_fwd_bwd("s3r").lower(*inputs).compile().as_text()
+  text = hlo_text(ffn.make_fwd_bwd("s3r").lower(*inputs).compile())
   desc = profile.describe_fusions(text, {"weight": h * d, "t_d": t * d, "t_h": t * h})
   gemms = [v for v in desc.values() if v["category"] == "int8 GEMM"]
   assert len(gemms) >= 9  # 3 projections x (forward, dX, dW)

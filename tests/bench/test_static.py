@@ -37,6 +37,7 @@ def test_op_counts_and_int8_bytes(layer):
 
 def test_memory_breakdown_of_the_ffn_matches_its_memory_analysis():
   m = static.ffn_memory("int8_rtne", 48, 32, 80, breakdown=True)
+  assert m is not None  # compiled on this backend
   b = m["breakdown"]
   assert b["temp_bytes"] == m["temp_size_in_bytes"] and 0 < len(b["peak"]) <= static.BREAKDOWN_ROWS
   text = "\n".join(static.breakdown_markdown([{"shape": "32x80", "hidden": 32, "ffn_dim": 80, "tokens": 48,

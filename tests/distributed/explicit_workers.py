@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -113,20 +114,23 @@ def _train_minigpt(shape, recipe: str, seed: int, steps: int):
       return loss, grads
 
     inputs, targets = (reshard(a, minigpt.batch_spec()) for a in minigpt.batch(8))
-    losses, first = [], {}
+    losses, kernel_spec = [], ""
+    first: dict[str, Any] = {}  # the first step's gradients, by path
     for i in range(steps):
       loss, grads = step(model, optimizer, inputs, targets)
       losses.append(float(loss))
       if i == 0:
         flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(grads))[0]
-        first = {jax.tree_util.keystr(p): np.asarray(v) for p, v in flat}
-        kernel = model.blocks[0].linear1.kernel[...]
-  return losses, first, str(kernel.sharding.spec)
+        first |= {jax.tree_util.keystr(p): np.asarray(v) for p, v in flat}
+        sharding = model.blocks[0].linear1.kernel[...].sharding
+        assert isinstance(sharding, jax.sharding.NamedSharding)
+        kernel_spec = str(sharding.spec)
+  return losses, first, kernel_spec
 
 
 def explicit_minigpt_worker(out: pathlib.Path, steps: str = "3") -> None:
   """Losses of `steps` train steps and the first step's gradients of each MINIGPT_RUNS entry."""
-  info = {}
+  info: dict[str, dict[str, Any]] = {}
   for name, (shape, recipe, seed) in MINIGPT_RUNS.items():
     losses, grads, kernel_spec = _train_minigpt(shape, recipe, seed, int(steps))
     np.savez(out / f"minigpt_{name.replace(':', '_')}.npz", **grads)

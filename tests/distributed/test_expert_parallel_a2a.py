@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from s3r.model.config import MoeFields
 from tests.distributed.conftest import run_worker
 
 MESHES = ("expert=8", "expert=4,data=2")
@@ -110,7 +111,8 @@ def test_expert_dispatch_is_validated_with_the_field_and_the_allowed_values():
     preset("moe-tiny", expert_dispatch="all_to_all", capacity_factor=1.0)
   with pytest.raises(ValueError, match="dropless: capacity_factor must be None"):
     MoEFeedForward(**kw, expert_dispatch="all_to_all", capacity_factor=1.0)
-  assert preset("moe-tiny", expert_dispatch="all_to_all").expert_dispatch == "all_to_all"
+  cfg = preset("moe-tiny", expert_dispatch="all_to_all")
+  assert isinstance(cfg, MoeFields) and cfg.expert_dispatch == "all_to_all"
 
 
 def test_the_all_to_all_token_and_expert_axes_are_those_of_the_sharding_rules():

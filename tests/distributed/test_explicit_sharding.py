@@ -43,9 +43,9 @@ def _bound(recipe: str, ref: np.ndarray) -> float:
   if recipe == "bf16":
     return 2 * 2.0**-8 * top
   if recipe == "int8_exact_bwd":
-    return K * EPS * top
+    return float(K * EPS * top)
   if recipe.startswith("s3r_ec"):
-    return 4 * EPS * top
+    return float(4 * EPS * top)
   return 0.0
 
 

@@ -7,10 +7,12 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 (see `run_worker` in conftest
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from s3r.analysis.hlo import hlo_text
 from tests.distributed.explicit_workers import B, S, explicit_minigpt_worker, explicit_ops_worker, operands
 
 # (fsdp, tensor) factorizations of 8 devices: pure FSDP, mixed, pure TP; None = one device.
@@ -53,7 +56,7 @@ def qmatmul_worker(out: pathlib.Path) -> None:
       )
       compiled = fn.lower(key).compile()
       arrays[f"u_{topology}"] = np.asarray(compiled(key))
-      info[f"u_{topology}_collectives"] = len(collectives(compiled.as_text()))
+      info[f"u_{topology}_collectives"] = len(collectives(hlo_text(compiled)))
     for recipe in QMATMUL_RECIPES:
       codes = jax.jit(lambda x, w, g: gradient_codes(x, w, g, key=key, recipe=recipe))
       q_dx, q_dw, delta = codes(xs, ws, gs)
@@ -63,7 +66,7 @@ def qmatmul_worker(out: pathlib.Path) -> None:
       compiled = grad.lower(xs, ws, gs).compile()
       dx, dw = compiled(xs, ws, gs)
       arrays[f"{recipe}_dx"], arrays[f"{recipe}_dw"] = np.asarray(dx), np.asarray(dw)
-      colls = collectives(compiled.as_text())
+      colls = collectives(hlo_text(compiled))
       info[f"{recipe}_grad_collectives"] = [
         {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name} for c in colls
       ]
@@ -103,7 +106,7 @@ def tp_worker(out: pathlib.Path) -> None:
       arrays[f"{name}_y"], arrays[f"{name}_dx"] = np.asarray(fwd(xs, ws), np.float32), np.asarray(dx, np.float32)
       info[name] = [
         {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "op_name": c.op_name}
-        for c in collectives(fwd.as_text()) + collectives(grad.as_text())
+        for c in collectives(hlo_text(fwd)) + collectives(hlo_text(grad))
       ]
     if recipe == "bf16":
       continue
@@ -213,7 +216,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
       "deltas": deltas,
       "collectives": [
         {"kind": c.kind, "dtype": c.dtype, "shapes": c.shapes, "group_size": c.group_size, "op_name": c.op_name}
-        for c in collectives(step.as_text())
+        for c in collectives(hlo_text(step))
       ],
     }
   (out / "result.json").write_text(json.dumps(result))
@@ -268,22 +271,24 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
   from s3r.train import checkpoint, loop
   from s3r.train.config import TrainConfig
 
-  meshes = {"4x2": "fsdp=4,tensor=2", "2x4": "fsdp=2,tensor=4", "1": None}
+  first_mesh = "fsdp=4,tensor=2"
+  meshes = {"4x2": first_mesh, "2x4": "fsdp=2,tensor=4", "1": None}
   run = out / "run_4x2"
-  assert cli.main(cli_flags(corpus, cache, str(run), "--mesh", meshes["4x2"])) == 0
-  result = {"4x2": _metrics(run)}
+  assert cli.main(cli_flags(corpus, cache, str(run), "--mesh", first_mesh)) == 0
+  result: dict[str, Any] = {"4x2": _metrics(run)}
   for name in ("2x4", "1"):
     copy = out / f"resumed_{name}"
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "checkpoints" / "4")
-    mesh = ["--mesh", meshes[name]] if meshes[name] else []
+    spec = meshes[name]
+    mesh = ["--mesh", spec] if spec else []
     assert cli.main(cli_flags(corpus, cache, str(copy), "--resume", *mesh)) == 0
     result[f"resumed_{name}"] = _metrics(copy)
   ckpt = checkpoint.Checkpointer(run / "checkpoints", create=False)
   saved = TrainConfig.from_dict(ckpt.read_meta(2)["train_config"])
   result["restored"] = {}
   for name, spec in meshes.items():
-    cfg = TrainConfig(**{**saved.to_dict(), "mesh": spec})
+    cfg = dataclasses.replace(saved, mesh=spec)
     setup = loop.build(cfg, 300, loop.make_mesh(cfg))
     state, _ = ckpt.restore(setup.abstract_state, 2)
     leaves = jax.tree.leaves(state)
@@ -296,7 +301,7 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
       "leaves": len(leaves),
     }
   ckpt.close()
-  result["imported"] = _imported_on_a_mesh(out, meshes["4x2"])
+  result["imported"] = _imported_on_a_mesh(out, first_mesh)
   (out / "result.json").write_text(json.dumps(result))
 
 
@@ -311,7 +316,8 @@ def _imported_on_a_mesh(out: pathlib.Path, mesh_spec: str) -> dict:
   setup = loop.build(cfg, s3r_model.load_hf_tokenizer(llama).vocab_size, loop.make_mesh(cfg))
   params = builder.imported_params(cfg, jax.tree.map(lambda a: a.sharding, setup.abstract_state.params))
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  np.savez(out / "imported.npz", **{jax.tree_util.keystr(k): np.asarray(x) for k, x in flat})
+  arrays: dict[str, Any] = {jax.tree_util.keystr(k): np.asarray(x) for k, x in flat}
+  np.savez(out / "imported.npz", **arrays)
   q = params["layers"]["q"]  # stacked over the layers (the layer axis unsharded)
   return {
     "q_spec": str(q.sharding.spec),
@@ -381,7 +387,7 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
   rng = np.random.default_rng(0)
   x_f32 = rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1))
   g = jnp.asarray(rng.normal(size=(8, 16, 32)), jnp.float32)
-  info = {}
+  info: dict[str, Any] = {}
   for recipe, (make_block, x_dtype) in blocks.items():
     x = jnp.asarray(x_f32, x_dtype)
     graphdef, state = nnx.split(make_block())
@@ -413,7 +419,7 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
         traced = lambda f: sharding.with_activation_sharding(f, mesh)
         fn = jax.jit(traced(grad), in_shardings=in_sh, out_shardings=(p_sh, x_sh))
         compiled = fn.lower(params, x, key).compile()
-        kinds = [c.kind for c in collectives(compiled.as_text())]
+        kinds = [c.kind for c in collectives(hlo_text(compiled))]
         info[f"{recipe}_{name}_collectives"] = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
         jaxpr = str(jax.make_jaxpr(traced(grad))(params, x, key))
         info[f"{recipe}_{name}_jaxpr_all_to_all"] = jaxpr.count("all_to_all")
@@ -421,7 +427,8 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
         args = (jax.device_put(params, p_sh), jax.device_put(x, x_sh), key)
         dp, dx = compiled(*args)
         y, aux = jax.jit(traced(forward), in_shardings=in_sh)(*args)
-      arrays = {f"d_{k}": np.asarray(v) for k, v in dp.items()} | {"dx": np.asarray(dx.astype(jnp.float32))}
+      arrays: dict[str, Any] = {f"d_{k}": np.asarray(v) for k, v in dp.items()}
+      arrays["dx"] = np.asarray(dx.astype(jnp.float32))
       arrays |= {"y": np.asarray(y), "load_balance_loss": np.asarray(aux["load_balance_loss"])}
       arrays["dropped_fraction"] = np.asarray(aux["dropped_fraction"])
       np.savez(out / f"{prefix}_{recipe}_{name}.npz", **arrays)

@@ -6,6 +6,7 @@ import gzip
 import os
 import pathlib
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_out_or_cache_dir_that_is_an_existing_file_is_refused(cli, tmp_path):
 
 
 @pytest.fixture
-def read_only_dir(tmp_path) -> pathlib.Path:
+def read_only_dir(tmp_path) -> Iterator[pathlib.Path]:
   """A directory in which nothing can be created (chmod, or a read-only system folder for root)."""
   if os.geteuid() != 0:
     path = tmp_path / "locked"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -24,7 +25,7 @@ def test_a_second_ctrl_c_right_after_the_first_names_an_intact_checkpoint_and_le
     stdout, stderr = proc.communicate(timeout=120)
   finally:
     proc.kill()
-  result = type("Proc", (), {"returncode": proc.returncode, "stderr": stderr, "stdout": stdout})
+  result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
   line = assert_one_line_error(result, 130, "interrupted", "--resume")
   assert "before training started" not in line and "Event loop is closed" not in stderr
   named = re.search(r"(?:saved|latest intact checkpoint is) (\S+?)[;,]", line)

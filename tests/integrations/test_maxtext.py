@@ -26,6 +26,7 @@ from maxtext.utils import maxtext_utils_nnx, model_creation_utils  # noqa: E402
 
 import s3r  # noqa: E402
 from s3r.analysis import jaxpr as jaxpr_analysis  # noqa: E402
+from s3r.analysis.jaxpr import shaped  # noqa: E402
 from s3r.integrations import maxtext as smt  # noqa: E402
 from s3r.nn.dot_general import kernel_fingerprint  # noqa: E402
 from tests.conftest import xla_flags  # noqa: E402
@@ -110,7 +111,7 @@ def test_step_has_three_int8_gemms_per_quantized_projection(tmp_path, recipe, sm
   if small is None:
     assert dots == []
     return
-  gemms = [d for d in dots if all(v.aval.shape[0] != 3 * B + 1 for v in d.invars)]
+  gemms = [d for d in dots if all(shaped(v).shape[0] != 3 * B + 1 for v in d.invars)]
   assert len(gemms) == 3 * projections
   assert len(dots) - len(gemms) == small * projections
 
@@ -408,7 +409,9 @@ def test_device_maxtext_script_dry_run_brings_back_the_bench_of_the_sliced_llama
   assert sorted(p.name for p in out.iterdir()) == ["device_maxtext.log", "device_maxtext.tar.gz"]
   with tarfile.open(out / "device_maxtext.tar.gz") as tar:
     names = {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
-    doc = json.load(tar.extractfile("./bench_maxtext_llama3.1-8b_cpu.json"))
+    member = tar.extractfile("./bench_maxtext_llama3.1-8b_cpu.json")
+    assert member is not None
+    doc = json.load(member)
   assert {"smoke/smoke.json", "bench_maxtext_llama3.1-8b_cpu.md"} <= names
   assert doc["complete"] and doc["settings"]["model_config"]["model_name"] == "llama3.1-8b"
   assert set(doc["results"]) == {"none", "int8", "s3r:bf16", "s3r:s3r_ec_dx"}

@@ -2,6 +2,7 @@
 (the backend module imports MaxText only in `register()`); the MaxText runs are in test_maxtext.py."""
 
 import types
+from typing import Any, cast
 
 import pytest
 
@@ -14,16 +15,30 @@ def _config(**kw):
   return types.SimpleNamespace(**(base | kw))
 
 
+def _parse(value: str) -> s3r.Recipe:
+  """The recipe an s3r quantization value selects (every value parsed here is one)."""
+  recipe = smt.parse(value)
+  assert recipe is not None, value
+  return recipe
+
+
+def _backend(config, **kwargs) -> smt.S3rQuantization:
+  """The s3r backend of a config whose quantization is an s3r value."""
+  backend = smt.backend(config, **kwargs)
+  assert backend is not None
+  return backend
+
+
 def test_values_select_every_recipe_by_name_and_s3r_alone_the_default():
   values = smt.quantization_values()
-  assert smt.parse("s3r").name == s3r.DEFAULT_RECIPE
+  assert _parse("s3r").name == s3r.DEFAULT_RECIPE
   for name in s3r.RECIPES:
     assert f"s3r:{name}" in values
-    assert smt.parse(f"s3r:{name}").name == name
-  assert smt.parse("s3r:s3r_ec_dx@int4").grad_format == "int4"
+    assert _parse(f"s3r:{name}").name == name
+  assert _parse("s3r:s3r_ec_dx@int4").grad_format == "int4"
   for fmt in ("e4m3", "e5m2"):  # FP8 gradients
-    assert f"s3r:s3r_ec_dx@{fmt}" in values and smt.parse(f"s3r:s3r_ec_dx@{fmt}").grad_format == fmt
-  all_fp8 = smt.parse("s3r:s3r_ec_dx@e5m2+fwd_e4m3")  # E4M3 forward and E5M2 gradients
+    assert f"s3r:s3r_ec_dx@{fmt}" in values and _parse(f"s3r:s3r_ec_dx@{fmt}").grad_format == fmt
+  all_fp8 = _parse("s3r:s3r_ec_dx@e5m2+fwd_e4m3")  # E4M3 forward and E5M2 gradients
   assert "s3r:s3r_ec_dx@e5m2+fwd_e4m3" in values and (all_fp8.forward_format, all_fp8.grad_format) == ("e4m3", "e5m2")
   assert "s3r:s3r@e4m3+fwd_e4m3" in values and "s3r:bf16+fwd_e4m3" not in values
   assert "s3r:bf16@int4" not in values  # bf16 has no quantized gradient, so no gradient format
@@ -38,20 +53,20 @@ def test_values_of_other_backends_are_left_to_maxtext(value):
 
 def test_an_unknown_recipe_name_raises_naming_the_value():
   with pytest.raises(ValueError, match=r"quantization='s3r:s3r_ecdx': unknown recipe 's3r_ecdx'"):
-    smt.parse("s3r:s3r_ecdx")
+    _parse("s3r:s3r_ecdx")
 
 
 def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
-  assert smt.backend(_config(quantization="s3r:int8_sr")).recipe.name == "int8_sr"
-  assert smt.backend(_config(num_experts=4, sparse_matmul=True, megablox=True)).recipe.name == "s3r_ec_dx"
+  assert _backend(_config(quantization="s3r:int8_sr")).recipe.name == "int8_sr"
+  assert _backend(_config(num_experts=4, sparse_matmul=True, megablox=True)).recipe.name == "s3r_ec_dx"
   with pytest.raises(ValueError, match=r"use_qwix_quantization=False"):
-    smt.backend(_config(use_qwix_quantization=True))
+    _backend(_config(use_qwix_quantization=True))
   with pytest.raises(NotImplementedError, match=r"quant_mode_str='serve'"):
-    smt.backend(_config(), quant_mode_str="serve")
+    _backend(_config(), quant_mode_str="serve")
   with pytest.raises(NotImplementedError, match=r"use_batch_split_schedule"):
-    smt.backend(_config(use_batch_split_schedule=True))
+    _backend(_config(use_batch_split_schedule=True))
   with pytest.raises(TypeError, match=r"S3rQuantization.recipe"):
-    smt.S3rQuantization(recipe="s3r")
+    smt.S3rQuantization(recipe=cast(Any, "s3r"))  # a name where a Recipe belongs, on purpose
 
 
 @pytest.mark.parametrize(
@@ -69,18 +84,18 @@ def test_backend_builds_the_recipe_and_refuses_what_it_does_not_cover():
 def test_moe_paths_the_expert_hook_does_not_cover_are_refused_naming_the_field(field, value, message):
   moe = dict(num_experts=4, sparse_matmul=True, megablox=True, use_tokamax_gmm=False)
   with pytest.raises(NotImplementedError, match=rf"quantization=s3r:s3r_ec_dx with num_experts=4: {message}"):
-    smt.backend(_config(**(moe | {field: value})))
+    _backend(_config(**(moe | {field: value})))
   assert smt.backend(_config(**(moe | {field: value, "num_experts": 1}))) is not None  # dense: the field is moot
 
 
 def test_expert_parallelism_is_covered_through_the_ring_of_experts():
   moe = dict(num_experts=4, sparse_matmul=True, megablox=True, ici_expert_parallelism=2, use_ring_of_experts=True)
-  assert smt.backend(_config(**moe)).recipe.name == "s3r_ec_dx"
+  assert _backend(_config(**moe)).recipe.name == "s3r_ec_dx"
 
 
 def test_megablox_false_is_covered_where_tokamax_selects_maxtexts_gmm():
   cfg = _config(num_experts=4, sparse_matmul=True, megablox=False, use_tokamax_gmm=True)
-  assert smt.backend(cfg).recipe.name == "s3r_ec_dx"
+  assert _backend(cfg).recipe.name == "s3r_ec_dx"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ _apply = jax.jit(M.apply, static_argnums=0)
 ROUTING_TIE = 0.002  # router-probability gap below which bf16 activations may flip a top-k choice
 
 
-def _randomized(params, seed):
+def _randomized(params, seed, family: str):
   """Parameters at a scale where every architectural detail moves the logits: matrices
   N(0, 1/fan_in), embedding N(0, 1), norm scales around their identity."""
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
@@ -25,7 +25,7 @@ def _randomized(params, seed):
   for path, leaf in leaves:
     name = jax.tree_util.keystr(path)
     if "norm" in name:
-      out.append(rng.normal(0.0, 0.3, leaf.shape) + (0.0 if "gemma" in _randomized.family else 1.0))
+      out.append(rng.normal(0.0, 0.3, leaf.shape) + (0.0 if "gemma" in family else 1.0))
     elif "embed" in name and leaf.ndim == 2:
       out.append(rng.normal(0.0, 1.0, leaf.shape))
     else:
@@ -36,8 +36,7 @@ def _randomized(params, seed):
 @pytest.mark.parametrize("name", TINY)
 def test_bf16_forward_matches_the_independent_reference(name):
   cfg = M.preset(name, recipe="bf16")
-  _randomized.family = cfg.family
-  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1)
+  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1, family=cfg.family)
   tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 40))
   got = np.asarray(_apply(M.graphdef(cfg), params, jnp.asarray(tokens, jnp.int32), key=None))[0]
   margins = []
@@ -53,8 +52,7 @@ def test_bf16_forward_matches_the_independent_reference(name):
 
 def test_reference_comparison_detects_a_missing_family_feature():
   cfg = M.preset("gemma3-tiny", recipe="bf16")
-  _randomized.family = cfg.family
-  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1)
+  params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1, family=cfg.family)
   tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 40))
   got = np.asarray(_apply(M.graphdef(cfg), params, jnp.asarray(tokens, jnp.int32), key=None))[0]
   all_global = M.preset("gemma3-tiny", recipe="bf16", global_every=1)  # no sliding window, one RoPE base
@@ -113,7 +111,8 @@ def test_overrides_slice_a_real_model():
   assert (cfg.n_layers, cfg.max_seq_len, cfg.d_model) == (2, 1024, 4096)
   narrow = M.preset("qwen3-8b", width=256, layers=1)
   assert (narrow.d_model, narrow.head_dim) == (256, 128)  # the family's head dim is kept
-  assert M.preset("deepseek-v2-lite", layers=1).dense_layers == 1
+  lite = M.preset("deepseek-v2-lite", layers=1)
+  assert isinstance(lite, M.DeepSeekV2Config) and lite.dense_layers == 1
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,7 @@ def test_params_that_do_not_match_the_config_are_refused_naming_the_parameter(tm
 
 def test_a_config_transformers_cannot_compute_is_refused_naming_the_field(tmp_path):
   cfg, params = M.load_hf(FIXTURES / "qwen3_moe")
+  assert isinstance(cfg, M.Qwen3MoeConfig)
   with pytest.raises(ValueError, match=r"Qwen3MoeConfig.n_shared=1 cannot be exported: .*no shared experts"):
     M.save_hf(tmp_path / "export", dataclasses.replace(cfg, n_shared=1), params)
 

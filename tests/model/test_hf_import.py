@@ -112,13 +112,19 @@ def test_the_text_tower_of_gemma3_for_conditional_generation_imports_as_the_caus
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), params, text))
 
 
+def _of[C: M.ModelConfig](cls: type[C], cfg: M.ModelConfig) -> C:
+  """`cfg`, checked to be of the family `cls`."""
+  assert isinstance(cfg, cls), type(cfg).__name__
+  return cfg
+
+
 def test_imported_config_has_the_fixture_features():
-  cfg = M.hf_config(FIXTURES / "gemma3")
+  cfg = _of(M.Gemma3Config, M.hf_config(FIXTURES / "gemma3"))
   assert (cfg.sliding_window, cfg.global_every, cfg.local_rope_theta, cfg.query_pre_attn_scalar) == (8, 2, 1e4, 20.0)
   assert cfg.rope_scaling == M.RopeScaling(kind="linear", factor=2.0) and cfg.tie_embeddings
-  ds = M.hf_config(FIXTURES / "deepseek_v2")
+  ds = _of(M.DeepSeekV2Config, M.hf_config(FIXTURES / "deepseek_v2"))
   assert (ds.routed_scaling_factor, ds.dense_layers, ds.n_shared, ds.renormalize) == (2.5, 1, 1, False)
-  assert M.hf_config(FIXTURES / "qwen3_moe").dense_layers == 1
+  assert _of(M.Qwen3MoeConfig, M.hf_config(FIXTURES / "qwen3_moe")).dense_layers == 1
 
 
 def _entries(name: str):
@@ -316,8 +322,9 @@ def test_a_config_field_s3r_does_not_compute_is_refused_naming_field_and_value(n
 
 
 def test_a_dense_prefix_of_mlp_only_layers_is_honoured():
-  assert configs.model_config(_config("qwen3_moe", mlp_only_layers=[0, 1]), "c").dense_layers == 2
-  assert configs.model_config(_config("qwen3_moe", mlp_only_layers=[]), "c").dense_layers == 0
+  two = configs.model_config(_config("qwen3_moe", mlp_only_layers=[0, 1]), "c")
+  none = configs.model_config(_config("qwen3_moe", mlp_only_layers=[]), "c")
+  assert _of(M.Qwen3MoeConfig, two).dense_layers == 2 and _of(M.Qwen3MoeConfig, none).dense_layers == 0
 
 
 def _without(name: str, *fields: str) -> dict:
@@ -329,16 +336,21 @@ def _without(name: str, *fields: str) -> dict:
 
 def test_absent_fields_take_the_defaults_of_the_transformers_config_class():
   assert configs.model_config(_without("qwen3_moe", "head_dim"), "c").d_head == 64 // 4  # width / heads
-  ds = configs.model_config(_without("deepseek_v2", "q_lora_rank", "n_shared_experts"), "c")
+  ds = _of(M.DeepSeekV2Config, configs.model_config(_without("deepseek_v2", "q_lora_rank", "n_shared_experts"), "c"))
   assert (ds.q_lora_rank, ds.n_shared) == (1536, 2)
-  nulls = configs.model_config(_config("deepseek_v2", q_lora_rank=None, n_shared_experts=None), "c")
+  nulls = _of(
+    M.DeepSeekV2Config, configs.model_config(_config("deepseek_v2", q_lora_rank=None, n_shared_experts=None), "c")
+  )
   assert (nulls.q_lora_rank, nulls.n_shared) == (None, 0)  # null: no query compression, no shared expert
 
 
 def test_yarn_mscale_without_mscale_all_dim_is_ignored_as_the_reference_ignores_it():
   config = _config("deepseek_v2", **{"rope_parameters.mscale_all_dim": None, "rope_parameters.mscale": 0.707})
   scaling = configs.model_config(config, "c").rope_scaling
-  assert (scaling.mscale, scaling.mscale_all_dim) == (1.0, 0.0)  # cos/sin x (0.1 ln(factor) + 1), no softmax term
+  assert scaling is not None and (scaling.mscale, scaling.mscale_all_dim) == (
+    1.0,
+    0.0,
+  )  # cos/sin x (0.1 ln(factor) + 1), no softmax term
 
 
 PUBLISHED = {  # config.json of the published checkpoints (their older spelling), the fields that matter

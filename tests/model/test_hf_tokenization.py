@@ -32,6 +32,7 @@ def _folder(tmp_path: pathlib.Path, *, bos: str | None, eos: str, post_bos: bool
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   tok.add_special_tokens(special)
   if post_bos:
+    assert bos is not None
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
   folder = tmp_path / "hf"
   folder.mkdir()

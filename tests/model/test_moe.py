@@ -1,6 +1,8 @@
 """MoEFeedForward: the forward equals a per-token reference loop, capacity drops the lowest-ranked
 choices, gradients are finite for every recipe, and a few optimizer steps reduce a toy loss."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +22,7 @@ D, F, E, TOPK = 16, 24, 4, 2
 
 
 def _block(recipe="bf16", seed=0, **kw):
-  kw = dict(d_model=D, d_expert=F, n_experts=E, top_k=TOPK, recipe=recipe, rngs=nnx.Rngs(params=seed)) | kw
+  kw = dict[str, Any](d_model=D, d_expert=F, n_experts=E, top_k=TOPK, recipe=recipe, rngs=nnx.Rngs(params=seed)) | kw
   return MoEFeedForward(**kw)
 
 

@@ -29,7 +29,7 @@ GEMMA_PATTERN = {"global_every": 2, "n_layers": 3, "sliding_window": 4}
 
 def _cfg(name, **overrides):
   cfg = M.preset(name, **overrides)
-  if cfg.family == "gemma3":
+  if isinstance(cfg, M.Gemma3Config):
     cfg = dataclasses.replace(cfg, **GEMMA_PATTERN)
   return cfg
 

@@ -12,6 +12,7 @@ import pytest
 from s3r import model as M
 from s3r.analysis import hlo
 from s3r.analysis import jaxpr as jaxpr_analysis
+from s3r.analysis.jaxpr import shaped
 from s3r.train import step as train_step
 
 B, S = 2, 24  # T = 48 tokens
@@ -43,10 +44,10 @@ def _int8_ops(cfg):
   jaxpr = jax.make_jaxpr(fn)(*args)
   eqns = list(jaxpr_analysis.iter_eqns(jaxpr))
   dots = collections.Counter(
-    tuple(tuple(v.aval.shape) for v in e.invars) for e in eqns if jaxpr_analysis.is_int8_dot(e)
+    tuple(tuple(shaped(v).shape) for v in e.invars) for e in eqns if jaxpr_analysis.is_int8_dot(e)
   )
   converts = collections.Counter(
-    tuple(e.invars[0].aval.shape)
+    tuple(shaped(e.invars[0]).shape)
     for e in eqns
     if e.primitive.name == "convert_element_type" and e.params["new_dtype"] == jnp.int8
   )
@@ -67,7 +68,7 @@ def _buffers(cfg, num_elements):
   """(dtype, opcode) of every array with that many elements that XLA writes to memory (the
   instructions of the entry computation and of the loop bodies; not those inside fusions)."""
   fn, args = _grad_fn(cfg)
-  comps = hlo.parse_hlo(jax.jit(fn).lower(*args).compile().as_text())
+  comps = hlo.parse_hlo(hlo.hlo_text(jax.jit(fn).lower(*args).compile()))
   counts, fused = hlo.execution_counts(comps)
   return sorted(
     (i.dtype, i.opcode)

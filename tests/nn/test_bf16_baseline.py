@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import Any
 
 import flax.linen as linen
 import jax
@@ -37,7 +38,7 @@ U = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits)
 D = 8  # draws of the rounding model
 K = 10.0  # P(|t_8| > 10) < 1e-5
 STEPS, LR = 3, 1e-2
-_DOT = sys.modules["s3r.nn.dot_general"]  # the module every adapter's projection goes through
+_DOT: Any = sys.modules["s3r.nn.dot_general"]  # the module every adapter's projection goes through
 
 
 @jax.custom_vjp
@@ -52,9 +53,11 @@ class _RoundingModel:
   """`qmatmul` as an f32 product with bf16-sized relative errors on its operands and their gradients."""
 
   def __init__(self):
-    self.key, self.calls = None, 0
+    self.key: jax.Array | None = None
+    self.calls = 0
 
   def matmul(self, x, w, **unused):
+    assert self.key is not None, "matmul runs inside applied(key)"
     keys = jax.random.split(jax.random.fold_in(self.key, self.calls), 4)
     self.calls += 1
     e = lambda k, a: jax.random.uniform(k, a.shape, jnp.float32, -1.0, 1.0)  # noqa: E731
@@ -98,7 +101,7 @@ def _check(plain, bf16, params, bf16_params=None):
   ref = np.asarray(train_plain(params, LR))
   got = np.asarray(jax.jit(lambda p: _losses(bf16, p))(bf16_params))
   draws = jax.random.split(jax.random.key(5), D)
-  model = np.asarray(jax.jit(jax.vmap(lambda k: _losses(bf16, bf16_params, key=k)))(draws))
+  model = np.asarray(jax.jit(jax.vmap(lambda k: _losses(bf16, bf16_params, key=k)))(draws), np.float64)
   sigma = np.sqrt(np.mean((model - ref) ** 2, axis=0))
   assert np.all(sigma > 0) and np.all(sigma < 1e-2 * np.abs(ref)), sigma  # rounding-sized, and measurable
   assert np.all(np.abs(got - ref) <= K * sigma), (got - ref, sigma)
@@ -120,7 +123,7 @@ class _LinenLM(linen.Module):
   def __call__(self, tokens):
     x = linen.Embed(V, DIM)(tokens)
     h = linen.LayerNorm()(x)
-    x = x + linen.MultiHeadDotProductAttention(num_heads=H)(h, mask=linen.make_causal_mask(tokens))
+    x = x + jnp.asarray(linen.MultiHeadDotProductAttention(num_heads=H)(h, mask=linen.make_causal_mask(tokens)))
     x = x + linen.Dense(DIM)(jax.nn.gelu(linen.Dense(2 * DIM)(linen.LayerNorm()(x))))
     return linen.Dense(V)(linen.LayerNorm()(x))
 

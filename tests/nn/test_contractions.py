@@ -1,5 +1,7 @@
 """General contractions through the adapters equal the flattened qmatmul (first lhs axis = examples)."""
 
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,11 +21,16 @@ def _np(a):
   return np.asarray(a, np.float32)
 
 
+def _out(y) -> jax.Array:
+  """The output of a Linen `apply` that returns no mutated collections."""
+  assert isinstance(y, jax.Array)
+  return y
+
+
 def test_dense_general_multi_head_projection_equals_the_reshaped_qmatmul():
   layer = nn.DenseGeneral(features=(H, DH), use_bias=False, dot_general=snn.dot_general(RECIPE, KEY))
-  params = layer.init(jax.random.key(1), X)["params"]
-  kernel = params["kernel"]
-  assert kernel.shape == (D, H, DH)
+  kernel = layer.init(jax.random.key(1), X)["params"]["kernel"]
+  assert isinstance(kernel, jax.Array) and kernel.shape == (D, H, DH)
   g = jax.random.normal(jax.random.key(2), (B, S, H, DH))
   y, vjp = jax.vjp(lambda x, k: layer.apply({"params": {"kernel": k}}, x), X, kernel)
   y_ref, vjp_ref = jax.vjp(lambda x, w: s3r.qmatmul(x, w, key=KEY, recipe=RECIPE), X, kernel.reshape(D, H * DH))
@@ -37,7 +44,8 @@ def test_output_projection_over_two_axes_equals_the_reshaped_qmatmul():
   xh = X.reshape(B, S, H, D // H)
   layer = nn.DenseGeneral(features=D, axis=(-2, -1), use_bias=False, dot_general=snn.dot_general(RECIPE, KEY))
   kernel = layer.init(jax.random.key(1), xh)["params"]["kernel"]
-  grad = jax.grad(lambda k: jnp.sum(layer.apply({"params": {"kernel": k}}, xh) ** 3))(kernel)
+  assert isinstance(kernel, jax.Array)
+  grad = jax.grad(lambda k: jnp.sum(_out(layer.apply({"params": {"kernel": k}}, xh)) ** 3))(kernel)
   grad_ref = jax.grad(lambda w: jnp.sum(s3r.qmatmul(X, w, key=KEY, recipe=RECIPE) ** 3))(kernel.reshape(D, D))
   np.testing.assert_array_equal(_np(grad), _np(grad_ref).reshape(kernel.shape))
 
@@ -72,7 +80,11 @@ def test_nnx_linear_general_and_einsum_equal_the_reshaped_qmatmul_forward():
   rngs = nnx.Rngs(params=0, quant=1)
   lg = nnx.LinearGeneral(D, (H, DH), use_bias=False, rngs=rngs, dot_general=snn.NnxDotGeneral(RECIPE, rngs=rngs))
   ein = snn.quantize(nnx.Einsum("bsd,dhk->bhsk", (D, H, DH), rngs=rngs), RECIPE)
-  for layer, y_of in ((lg, lambda y: y), (ein, lambda y: y.transpose(0, 2, 1, 3))):
+  layers: list[tuple[nnx.LinearGeneral | nnx.Einsum, Callable]] = [
+    (lg, lambda y: y),
+    (ein, lambda y: y.transpose(0, 2, 1, 3)),
+  ]
+  for layer, y_of in layers:
     kernel = layer.kernel[...]
     ref = s3r.qmatmul(X, kernel.reshape(D, H * DH), recipe=RECIPE).reshape(B, S, H, DH)
     np.testing.assert_array_equal(_np(y_of(layer(X))), _np(ref))

@@ -1,6 +1,7 @@
 """Flax adapters: s3r's qmatmul as `dot_general` in Linen Dense and nnx.Linear, with key plumbing."""
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -12,6 +13,7 @@ from flax import nnx
 import s3r
 import s3r.nn as snn
 from s3r.analysis import jaxpr as inspect
+from s3r.analysis.jaxpr import shaped
 
 X = jax.random.normal(jax.random.key(0), (2, 8, 16), jnp.bfloat16)
 
@@ -26,7 +28,7 @@ def _linen_grads(model, variables, key):
 
 @pytest.mark.parametrize("style", ["dot_general_cls", "dot_general"])
 def test_linen_dense_runs_the_quantized_matmul_keyed_by_the_quant_stream(style):
-  kwargs = (
+  kwargs: dict[str, Any] = (
     {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r")}
     if style == "dot_general_cls"
     else {"dot_general": snn.LinenDotGeneral(recipe="s3r")}
@@ -34,6 +36,7 @@ def test_linen_dense_runs_the_quantized_matmul_keyed_by_the_quant_stream(style):
   model = nn.Dense(12, use_bias=False, dtype=jnp.bfloat16, **kwargs)
   variables = model.init({"params": jax.random.key(1)}, X)
   kernel = variables["params"]["kernel"]
+  assert isinstance(kernel, jax.Array)
   y = model.apply(variables, X, rngs={"quant": jax.random.key(2)})
   np.testing.assert_array_equal(
     np.asarray(y, np.float32), np.asarray(s3r.qmatmul(X, kernel.astype(jnp.bfloat16), recipe="int8_rtne"), np.float32)
@@ -54,7 +57,7 @@ def test_linen_without_quant_rng_runs_forward_and_a_gradient_says_how_to_pass_it
   np.testing.assert_array_equal(
     np.asarray(y, np.float32), np.asarray(model.apply(variables, X, rngs={"quant": jax.random.key(0)}), np.float32)
   )
-  loss = lambda p: jnp.sum(model.apply({"params": p}, X).astype(jnp.float32))
+  loss = lambda p: jnp.sum(jnp.asarray(model.apply({"params": p}, X), jnp.float32))
   with pytest.raises(ValueError, match=r"rngs=\{'quant': step_key\} to apply"):
     jax.grad(loss)(variables["params"])
 
@@ -83,7 +86,7 @@ def test_nnx_linear_draws_a_fresh_key_per_call_reproducibly():
   dots = inspect.int8_dots(jaxpr)
   # forward, dX and dW GEMMs, plus S3R-EC's [3B + 1, N] x [K, N] factor product of the dX correction
   assert len(dots) == 4
-  assert [d.invars[0].aval.shape for d in dots if d.invars[0].aval.shape[0] == 3 * X.shape[0] + 1] == [(7, 12)]
+  assert [shaped(d.invars[0]).shape for d in dots if shaped(d.invars[0]).shape[0] == 3 * X.shape[0] + 1] == [(7, 12)]
 
 
 def test_pure_adapter_equals_qmatmul_with_the_same_key():

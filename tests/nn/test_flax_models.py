@@ -73,9 +73,8 @@ class LinenMha(nn.Module):
   def __call__(self, tokens):
     dg = functools.partial(snn.LinenDotGeneral, recipe=self.recipe)
     x = nn.Embed(V, D)(tokens)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=H, qkv_dot_general_cls=dg, out_dot_general_cls=dg)(
-      x, mask=nn.make_causal_mask(tokens)
-    )
+    attn = nn.MultiHeadDotProductAttention(num_heads=H, qkv_dot_general_cls=dg, out_dot_general_cls=dg)
+    x = x + jnp.asarray(attn(x, mask=nn.make_causal_mask(tokens)))
     return nn.Dense(V)(x)
 
 

@@ -93,7 +93,9 @@ def test_stacked_layers_under_nnx_vmap_get_one_stream_each_and_unsplit_streams_a
   with pytest.raises(ValueError):  # the quant stream not split: nnx.vmap refuses to map it
     build("params")
   twice = build(...)
-  twice.linear.dot_general.rngs["quant"].key[...] = jnp.stack([twice.linear.dot_general.rngs["quant"].key[...][0]] * 3)
+  dg = twice.linear.dot_general
+  assert isinstance(dg, snn.NnxDotGeneral) and dg.rngs is not None
+  dg.rngs["quant"].key[...] = jnp.stack([dg.rngs["quant"].key[...][0]] * 3)
   with pytest.raises(ValueError, match=r"linear/dot_general\[0\] and linear/dot_general\[1\] draw the same"):
     snn.check_keys(twice)
 

@@ -7,6 +7,7 @@ import importlib
 import json
 import subprocess
 import sys
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -15,11 +16,12 @@ import numpy as np
 import pytest
 
 import s3r.nn as snn
+from s3r.analysis.jaxpr import shaped
 
 dg_module = importlib.import_module("s3r.nn.dot_general")
 
 LAYERS = 3
-BROADCAST = {"params": True, "quant": False}  # params split per layer, the "quant" stream broadcast
+BROADCAST: dict[Any, bool] = {"params": True, "quant": False}  # params split per layer, the "quant" stream broadcast
 X = jax.random.normal(jax.random.key(0), (2, 4, 8))
 
 
@@ -31,7 +33,9 @@ class _Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, _):
-    kwargs = {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx")} if self.quantized else {}
+    kwargs: dict[str, Any] = (
+      {"dot_general_cls": functools.partial(snn.LinenDotGeneral, recipe="s3r_ec_dx")} if self.quantized else {}
+    )
     y = nn.Dense(8, **kwargs)(x)
     # The key the layer used leaves as the scan's per-layer output (an effect such as
     # jax.debug.callback inside a Flax scan body is refused: "broadcasted variable has a data
@@ -123,8 +127,8 @@ def test_kernel_fingerprint_reads_a_few_elements_and_sees_each_of_them():
   jaxpr = jax.make_jaxpr(dg_module.kernel_fingerprint)(w).jaxpr
   run = dg_module._FINGERPRINT_RUN
   readers = [e for e in jaxpr.eqns if jaxpr.invars[0] in e.invars]
-  assert [e.primitive.name for e in readers] == ["gather"] and readers[0].outvars[0].aval.shape == (2 * run,)
-  assert max(int(np.prod(v.aval.shape)) for e in jaxpr.eqns for v in e.outvars) <= 2 * run * w.ndim  # + indices
+  assert [e.primitive.name for e in readers] == ["gather"] and shaped(readers[0].outvars[0]).shape == (2 * run,)
+  assert max(int(np.prod(shaped(v).shape)) for e in jaxpr.eqns for v in e.outvars) <= 2 * run * w.ndim  # + indices
   base = int(dg_module.kernel_fingerprint(w))
   for index in [(0, 0), (0, 3), (63, 92), (63, 95)]:  # the first and last elements along the last axis
     assert int(dg_module.kernel_fingerprint(w.at[index].add(1e-6))) != base

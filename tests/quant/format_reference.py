@@ -4,7 +4,7 @@ definitions (every E4M3 value enumerated, the E2M1 grid listed), not from s3r.qu
 import ml_dtypes
 import numpy as np
 
-from s3r.quant.formats import FORMATS
+from s3r.quant.formats import FORMATS, E2M1Format
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)  # code index = position (even index: even code)
 GRID = np.concatenate([-E2M1[:0:-1], E2M1])  # the 15 signed values, ascending
@@ -39,6 +39,7 @@ def block_scales(fmt: str, v_TxN: np.ndarray) -> np.ndarray:
   """Each element's block scale [T, N]: the smallest E4M3 value (or power of two) >= max_blk|v| / 6
   over its square block (a partial block at the end of a dim), 1 for an all-zero block."""
   f = FORMATS[fmt]
+  assert isinstance(f, E2M1Format)
   b = f.block
   out = np.empty(v_TxN.shape, np.float32)
   for i in range(0, v_TxN.shape[0], b):

@@ -113,6 +113,7 @@ def test_ec_gradients_equal_exact_plus_residual_error_with_zero_row_and_column_s
   key = jax.random.key(9)
   dx, dw = (np.asarray(a, np.float64) for a in grads(recipe, jnp.asarray(x), jnp.asarray(w), g, key))
 
+  assert r.dx_topology is not None  # a shared recipe
   u = np.asarray(thresholds.shared_thresholds(key, B, S, r.dx_topology), np.float64)
   v = ref.gp / ref.delta
   q = np.clip(np.floor(v + u), -127, 127)

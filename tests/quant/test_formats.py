@@ -1,6 +1,7 @@
 """Number formats: the registry, validation, the int8 grid and the recipes' gradient format."""
 
 import dataclasses
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ from s3r.quant import formats, numerics
 from s3r.quant.formats import FORMATS, FORWARD_FORMAT, E2M1Format, FloatFormat, Format, UniformFormat, get_format
 from s3r.quant.recipes import Recipe
 
-INT8 = dict(name="int8x", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
+# dtypes as users spell them (NumPy types, names): the constructor normalizes them to np.dtype
+INT8: dict[str, Any] = dict(name="int8x", qmax=127, code_dtype=np.int8, acc_dtype=np.int32)
 UNIFORM = sorted(n for n, f in FORMATS.items() if f.grid == "uniform")  # FP4 and FP8: test_formats_codes.py
 
 
@@ -29,7 +31,7 @@ def test_unknown_format_raises_one_line_listing_the_valid_names():
     get_format("int3")
   assert "\n" not in str(err.value)
   with pytest.raises(ValueError, match="unknown number format 3"):
-    get_format(3)
+    get_format(cast(Any, 3))  # not a name, on purpose
 
 
 def test_forward_format_is_int8_on_the_symmetric_int8_range():
@@ -40,20 +42,20 @@ def test_forward_format_is_int8_on_the_symmetric_int8_range():
 
 
 def test_a_valid_format_normalizes_its_dtypes_and_is_hashable():
-  f = UniformFormat(**INT8 | dict(code_dtype="int8", acc_dtype="int32"))
+  f = UniformFormat(**(INT8 | {"code_dtype": "int8", "acc_dtype": "int32"}))
   assert f.code_dtype == np.dtype(np.int8) and f.acc_dtype == np.dtype(np.int32)
   assert hash(f) == hash(UniformFormat(**INT8))
   # codes held as floats (an emulated grid) accumulate in a float at least as wide
   fp4 = E2M1Format(name="fp4x", block=8, block_scale="e8m0")
   assert fp4.code_dtype == fp4.acc_dtype == np.float32
   # FP8 codes (whose dtype NumPy does not call a float) are accepted and accumulate in f32
-  fp8 = FloatFormat(name="fp8x", qmax=448, code_dtype="float8_e4m3fn")
+  fp8 = FloatFormat(name="fp8x", qmax=448, code_dtype=cast(Any, "float8_e4m3fn"))
   assert fp8.code_dtype == jnp.float8_e4m3fn and fp8.acc_dtype == np.float32
 
 
 def test_format_is_an_interface_with_one_class_per_kind_of_grid():
   with pytest.raises(TypeError):
-    Format(**INT8)  # abstract: a format is one of its grid classes
+    cast(Any, Format)(**INT8)  # abstract: a format is one of its grid classes
   kinds = {type(f) for f in FORMATS.values()}
   assert {k.grid for k in kinds} == set(formats.GRIDS)
   for f in FORMATS.values():
@@ -103,16 +105,16 @@ def test_invalid_grid_fields_raise_errors_naming_the_field(cls, kwargs, field):
 
 def test_format_is_frozen_and_keyword_only():
   with pytest.raises(dataclasses.FrozenInstanceError):
-    FORWARD_FORMAT.qmax = 1
+    cast(Any, FORWARD_FORMAT).qmax = 1
   with pytest.raises(TypeError):
-    UniformFormat("int8x", 127, np.int8, np.int32)
+    cast(Any, UniformFormat)("int8x", 127, np.int8, np.int32)
 
 
 def test_duplicate_names_and_conflicting_accumulators_are_rejected():
   f = UniformFormat(**INT8)
   with pytest.raises(ValueError, match="int8x"):
     formats._registry((f, f))
-  wide = UniformFormat(**INT8 | dict(name="int8w", acc_dtype=np.int64))
+  wide = UniformFormat(**(INT8 | {"name": "int8w", "acc_dtype": np.int64}))
   with pytest.raises(ValueError, match="acc_dtype"):
     formats._registry((f, wide))
 

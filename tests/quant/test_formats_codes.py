@@ -11,7 +11,7 @@ from scipy import stats
 
 import s3r
 from s3r.quant import formats, thresholds
-from s3r.quant.formats import FORMATS
+from s3r.quant.formats import FORMATS, E2M1Format
 from tests.quant import format_reference as ref
 from tests.quant.reference import heavy_tailed, np_scale
 
@@ -62,6 +62,7 @@ def test_fp4_rtne_rounds_each_tie_to_the_even_code(fmt):
 @pytest.mark.parametrize("fmt", FP4)
 def test_block_scales_bound_every_element_by_six_and_are_e4m3_or_powers_of_two(fmt, rng):
   f = FORMATS[fmt]
+  assert isinstance(f, E2M1Format)
   v = heavy_tailed(rng, (37, 45), decades=6)  # partial last blocks along both dims
   v = _in_units_of_the_step(f, v)
   s = np.asarray(formats.expand_blocks(f.block_scales(jnp.asarray(v)), v.shape, f.block))
@@ -77,6 +78,7 @@ def test_block_scales_bound_every_element_by_six_and_are_e4m3_or_powers_of_two(f
 @pytest.mark.parametrize("fmt", FP4)
 def test_a_partial_last_block_quantizes_as_the_zero_padded_tensor_does(fmt, rng):
   f = FORMATS[fmt]
+  assert isinstance(f, E2M1Format)
   v = heavy_tailed(rng, (21, 40), decades=4)
   rows, cols = (-(-d // f.block) * f.block for d in v.shape)
   padded = np.zeros((rows, cols), np.float32)

@@ -4,6 +4,7 @@ square-block scale computation, and that one tensor of codes feeds both backward
 emulations), with the same compact thresholds as INT8."""
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,8 @@ import pytest
 
 import s3r
 from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.quant.formats import FORMATS
+from s3r.analysis.jaxpr import shaped
+from s3r.quant.formats import FORMATS, E2M1Format
 
 B, S, K, N = 4, 20, 96, 72  # T = 80 and N = 72: partial blocks of 16 and 32 along N, of 32 along T
 SHARED = ["int8_rtne", "s3r", "s3r_bcast", "s3r_ec", "s3r_ec_dx"]
@@ -31,7 +33,7 @@ def _jaxpr(recipe):
 
 
 def _full_size(eqn):
-  return any(math.prod(v.aval.shape) == B * S * N for v in eqn.outvars)
+  return any(math.prod(shaped(v).shape) == B * S * N for v in eqn.outvars)
 
 
 def _roundings(jaxpr):
@@ -42,19 +44,21 @@ def _roundings(jaxpr):
 def _block_maxima(jaxpr, block):
   blocks = (math.ceil(B * S / block), math.ceil(N / block))
   return [
-    e for e in jaxpr_analysis.iter_eqns(jaxpr) if e.primitive.name == "reduce_max" and e.outvars[0].aval.shape == blocks
+    e
+    for e in jaxpr_analysis.iter_eqns(jaxpr)
+    if e.primitive.name == "reduce_max" and shaped(e.outvars[0]).shape == blocks
   ]
 
 
 def _code_roots(jaxpr):
   """For each f32 GEMM with a token dim and a [B*S, N]-sized operand (dX and dW), that operand traced
   back through reshapes and dtype conversions to the equation that made it."""
-  made_by = {v: e for e in jaxpr_analysis.iter_eqns(jaxpr) for v in e.outvars}
+  made_by: dict[Any, Any] = {v: e for e in jaxpr_analysis.iter_eqns(jaxpr) for v in e.outvars}
   roots = []
   for e in jaxpr_analysis.iter_eqns(jaxpr):
-    if e.primitive.name != "dot_general" or e.outvars[0].aval.dtype != jnp.float32:
+    if e.primitive.name != "dot_general" or shaped(e.outvars[0]).dtype != jnp.float32:
       continue
-    codes = [v for v in e.invars if math.prod(v.aval.shape) == B * S * N]
+    codes = [v for v in e.invars if math.prod(shaped(v).shape) == B * S * N]
     if len(codes) != 1:
       continue
     eqn = made_by.get(codes[0])
@@ -68,7 +72,7 @@ def _code_roots(jaxpr):
 @pytest.mark.parametrize("recipe", SHARED + SPLIT)
 def test_uniform_formats_keep_three_int8_gemms_and_one_int8_quantization(recipe, fmt):
   jaxpr = _jaxpr(f"{recipe}@{fmt}")
-  gemms = [d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in v.aval.shape for v in d.invars)]
+  gemms = [d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in shaped(v).shape for v in d.invars)]
   assert len(gemms) == 3
   assert len(_roundings(jaxpr)) == (2 if recipe in SPLIT else 1)
 
@@ -79,12 +83,14 @@ def test_block_formats_round_the_gradient_once_and_feed_both_gemms_with_it(recip
   jaxpr = _jaxpr(f"{recipe}@{fmt}")
   quantizations = 2 if recipe in SPLIT else 1
   assert len(_roundings(jaxpr)) == quantizations
-  assert len(_block_maxima(jaxpr, FORMATS[fmt].block)) == quantizations  # square blocks: one set of scales each
+  f = FORMATS[fmt]
+  assert isinstance(f, E2M1Format)
+  assert len(_block_maxima(jaxpr, f.block)) == quantizations  # square blocks: one set of scales each
   roots = _code_roots(jaxpr)
   assert len(roots) == 2 and all(r is not None for r in roots)  # dX and dW
   assert (roots[0] is roots[1]) == (recipe not in SPLIT)
   # the forward is still the one int8 GEMM
-  assert len([d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in v.aval.shape for v in d.invars)]) == 1
+  assert len([d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in shaped(v).shape for v in d.invars)]) == 1
 
 
 @pytest.mark.parametrize("recipe, words", [("s3r", math.ceil(B * S / 4)), ("s3r_ec_dx_bcast", math.ceil(B / 4))])
@@ -104,10 +110,10 @@ def test_fp8_formats_round_the_gradient_once_into_fp8_codes_that_feed_both_gemms
     for e in jaxpr_analysis.iter_eqns(jaxpr)
     if e.primitive.name == "convert_element_type"
     and _full_size(e)
-    and e.outvars[0].aval.dtype == FORMATS[fmt].code_dtype
+    and shaped(e.outvars[0]).dtype == FORMATS[fmt].code_dtype
   ]
   assert len(casts) == quantizations  # the codes are stored in the FP8 dtype
   roots = _code_roots(jaxpr)
   assert len(roots) == 2 and all(r is not None for r in roots)  # dX and dW
   assert (roots[0] is roots[1]) == (recipe not in SPLIT)
-  assert len([d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in v.aval.shape for v in d.invars)]) == 1
+  assert len([d for d in jaxpr_analysis.int8_dots(jaxpr) if any(B * S in shaped(v).shape for v in d.invars)]) == 1

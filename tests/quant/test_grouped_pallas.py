@@ -12,6 +12,7 @@ import pytest
 from jax.extend import core
 
 import s3r
+from s3r.analysis.hlo import hlo_text
 from s3r.quant import grouped_gemm, grouped_pallas
 
 T, K, N, E = 13, 8, 6, 4
@@ -183,7 +184,7 @@ def _cpu_program(recipe, impl):
   """The compiled CPU program of grouped_qmatmul's forward and backward, without debug locations."""
   x, w, g = _problem(seed=0)
   lowered = _qmatmul.lower(recipe, impl, x, w, jnp.asarray([3, 0, 5, 2], jnp.int32), g, jax.random.key(0))
-  text = lowered.compile().as_text().split("FileNames")[0]  # the stack-frame tables name source lines
+  text = hlo_text(lowered.compile()).split("FileNames")[0]  # the stack-frame tables name source lines
   return re.sub(r"metadata=\{[^}]*\}|,?\s*stack_frame_id=\d+", "", text)
 
 

@@ -11,6 +11,7 @@ import pytest
 import s3r
 from s3r.analysis import hlo
 from s3r.analysis import jaxpr as jaxpr_analysis
+from s3r.analysis.jaxpr import shaped
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
 INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized_gradient]
@@ -32,7 +33,7 @@ def _jaxpr(recipe):
 
 def _has_token_dim(dot):
   """An operand spans the B*S tokens: the forward GEMM, or the dX or dW GEMM of the backward."""
-  return any(B * S in v.aval.shape for v in dot.invars)
+  return any(B * S in shaped(v).shape for v in dot.invars)
 
 
 @pytest.mark.parametrize("recipe", INT8)
@@ -41,12 +42,12 @@ def test_fwd_and_bwd_have_three_int8_gemms_plus_one_ec_factor_product_when_corre
   # that corrects dX adds one small int8 dot of the error's channel-mean digits (3 rows per
   # example) and a row of ones with Ŵ: [3B + 1, N] x [K, N] -> [3B + 1, K] (ec.dx_correction).
   dots = jaxpr_analysis.int8_dots(_jaxpr(recipe))
-  assert all(d.outvars[0].aval.dtype == jnp.int32 for d in dots)
+  assert all(shaped(d.outvars[0]).dtype == jnp.int32 for d in dots)
   gemms = [d for d in dots if _has_token_dim(d)]
   assert len(gemms) == 3
   ec_products = [d for d in dots if not _has_token_dim(d)]
   expected = [((3 * B + 1, N), (K, N))] if s3r.recipe(recipe).correct_dx else []
-  assert [tuple(v.aval.shape for v in d.invars) for d in ec_products] == expected
+  assert [tuple(shaped(v).shape for v in d.invars) for d in ec_products] == expected
 
 
 def test_bf16_recipe_has_no_int8_dot():
@@ -75,7 +76,7 @@ def _gradient_quantizations(jaxpr):
     for e in jaxpr_analysis.iter_eqns(jaxpr)
     if e.primitive.name == "convert_element_type"
     and e.params["new_dtype"] == jnp.int8
-    and math.prod(e.invars[0].aval.shape) == B * S * N
+    and math.prod(shaped(e.invars[0]).shape) == B * S * N
   ]
 
 

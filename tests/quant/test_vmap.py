@@ -7,6 +7,7 @@ import pytest
 
 import s3r
 from s3r.analysis import jaxpr as jaxpr_analysis
+from s3r.analysis.jaxpr import shaped
 
 V, S, K, N = 4, 6, 16, 8
 KEY = jax.random.key(7)
@@ -57,12 +58,14 @@ def test_vmapped_gradient_has_the_int8_gemms_and_temp_memory_of_the_batched_call
   assert len(jaxpr_analysis.int8_dots(program(mapped(recipe)))) == 4
   assert len(jaxpr_analysis.int8_dots(program(_batched(recipe)))) == 4
   per_index_dw = [
-    e for e in jaxpr_analysis.iter_eqns(program(mapped(recipe))) for v in e.outvars if v.aval.shape == (V, K, N)
+    e for e in jaxpr_analysis.iter_eqns(program(mapped(recipe))) for v in e.outvars if shaped(v).shape == (V, K, N)
   ]
   assert not per_index_dw  # no weight-sized gradient per mapped index
 
   def temp(f):
-    return jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, w, g).compile().memory_analysis().temp_size_in_bytes
+    stats = jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, w, g).compile().memory_analysis()
+    assert stats is not None
+    return stats.temp_size_in_bytes
 
   assert temp(mapped(recipe)) == temp(_batched(recipe))
 

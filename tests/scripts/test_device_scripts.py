@@ -84,8 +84,9 @@ def test_device_quality_dry_run(tmp_path, tokens):
   files = _brought_back(tmp_path / "out", "device_quality")
   assert {"run/summary.json", "run/summary.md", "run/curves.jsonl", "smoke/smoke.json", "probe/probe.json"} <= files
   with tarfile.open(tmp_path / "out" / "device_quality.tar.gz") as tar:
-    summary = json.load(tar.extractfile("./run/summary.json"))
-    probe = json.load(tar.extractfile("./probe/probe.json"))
+    summary_file, probe_file = tar.extractfile("./run/summary.json"), tar.extractfile("./probe/probe.json")
+    assert summary_file is not None and probe_file is not None
+    summary, probe = json.load(summary_file), json.load(probe_file)
   assert summary["complete"] and summary["schedule"]["fitted"] and summary["dose"]
   assert set(summary["compile_s_by_recipe"]) == {"int8_sr", "s3r", "s3r_ec_dx"}
   assert probe["settings"]["layers"] == 2 and probe["settings"]["schedule_steps"] == 4

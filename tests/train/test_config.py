@@ -1,6 +1,8 @@
 """TrainConfig: preset defaults, warm-up scaling, refusal of absurd values with the flag named."""
 
+import dataclasses
 import math
+from typing import Any
 
 import pytest
 
@@ -12,13 +14,13 @@ from s3r.train.config import ConfigError, TrainConfig, default_warmup
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_vocab_and_seq_default_to_the_presets_own(name):
   cfg = TrainConfig(out="run", preset=name)
-  assert (cfg.vocab, cfg.seq) == (PRESETS[name].vocab_size, PRESETS[name].max_seq_len)
+  assert cfg.vocab is not None and (cfg.vocab, cfg.seq) == (PRESETS[name].vocab_size, PRESETS[name].max_seq_len)
   assert param_count(cfg.model_config(cfg.vocab)) == param_count(PRESETS[name])
 
 
 def test_tiny_preset_trains_the_documented_164160_parameter_model():
   cfg = TrainConfig(out="run", preset="tiny")
-  assert param_count(cfg.model_config(cfg.vocab)) == 164_160 and cfg.vocab == 512 and cfg.seq == 128
+  assert cfg.vocab == 512 and param_count(cfg.model_config(cfg.vocab)) == 164_160 and cfg.seq == 128
 
 
 def test_flags_override_the_preset_defaults():
@@ -59,7 +61,8 @@ def test_default_warmup_scales_with_short_runs(steps, warmup):
 )
 def test_absurd_values_are_refused_naming_the_flag(field, value, flag):
   with pytest.raises(ConfigError) as e:
-    TrainConfig(**{"out": "run", "steps": 20, field: value})
+    fields: dict[str, Any] = {"out": "run", "steps": 20, field: value}
+    TrainConfig(**fields)
   assert str(e.value).startswith(flag + " ") and f"TrainConfig.{field}" in str(e.value)
 
 
@@ -87,9 +90,9 @@ def test_the_e4m3_forward_is_refused_up_front_for_a_model_with_experts():
 def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():
   saved = TrainConfig(out="run", preset="tiny", steps=60)
   assert saved.resume_mismatches(saved, at_step=60) == []
-  longer = TrainConfig(**{**saved.to_dict(), "steps": 80, "eval_every": 7, "cache_dir": "elsewhere"})
+  longer = dataclasses.replace(saved, steps=80, eval_every=7, cache_dir="elsewhere")
   assert longer.resume_mismatches(saved, at_step=60) == []
-  shorter = TrainConfig(**{**saved.to_dict(), "steps": 40})
+  shorter = dataclasses.replace(saved, steps=40)
   assert any("--steps" in m for m in shorter.resume_mismatches(saved, at_step=60))
-  other = TrainConfig(**{**saved.to_dict(), "recipe": "int8_sr", "lr": 4e-3})  # a higher peak (a lower one is allowed)
+  other = dataclasses.replace(saved, recipe="int8_sr", lr=4e-3)  # a higher peak (a lower one is allowed)
   assert [m.split(":")[0] for m in other.resume_mismatches(saved, at_step=60)] == ["--recipe", "--lr"]

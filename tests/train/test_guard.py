@@ -24,7 +24,7 @@ def test_a_blow_up_far_above_the_running_level_is_flagged_at_its_first_step():
   monitor = DivergenceMonitor(6.27)
   assert monitor.check(1, 6.1, 1.0) is None
   why = monitor.check(2, 3802.0, 50.0)
-  assert why.startswith("loss blew up at step 2") and "running level" in why
+  assert why is not None and why.startswith("loss blew up at step 2") and "running level" in why
 
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -96,7 +96,8 @@ def test_a_resumed_monitor_follows_the_run_so_far_not_only_the_initial_loss():
   [(math.nan, 1.0, "non-finite loss"), (5.0, math.inf, "non-finite gradient norm"), (6.2383, 0.0, "dead training")],
 )
 def test_non_finite_values_and_a_zero_gradient_norm_are_flagged(loss, grad_norm, what):
-  assert what in DivergenceMonitor(6.2).check(3, loss, grad_norm)
+  why = DivergenceMonitor(6.2).check(3, loss, grad_norm)
+  assert why is not None and what in why
 
 
 def test_a_second_lock_on_the_same_directory_is_refused_and_released_with_the_first(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import jax
 import numpy as np
@@ -28,8 +29,9 @@ LLAMA = FIXTURES / "llama"
 
 
 def _config(tmp_path: pathlib.Path, corpus_dir, cache_dir, **fields) -> TrainConfig:
-  base = {"out": str(tmp_path / "run"), "init_from": str(LLAMA), "data": str(corpus_dir), "cache_dir": str(cache_dir)}
-  return TrainConfig(**{**base, "batch": 2, "seq": 32, "eval_batches": 2, **fields})
+  base: dict[str, Any] = {"out": str(tmp_path / "run"), "init_from": str(LLAMA), "data": str(corpus_dir)}
+  base |= {"cache_dir": str(cache_dir), "batch": 2, "seq": 32, "eval_batches": 2}
+  return TrainConfig(**(base | fields))
 
 
 def test_the_model_config_is_the_checkpoints_with_the_runs_recipe_and_layers(tmp_path, corpus_dir, cache_dir):

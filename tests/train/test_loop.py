@@ -1,8 +1,10 @@
 """The training loop on `tiny`: outputs, exact resume and extension, divergence handling, evaluation, checks."""
 
+import dataclasses
 import json
 import math
 import shutil
+from typing import Any
 
 import jax
 import numpy as np
@@ -13,7 +15,7 @@ from s3r.train.config import ConfigError, TrainConfig
 
 
 def _config(tmp_path, corpus_dir, cache_dir, **overrides):
-  fields = dict(
+  fields: dict[str, Any] = dict(
     out=str(tmp_path / "run"),
     preset="tiny",
     recipe="s3r_ec_dx",
@@ -66,7 +68,7 @@ def test_resume_reproduces_the_uninterrupted_losses_bit_for_bit(finished_run, tm
   cfg, _ = finished_run
   full = _records(cfg)
   # Interrupt after step 4: a copy of the run without its final checkpoint, continued with --resume.
-  copy = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "copy"), "resume": True})
+  copy = dataclasses.replace(cfg, out=str(tmp_path / "copy"), resume=True)
   shutil.copytree(cfg.out, copy.out)
   shutil.rmtree(f"{copy.out}/checkpoints/8")
   summary = loop.train(copy, log=_quiet)
@@ -83,7 +85,7 @@ def test_existing_checkpoints_without_resume_or_with_other_settings_are_refused(
   with pytest.raises(ConfigError, match="--resume"):
     loop.train(cfg, log=_quiet)
   with pytest.raises(ConfigError, match="lr"):
-    loop.train(TrainConfig(**{**cfg.to_dict(), "resume": True, "lr": 1e-2}), log=_quiet)  # a higher peak
+    loop.train(dataclasses.replace(cfg, resume=True, lr=1e-2), log=_quiet)  # a higher peak
 
 
 def test_evaluate_checkpoint_matches_the_final_validation_loss(finished_run, corpus_dir):
@@ -108,7 +110,7 @@ def _poison(out, step: int) -> None:
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_metrics_and_plot(finished_run, tmp_path):
   cfg, _ = finished_run
-  copy = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "copy"), "resume": True})
+  copy = dataclasses.replace(cfg, out=str(tmp_path / "copy"), resume=True)
   shutil.copytree(cfg.out, copy.out)
   shutil.rmtree(f"{copy.out}/checkpoints/8")
   (tmp_path / "copy" / "loss.png").unlink()
@@ -125,7 +127,7 @@ def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished
   cfg, _ = finished_run
   # checkpoints every 2 steps from the resume on, keeping every 4th besides the last two
   changes = {"resume": True, "steps": 12, "ckpt_every": 2, "keep_every": 4}
-  longer = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "longer"), **changes})
+  longer = dataclasses.replace(cfg, out=str(tmp_path / "longer"), **changes)
   shutil.copytree(cfg.out, longer.out)
   loop.train(longer, log=_quiet)
   kept = checkpoint.Checkpointer(f"{longer.out}/checkpoints", create=False).all_steps()

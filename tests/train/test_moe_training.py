@@ -1,6 +1,7 @@
 """Training MoE models: the load-balancing loss enters the training loss (not the validation loss),
 every recipe trains, and a `moe-tiny` run logs the MoE metrics and resumes bit for bit."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -118,7 +119,7 @@ def test_moe_run_logs_the_moe_metrics_and_resumes_bit_for_bit(tmp_path, corpus_d
   full = _records(cfg)
   assert [r["step"] for r in full] == list(range(5))
   assert all(set(MOE_METRICS) <= set(r) for r in full[1:]) and set(MOE_METRICS).isdisjoint(full[0])
-  copy = TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "copy"), "resume": True})
+  copy = dataclasses.replace(cfg, out=str(tmp_path / "copy"), resume=True)
   shutil.copytree(cfg.out, copy.out)
   shutil.rmtree(f"{copy.out}/checkpoints/4")
   loop.train(copy, log=lambda *_: None)

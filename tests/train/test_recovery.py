@@ -1,6 +1,7 @@
 """Recovery from a divergence: which checkpoint is known good, and a lowered peak on --resume."""
 
 import json
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ class _Checkpoints:
   """The part of a Checkpointer that GoodCheckpoints uses."""
 
   def __init__(self, good: int | None = None):
-    self.good = None if good is None else {"step": good}
+    self.good: dict | None = None if good is None else {"step": good}
 
   def known_good(self):
     return self.good
@@ -34,7 +35,7 @@ def test_a_checkpoint_is_known_good_after_two_healthy_steps_and_not_before():
   _feed(good, {1: 6.0, 2: 5.9, 3: 5.8}, {2: None})
   assert ckpt.good is None  # one step after it so far
   _feed(good, {4: 5.7}, {})
-  assert ckpt.good["step"] == 2 and ckpt.good["confirmed_at"] == 4
+  assert ckpt.good is not None and ckpt.good["step"] == 2 and ckpt.good["confirmed_at"] == 4
 
 
 def test_a_checkpoint_followed_by_a_loss_above_the_tighter_band_is_never_known_good():
@@ -56,11 +57,12 @@ def test_the_checkpoint_a_run_resumes_from_is_judged_by_the_steps_after_it():
   ckpt = _Checkpoints()
   good = recovery.GoodCheckpoints(ckpt, resumed_from=8)
   _feed(good, {9: 5.0, 10: 5.1}, {}, level=5.0)
-  assert ckpt.good["step"] == 8
+  assert ckpt.good is not None and ckpt.good["step"] == 8
 
 
 def _cfg(**kw) -> TrainConfig:
-  return TrainConfig(**{"out": "r", "preset": "tiny", "steps": 20, "lr": 1.0, **kw})
+  fields: dict[str, Any] = {"out": "r", "preset": "tiny", "steps": 20, "lr": 1.0}
+  return TrainConfig(**(fields | kw))
 
 
 def test_a_lower_lr_on_resume_is_allowed_and_recorded_as_a_schedule_change_at_the_resume_step():

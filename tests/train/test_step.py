@@ -1,12 +1,14 @@
 """The train step: INT8 structure of its jaxpr, learning, optimizer schedule."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from s3r import model as M
-from s3r.analysis.jaxpr import is_int8_dot, iter_eqns
+from s3r.analysis.jaxpr import is_int8_dot, iter_eqns, shaped
 from s3r.quant import RECIPES
 from s3r.train import optimizer as O
 from s3r.train import step as St
@@ -39,14 +41,14 @@ def test_train_step_has_three_int8_gemms_per_projection_plus_the_ec_factor_produ
   int8 = [e for e in dots if is_int8_dot(e)]
   # S3R-EC's dX correction: one small int8 dot [3B + 1, N] x [K, N] (digits of the error's
   # channel means, and a row of ones) per projection; no GEMM of `tiny` has 3B + 1 = 7 rows.
-  ec_products = [e for e in int8 if e.invars[0].aval.shape[0] == 3 * batch + 1]
+  ec_products = [e for e in int8 if shaped(e.invars[0]).shape[0] == 3 * batch + 1]
   projections = len(M.PROJECTIONS) * cfg.n_layers if RECIPES[recipe].quantized else 0
   assert len(int8) - len(ec_products) == 3 * projections  # forward, dX, dW
   assert len(ec_products) == (projections if RECIPES[recipe].correct_dx else 0)
   others = [e for e in dots if not is_int8_dot(e)]
   assert others, "embedding/logits/attention gradients are floating-point dots"
   for e in others:
-    assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in e.invars), e
+    assert all(jnp.issubdtype(shaped(v).dtype, jnp.floating) for v in e.invars), e
 
 
 def test_embedding_logits_and_attention_stay_bf16_in_the_forward_pass():
@@ -60,10 +62,10 @@ def test_embedding_logits_and_attention_stay_bf16_in_the_forward_pass():
   # logits (1) + attention scores and probability-value products (2 per layer), all bf16 operands
   assert len(float_dots) == 1 + 2 * cfg.n_layers
   for e in float_dots:
-    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16], e
-  assert float_dots[-1].outvars[0].aval.shape[-1] == cfg.vocab_size  # the logits projection
+    assert [shaped(v).dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16], e
+  assert shaped(float_dots[-1].outvars[0]).shape[-1] == cfg.vocab_size  # the logits projection
   embedding_lookups = [e for e in iter_eqns(jaxpr) if e.primitive.name == "gather"]
-  assert embedding_lookups and embedding_lookups[0].invars[0].aval.dtype == jnp.bfloat16
+  assert embedding_lookups and shaped(embedding_lookups[0].invars[0]).dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -142,14 +144,16 @@ def test_optimizer_defaults_and_weight_decay_on_matrices_only():
   params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
-  np.testing.assert_allclose(updates["w"], -0.5 * params["w"])  # decoupled decay at lr 1
-  np.testing.assert_allclose(updates["scale"], 0.0)  # norm scales are not decayed
+  assert isinstance(updates, dict)
+  np.testing.assert_allclose(np.asarray(updates["w"]), -0.5 * params["w"])  # decoupled decay at lr 1
+  np.testing.assert_allclose(np.asarray(updates["scale"]), 0.0)  # norm scales are not decayed
 
 
 @pytest.mark.parametrize("field, value", [("lr", 0.0), ("warmup_steps", 500), ("b2", 1.0), ("clip_norm", 0.0)])
 def test_invalid_optimizer_config_is_rejected_naming_the_field(field, value):
   with pytest.raises(ValueError, match=field):
-    O.OptimizerConfig(total_steps=100, **{"warmup_steps": 10, field: value})
+    fields: dict[str, Any] = {"warmup_steps": 10, field: value}
+    O.OptimizerConfig(total_steps=100, **fields)
 
 
 def test_a_learning_rate_passed_at_run_time_gives_the_scheduled_step():
