@@ -8,6 +8,8 @@ import collections
 import json
 import os
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
@@ -416,3 +418,24 @@ def test_device_maxtext_script_dry_run_brings_back_the_bench_of_the_sliced_llama
   assert doc["complete"] and doc["settings"]["model_config"]["model_name"] == "llama3.1-8b"
   assert set(doc["results"]) == {"none", "int8", "s3r:bf16", "s3r:s3r_ec_dx"}
   assert all(r["steps_run"] == 3 and np.isfinite(r["val_loss"]) for r in doc["results"].values())
+
+
+def test_the_documented_cpu_command_trains_a_tiny_model(tmp_path):
+  """docs/maxtext.md's tiny run on a CPU, as written there: MaxText's base.yml for its placeholder, a temporary
+  output folder, and a metrics file to read the losses from."""
+  doc = (REPO / "docs" / "maxtext.md").read_text()
+  found = re.search(r"^### A tiny run on a CPU\n.*?```bash\n(.*?)```", doc, flags=re.S | re.M)
+  assert found is not None, "docs/maxtext.md has its CPU example"
+  words = shlex.split(found.group(1).replace("\\\n", " "))
+  assert words[:5] == ["JAX_PLATFORMS=cpu", "python", "-m", "s3r.integrations.maxtext", "maxtext/configs/base.yml"]
+  args = {k: v for k, _, v in (w.partition("=") for w in words[5:])}
+  assert args["skip_jax_distributed_system"] == "True" and args["hardware"] == "cpu"
+  args |= {"base_output_directory": str(tmp_path / "out"), "metrics_file": str(tmp_path / "metrics.jsonl")}
+  cmd = [sys.executable, "-m", "s3r.integrations.maxtext", BASE_YML, *(f"{k}={v}" for k, v in args.items())]
+  env = os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+  env.pop("XLA_FLAGS", None)  # one CPU device, as on a plain machine
+  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses = [r["learning/loss"] for r in rows if "learning/loss" in r]
+  assert len(losses) == int(args["steps"]) and all(np.isfinite(losses)) and losses[-1] < losses[0]
