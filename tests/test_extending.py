@@ -8,7 +8,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def test_every_path_docs_extending_names_exists():
   text = (REPO / "docs" / "extending.md").read_text()
-  named = {m for m in re.findall(r"`((?:s3r|tests|benchmarks|experiments|docs)/[\w/.]+\.(?:py|md))`", text)}
+  named = {m for m in re.findall(r"`((?:s3r|tests|benchmarks|experiments|docs|scripts)/[\w/.]+\.(?:py|md))`", text)}
   named |= {"README.md"} if "`README.md`" in text else set()
   assert len(named) >= 15, sorted(named)
   missing = sorted(p for p in named if "<name>" not in p and not (REPO / p).exists())
@@ -169,3 +169,20 @@ def test_a_new_family_is_one_record_that_every_dispatch_uses(monkeypatch, tmp_pa
   back_cfg, back = M.load_hf(path, recipe="bf16")  # training fields are not in config.json
   assert back_cfg == cfg
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), back, params))
+
+
+def test_a_family_record_refuses_a_wrong_field_naming_it():
+  import dataclasses
+  from typing import Any, cast
+
+  import pytest
+
+  import s3r.model as M
+  from s3r.model.families import llama
+
+  with pytest.raises(TypeError, match="Family.block"):
+    dataclasses.replace(llama.FAMILY, block=cast(Any, M.Transformer))  # not a Block, on purpose
+  with pytest.raises(ValueError, match="Family.readers"):
+    dataclasses.replace(llama.FAMILY, readers={})
+  with pytest.raises(ValueError, match=r"Family.inference .* no field \['capacity_factor'\]"):
+    dataclasses.replace(llama.FAMILY, inference={"capacity_factor": None})  # a field of the MoE configs only
