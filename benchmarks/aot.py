@@ -18,19 +18,25 @@ Recipes (`--recipes`): registered names, also at a gradient format and with the 
   grouped GEMM `--moe-impl` (auto: the Pallas kernels on CUDA, which are given the target's compute
   capability through the abstract mesh of the target devices);
 - step: the train step of `s3r train` (`s3r.train.builder.build`: model, AdamW, shardings, donated
-  state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`;
+  state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`, in each
+  decoder layout of `--layout` (scan: the blocks under one `jax.lax.scan`, the default; unrolled: a Python
+  loop, `scan_layers=False`);
 - lockstep: the train step that `scripts/device_quality.sh` runs (`experiments.lockstep`: the preset's
   own remat, the learning rate as an argument, `--schedule-steps`) at `--preset`, `--layers`, `--batch`
-  x `--seq`, `--attention`.
+  x `--seq`, `--attention`, `--layout`.
 
-Per program and recipe: trace + lowering seconds, XLA compile seconds, `memory_analysis()` (temp,
+Per program and recipe: trace + lowering seconds, XLA compile seconds (wall clock and CPU), `memory_analysis()` (temp,
 argument, output, alias bytes), the GEMMs of the optimized HLO by kind (Triton GEMM fusions with
 their operand types, cuBLAS / cuBLASLt custom calls, cuDNN attention, Pallas Triton kernels), fusion
 and instruction counts; with `--breakdown`, the buffers live at the memory peak (`s3r.analysis.memory`,
 a second compile with XLA's dump on). Compile options: `--xla NAME=VALUE` (repeatable), passed to XLA
 per compile; `xla_gpu_autotune_level=0` unless given (there is no GPU to autotune on). The programs
 are compiled one at a time, so the seconds are of one compile on this machine (they vary with load; the CPU
-seconds of the compile, this process's threads and the ptxas processes XLA starts, vary less).
+seconds of the compile, this process's threads and the ptxas processes XLA starts, vary less). The first
+compile of a process also pays one-time costs (loading XLA:GPU's libraries and compilers); `--warmup`
+compiles the first program once before anything is measured.
+With several `--layers`, the report adds each recipe's lower + compile seconds (wall and CPU) at the
+shallowest and the deepest depth and their ratio, per layout (the scanned decoder's target: at most 1.25).
 Results: `<out-dir>/bench_aot_<target>[_<tag>]_cpu.{json,md}` (cpu: the machine that compiled).
 """
 
@@ -55,6 +61,7 @@ from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
 TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
 TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
 PROGRAMS = ("ffn", "moe", "step", "lockstep")
+LAYOUTS = {"scan": True, "unrolled": False}  # --layout: scan_layers of the step and lockstep programs
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 DEFAULT_COMPILER_OPTIONS: dict[str, bool | int | float | str] = {"xla_gpu_autotune_level": 0}
 # XLA's C++ sources whose log lines time the HLO passes, the backend, LLVM-to-PTX and ptxas
@@ -171,7 +178,7 @@ def stderr_captured(enabled: bool):
 def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
   XLA's own compile timers."""
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), cpu_seconds()
   lowered = lower()
   with stderr_captured(xla_timers) as logged:
     t1, cpu1 = time.perf_counter(), cpu_seconds()
@@ -181,6 +188,7 @@ def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) ->
   text = compiled.as_text()
   row = {
     "lower_s": t1 - t0,
+    "lower_cpu_s": cpu1 - cpu0,
     "compile_s": t2 - t1,
     "compile_cpu_s": cpu2 - cpu1,
     "memory": aot_report.memory(compiled),
@@ -212,6 +220,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--xla", action="append", metavar="NAME=VALUE", help="an XLA option for every compile (repeatable)")
   p.add_argument("--breakdown", action="store_true", help="also the buffers live at the memory peak (compiles twice)")
   p.add_argument(
+    "--warmup",
+    action="store_true",
+    help="compile the first program once, unmeasured, so that no measured compile pays the process's one-time costs",
+  )
+  p.add_argument(
     "--xla-timers",
     action="store_true",
     help="also XLA's own timers of the compile: each HLO pass, the backend, LLVM-to-PTX and ptxas (from its logs)",
@@ -230,6 +243,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   g = p.add_argument_group("step")
   g.add_argument("--preset", default="paper-12l", help="model preset (default %(default)s)")
   g.add_argument("--layers", default="1", help="comma-separated depths (default %(default)s)")
+  g.add_argument(
+    "--layout", default="scan", help=f"comma-separated decoder layouts, of {', '.join(LAYOUTS)} (default %(default)s)"
+  )
   g.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
   g.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default %(default)s)")
   g.add_argument("--remat", choices=("none", "full"), default="full", help="rematerialize blocks (default %(default)s)")
@@ -293,15 +309,18 @@ def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, Calla
             functools.partial(lower_moe, recipe=r, tokens=args.moe_tokens, k=k, n=n, experts=e, impl=impl),
           )
         )
+  layouts = parse_list(args.layout, list(LAYOUTS), "layouts")
   for program in ("step", "lockstep"):
     if program not in programs:
       continue
-    for layers in _depths(args.layers):
-      for r in recipes:
-        labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch, "seq": args.seq}
-        fn = lower_lockstep if program == "lockstep" else lambda mesh, **kw: lower_step(mesh, **kw)[0]
-        lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=args)
-        todo.append(({**labels, "recipe": r}, lower))
+    fn = lower_lockstep if program == "lockstep" else lambda mesh, **kw: lower_step(mesh, **kw)[0]
+    for layout in layouts:
+      for layers in _depths(args.layers):
+        for r in recipes:
+          labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch}
+          labels |= {"seq": args.seq, "layout": layout}
+          lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=args, scan=LAYOUTS[layout])
+          todo.append(({**labels, "recipe": r}, lower))
   return todo
 
 
@@ -328,10 +347,15 @@ def run(args: argparse.Namespace) -> dict:
     compiler_options=opts,
     breakdown=args.breakdown,
     xla_timers=args.xla_timers,
+    warmup=args.warmup,
     **{k: getattr(args, k) for k in _settings(args)},
   )
   rows: list[dict] = []
   paths = {}
+  if args.warmup and todo:
+    log(f"[aot] {args.target} {_label(todo[0][0])}: warm-up compile (not measured)")
+    with contextlib.suppress(Exception):  # a failure shows again when the program is measured
+      todo[0][1](mesh).compile(compiler_options=opts)
   for i, (labels, lower) in enumerate(todo):
     log(f"[aot] {args.target} {_label(labels)}: compiling, load {loadavg()}")
     try:
@@ -370,7 +394,8 @@ def _settings(args: argparse.Namespace) -> list[str]:
   if "moe" in programs:
     keys += ["moe_shape", "moe_tokens", "moe_impl"]
   if "step" in programs or "lockstep" in programs:
-    keys += ["preset", "layers", "batch", "seq", "remat", "attention", "vocab", "width", "seed", "schedule_steps"]
+    keys += ["preset", "layers", "layout", "batch", "seq", "remat", "attention", "vocab", "width", "seed"]
+    keys += ["schedule_steps"]
   return keys
 
 
@@ -380,6 +405,5 @@ def _label(labels: dict) -> str:
   if labels["program"] == "moe":
     shape = f"T={labels['tokens']} K={labels['k']} N={labels['n']} E={labels['experts']}"
     return f"moe {labels['impl']} {shape} {labels['recipe']}"
-  return (
-    f"{labels['program']} {labels['preset']} L={labels['layers']} {labels['batch']}x{labels['seq']} {labels['recipe']}"
-  )
+  shape = f"L={labels['layers']} {labels['batch']}x{labels['seq']}"
+  return f"{labels['program']} {labels['preset']} {labels['layout']} {shape} {labels['recipe']}"

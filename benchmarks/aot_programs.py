@@ -93,9 +93,10 @@ def target_attention(mesh, args: argparse.Namespace, mcfg) -> AttentionImpl:
   return "cudnn"
 
 
-def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argparse.Namespace):
+def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argparse.Namespace, scan: bool = True):
   """The train step of `s3r train` (as `python -m benchmarks step` builds it) lowered for the target:
-  the state, the batch and the key are abstract values on the target's shardings."""
+  the state, the batch and the key are abstract values on the target's shardings. `scan`: the decoder's
+  blocks under one scan (`scan_layers`, the default) or an unrolled loop."""
   import jax
   import numpy as np
 
@@ -104,14 +105,15 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
 
   cfg = step.train_config(preset, recipe, args)
   impl = target_attention(mesh, args, step.model_config(preset, recipe, args, layers, "xla"))
-  setup = builder.build(cfg, step.vocab_size(preset, args), mesh, **step.model_overrides(args, layers, impl))
+  overrides = {**step.model_overrides(args, layers, impl), "scan_layers": scan}
+  setup = builder.build(cfg, step.vocab_size(preset, args), mesh, **overrides)
   batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
   _, key = _abstract(mesh)
   lowered = setup.train_step.lower(setup.abstract_state, batch, key)
   return lowered, setup.model_cfg
 
 
-def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace):
+def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace, scan: bool = True):
   """The lockstep runner's train step (`experiments.lockstep.lower_train_step`, without its concrete initial
   state) lowered for the target: (state, tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
   import jax
@@ -124,7 +126,7 @@ def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.N
 
   vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
   mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, "xla", "bf16", layers=layers)
-  mcfg = dataclasses.replace(mcfg, attention_impl=target_attention(mesh, args, mcfg))
+  mcfg = dataclasses.replace(mcfg, attention_impl=target_attention(mesh, args, mcfg), scan_layers=scan)
   tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
   array, key = _abstract(mesh)
   shapes = jax.eval_shape(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), jax.random.key(0))

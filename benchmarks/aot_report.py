@@ -171,7 +171,8 @@ def _config(row: dict) -> str:
   if row["program"] == "moe":
     return f"grouped GEMM `{row['impl']}`, T={row['tokens']}, K={row['k']}, N={row['n']}, E={row['experts']}"
   what = "train step" if row["program"] == "step" else "lockstep train step"
-  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}"
+  layout = f", {row['layout']}" if row.get("layout") else ""
+  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}{layout}"
 
 
 def markdown(rows: list[dict], device_kind: str) -> str:
@@ -227,7 +228,61 @@ def markdown(rows: list[dict], device_kind: str) -> str:
     out += [f"## {config}", "", markdown_table(head, table), ""]
     out += _timers(group)
     out += _breakdown(group)
-  return "\n".join(out)
+  return "\n".join(out + depth_table(rows))
+
+
+def depth_ratios(rows: list[dict]) -> list[dict]:
+  """Per program, preset, layout and recipe compiled at several depths: lower + compile seconds (wall, and
+  CPU where measured) at the shallowest and the deepest depth, and deepest / shallowest."""
+  groups: dict[tuple, dict[int, dict]] = {}
+  for r in rows:
+    if r["program"] in ("step", "lockstep") and "error" not in r:
+      key = (r["program"], r["preset"], r.get("layout", "scan"), r["recipe"])
+      groups.setdefault(key, {})[r["layers"]] = r
+  out = []
+  for (program, preset, layout, recipe), by in groups.items():
+    if len(by) < 2:
+      continue
+    lo, hi = by[min(by)], by[max(by)]
+    wall = lambda r: r["lower_s"] + r["compile_s"]
+    cpu = lambda r: r.get("lower_cpu_s", float("nan")) + r["compile_cpu_s"]
+    row = {"program": program, "preset": preset, "layout": layout, "recipe": recipe}
+    row |= {"shallow": min(by), "deep": max(by), "wall_s": [wall(lo), wall(hi)], "cpu_s": [cpu(lo), cpu(hi)]}
+    row |= {"wall_ratio": wall(hi) / wall(lo), "cpu_ratio": cpu(hi) / cpu(lo)}
+    out.append(row)
+  return out
+
+
+def depth_table(rows: list[dict], target: float = 1.25) -> list[str]:
+  found = depth_ratios(rows)
+  if not found:
+    return []
+  out = [
+    "## Compile time against depth",
+    "",
+    f"Lower + compile seconds at the shallowest and the deepest depth (wall clock; CPU: this process's threads and "
+    f"ptxas), and deepest / shallowest (the scanned decoder's target: at most {target}).",
+    "",
+  ]
+  table = []
+  for d in found:
+    table.append(
+      [
+        f"{d['program']} {d['preset']}, {d['layout']}",
+        d["recipe"],
+        f"{d['wall_s'][0]:.1f}",
+        f"{d['wall_s'][1]:.1f}",
+        f"{d['wall_ratio']:.2f}",
+        f"{d['cpu_s'][0]:.1f}",
+        f"{d['cpu_s'][1]:.1f}",
+        f"{d['cpu_ratio']:.2f}",
+        "yes" if max(d["wall_ratio"], d["cpu_ratio"]) <= target else "no",
+      ]
+    )
+  lo, hi = found[0]["shallow"], found[0]["deep"]
+  head = ["program", "recipe", f"wall L={lo}", f"wall L={hi}", "wall ratio", f"CPU L={lo}", f"CPU L={hi}"]
+  head += ["CPU ratio", f"both <= {target}"]
+  return [*out, markdown_table(head, table), ""]
 
 
 def _timers(group: list[dict]) -> list[str]:

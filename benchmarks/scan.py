@@ -11,8 +11,12 @@ scanned step at the deepest depth compiles (lower + compile) within 1.25x of the
 
 Step time. For each preset of `--step-presets` at `--step-layers` layers, the compiled train steps of
 every recipe, scanned and unrolled, update one shared train state (both layouts hold the same stacked
-parameters) and are timed interleaved (`benchmarks.timing`); the ratio unrolled / scanned of each
-recipe's median (> 1: the scan is faster) and its paired ratio.
+parameters) and are timed interleaved (`benchmarks.timing`), in wall-clock seconds and in this process's
+CPU seconds (all threads; other processes on a loaded machine change it less). Per recipe and clock: the
+ratio unrolled / scanned of the medians (> 1: the scan is faster), the paired ratio (median of the
+same-round ratios) and its distribution-free 95% interval (`timing.paired_ratio_interval`). The target,
+the scanned step no slower than the unrolled one, counts as met at a 5% resolution when the interval
+lies above 0.95, missed when it lies below 0.95, and not resolved otherwise.
 
 Files: bench_scan[_<tag>]_<platform>.{json,md} in `--out-dir` (default runs/results).
 """
@@ -27,6 +31,7 @@ from experiments.results import RESULTS_DIR, Run, loadavg, log, markdown_table, 
 from s3r.analysis.hlo import hlo_text
 
 TARGET_RATIO = 1.25  # deepest / shallowest compile time of the scanned step
+RESOLUTION = 0.05  # the step-time target: unrolled / scanned time at least 1 - RESOLUTION
 LAYOUTS = {"scan": True, "unrolled": False}  # scan_layers of each layout
 
 
@@ -43,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--step-batch", type=int, default=8, help="sequences per timed step (default %(default)s)")
   p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default %(default)s)")
   p.add_argument("--repeats", type=int, default=6, help="timed steps per recipe and layout (default %(default)s)")
+  p.add_argument("--prime", type=int, default=1, help="untimed steps before each timed one (default %(default)s)")
   p.add_argument("--skip", choices=("none", "compile", "step"), default="none", help="leave one part out")
   p.add_argument("--seed", type=int, default=0, help="seed of parameters, batch and keys (default %(default)s)")
   p.add_argument(
@@ -127,20 +133,46 @@ def step_part(preset: str, recipes: list[str], args: argparse.Namespace, mesh) -
         return metrics
 
       steppers[f"{r}/{layout}"] = (one_step, ())
-  timings = timing.time_interleaved(steppers, repeats=args.repeats, warmup=1, prime=1, seed=args.seed, log=log)
+  log(f"[scan] timing {preset}: {len(steppers)} programs x {args.repeats} rounds (load {loadavg()})")
+  timings = timing.time_interleaved(steppers, repeats=args.repeats, warmup=1, prime=args.prime, seed=args.seed, log=log)
+  log(f"[scan] timed {preset} (load {loadavg()})")
   out: dict = {}
   for r in recipes:
     scan, loop = timings[f"{r}/scan"], timings[f"{r}/unrolled"]
     out[r] = {
       "scan": {"timing": scan.as_dict(), "compile_s": compile_s[f"{r}/scan"]},
       "unrolled": {"timing": loop.as_dict(), "compile_s": compile_s[f"{r}/unrolled"]},
-      "unrolled_over_scan": loop.median / scan.median,
-      "unrolled_over_scan_paired": timing.paired_ratio(loop, scan),
+      "wall": ratios(loop, scan),
+      "cpu": ratios(loop.cpu(), scan.cpu()),
     }
+    w, c = out[r]["wall"], out[r]["cpu"]
     log(
-      f"[scan] {preset} L={args.step_layers} {r}: scan {scan.median * 1e3:.0f} ms, unrolled {loop.median * 1e3:.0f} ms"
+      f"[scan] {preset} L={args.step_layers} {r}: unrolled / scan {w['paired']:.3f} wall ({w['verdict']}), "
+      f"{c['paired']:.3f} CPU ({c['verdict']})"
     )
   return out
+
+
+def ratios(loop: timing.Timing, scan: timing.Timing) -> dict:
+  """unrolled / scanned: ratio of medians, paired ratio, its 95% interval and the target's verdict."""
+  ci = timing.paired_ratio_interval(loop, scan)
+  return {
+    "unrolled_ms": loop.median * 1e3,
+    "scan_ms": scan.median * 1e3,
+    "of_medians": loop.median / scan.median,
+    "paired": timing.paired_ratio(loop, scan),
+    "paired_ci95": ci,
+    "verdict": verdict(ci),
+  }
+
+
+def verdict(ci: tuple[float, float] | None) -> str:
+  """The step-time target at RESOLUTION from the 95% interval of unrolled / scanned."""
+  if ci is None:
+    return "too few rounds"
+  if ci[0] >= 1 - RESOLUTION:
+    return "met"
+  return "missed" if ci[1] < 1 - RESOLUTION else "not resolved"
 
 
 def markdown(results: dict, args: argparse.Namespace) -> str:
@@ -170,20 +202,25 @@ def markdown(results: dict, args: argparse.Namespace) -> str:
   for preset, by in results.get("step", {}).items():
     lines.append(
       f"## Step time, `{preset}` at {args.step_layers} layers, batch {args.step_batch} x {args.seq} "
-      f"(median ms, interleaved; ratio > 1: the scan is faster)\n"
+      f"({args.repeats} interleaved rounds, {args.prime} untimed step before each timed one; median ms; "
+      f"paired: median of the same-round ratios unrolled / scan, > 1: the scan is faster; 95% interval; "
+      f"target: interval above {1 - RESOLUTION:.2f})\n"
     )
-    rows = [
-      [
-        r,
-        f"{v['scan']['timing']['median_s'] * 1e3:.0f}",
-        f"{v['unrolled']['timing']['median_s'] * 1e3:.0f}",
-        f"{v['unrolled_over_scan']:.3f}",
-        f"{v['unrolled_over_scan_paired']:.3f}",
-      ]
-      for r, v in by.items()
-    ]
-    lines.append(markdown_table(["recipe", "scan", "unrolled", "unrolled / scan", "paired"], rows))
+    rows = []
+    for r, v in by.items():
+      rows.append([r, *_ratio_cells(v["wall"]), *_ratio_cells(v["cpu"])])
+    head = ["recipe"] + [f"{clock} {col}" for clock in ("wall", "CPU") for col in _RATIO_COLUMNS]
+    lines.append(markdown_table(head, rows))
   return "\n".join(lines)
+
+
+_RATIO_COLUMNS = ("scan ms", "unrolled ms", "paired", "95% interval", "target")
+
+
+def _ratio_cells(v: dict) -> list[str]:
+  ci = v["paired_ci95"]
+  interval = f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else ""
+  return [f"{v['scan_ms']:.0f}", f"{v['unrolled_ms']:.0f}", f"{v['paired']:.3f}", interval, v["verdict"]]
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -28,6 +28,12 @@ class Timing:
   name: str
   samples: list[float]
   compile_s: float = float("nan")
+  cpu_samples: list[float] = dataclasses.field(default_factory=list)  # process CPU seconds per call, all threads
+
+  def cpu(self) -> Timing:
+    """The CPU seconds of the same calls as a Timing (for the statistics and ratios below): under load from
+    other processes a call's CPU time varies less than its wall-clock time."""
+    return Timing(f"{self.name} (CPU)", self.cpu_samples, self.compile_s)
 
   @property
   def median(self) -> float:
@@ -59,6 +65,7 @@ class Timing:
       "repeats": len(self.samples),
       "samples_s": self.samples,
       "compile_s": self.compile_s,
+      **({"cpu_median_s": self.cpu().median, "cpu_samples_s": self.cpu_samples} if self.cpu_samples else {}),
     }
 
 
@@ -108,7 +115,8 @@ def time_interleaved(
   Each fn should already be jitted. The first call (compile + run) is timed separately as
   `compile_s`; then `warmup` more untimed calls; then `repeats` rounds, each round calling
   every configuration once (each sample is the mean of `number` back-to-back calls), in the
-  orders of `balanced_orders`, cycled.
+  orders of `balanced_orders`, cycled. Each sample's process CPU time (`time.process_time`, all
+  threads) is kept beside its wall-clock time (`Timing.cpu`).
 
   Each sample is preceded by `prime` untimed calls of the same configuration, and the balanced
   orders spread what remains: a configuration pays for what the one before it did to memory
@@ -139,12 +147,13 @@ def time_interleaved(
       fn, args = configs[n]
       for _ in range(prime):
         block(fn(*args))
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       res = fn(*args)
       for _ in range(number - 1):
         res = fn(*args)
       block(res)
       out[n].samples.append((time.perf_counter() - t0) / number)
+      out[n].cpu_samples.append((time.process_time() - c0) / number)
     if progress:
       progress(out)
   return out

@@ -288,3 +288,59 @@ def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
   assert doc["paired_tests"]["s3r_ec_dx − int8_sr"]["verdict"] == "open"
   doc["paired_dose"][0]["gap"] += 0.01
   assert long_arm_sentence(doc) not in readme  # the check can fail
+
+
+SCAN_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
+
+
+def _performance_section(heading: str) -> list[list[str]]:
+  return _section_table((ROOT / "docs" / "performance.md").read_text(), heading)
+
+
+def scan_depth_rows(rows: list[dict]) -> list[list[str]]:
+  """docs/performance.md's Llama 3.1-8B compile table rebuilt from the `aot` results: per recipe the lower +
+  compile CPU seconds at 2 and 32 layers scanned, 32 / 2 in CPU and wall-clock seconds, and the unrolled
+  step's CPU seconds at 2 layers and, where it was compiled, at 32 ("not compiled" otherwise)."""
+  from benchmarks import aot_report
+
+  by = {(d["layout"], d["recipe"]): d for d in aot_report.depth_ratios(rows)}
+  cpu = {(r["layout"], r["layers"], r["recipe"]): r["lower_cpu_s"] + r["compile_cpu_s"] for r in rows}
+  out = []
+  for r in SCAN_RECIPES:
+    s, u = by[("scan", r)], by.get(("unrolled", r))
+    row = [f"`{r}`", f"{s['cpu_s'][0]:.1f}", f"{s['cpu_s'][1]:.1f}", f"{s['cpu_ratio']:.2f}", f"{s['wall_ratio']:.2f}"]
+    row.append(f"{cpu[('unrolled', 2, r)]:.1f}")
+    row += [f"{u['cpu_s'][1]:.1f}", f"{u['cpu_ratio']:.2f}"] if u else ["not compiled", ""]
+    out.append(row)
+  return out
+
+
+def test_docs_scanned_decoder_h100_compile_table_matches_the_aot_results():
+  rows = _load("results/aot/bench_aot_h100_step_depth_cpu.json")["results"]
+  expected = scan_depth_rows(rows)
+  assert _performance_section("Llama 3.1-8B for the H100 target") == expected
+  rows[0]["compile_cpu_s"] += 1.0  # the check can fail
+  assert scan_depth_rows(rows) != expected
+
+
+def _ci(v: dict) -> str:
+  lo, hi = v["paired_ci95"]
+  return f"{v['paired']:.3f} ({lo:.3f}-{hi:.3f})"
+
+
+def scan_step_rows(step: dict) -> list[list[str]]:
+  """docs/performance.md's step-time table rebuilt from `python -m benchmarks scan`'s step part: per preset and
+  recipe, unrolled / scanned (paired, 95% interval) and the target's verdict, in wall-clock and CPU seconds."""
+  out = []
+  for preset, by in step.items():
+    for r, v in by.items():
+      out.append([f"`{preset}`", f"`{r}`", _ci(v["wall"]), v["wall"]["verdict"], _ci(v["cpu"]), v["cpu"]["verdict"]])
+  return out
+
+
+def test_docs_scanned_decoder_step_time_table_matches_the_scan_results():
+  step = _load("results/bench_scan_step_cpu.json")["results"]["step"]
+  expected = scan_step_rows(step)
+  assert _performance_section("Step time: scanned against unrolled") == expected
+  step["cpu-small"]["bf16"]["wall"]["paired"] += 0.01  # the check can fail
+  assert scan_step_rows(step) != expected

@@ -102,8 +102,24 @@ def temp_bytes(allocs: dict[int, Allocation]) -> int:
   return sum(a.size for a in allocs.values() if a.kind == "temp")
 
 
+def _one_per_buffer(live: list[tuple[str, int]], by_name: dict[str, Value]) -> list[tuple[str, int]]:
+  """`live` with each buffer once: values live together at one offset and size of one allocation share that
+  memory (a while loop's parameter and the update of the loop-carried value it aliases, for example)."""
+  seen: set[tuple[int, int, int]] = set()
+  out = []
+  for name, size in live:
+    v = by_name.get(name)
+    where = (v.allocation, v.offset, v.size) if v else None
+    if where is None or where not in seen:
+      out.append((name, size))
+    if where is not None:
+      seen.add(where)
+  return out
+
+
 def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
-  """The buffers live at the peak, with size, type, kind and producer, largest first.
+  """The buffers live at the peak, with size, type, kind and producer, largest first; values that XLA
+  lists live at the peak in the same memory (aliased) count once.
 
   Without a live-range dump (`live_range` None), "peak" lists every value of the temp
   allocations instead, each once (values sharing one offset and size are one buffer), and
@@ -112,6 +128,7 @@ def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
   allocs, values = parse_assignment(assignment)
   if live_range is not None:
     step, live = parse_peak(live_range)
+    live = _one_per_buffer(live, {v.name: v for v in values})
   else:
     seen: dict[tuple[int, int, int], str] = {}
     for v in values:

@@ -86,6 +86,22 @@ def test_without_a_live_range_dump_the_temp_buffers_are_listed_once():
   assert b["peak"][0]["opcode"] == "fusion" and b["by_kind_dtype"] == {"temp": {"s32": 64, "s8": 32}}
 
 
+def test_values_live_at_the_peak_in_the_same_memory_count_once():
+  assignment = (
+    "allocation 0: size 96, preallocated-temp:\n"
+    " value: <2 fusion.3 @0> (size=64,offset=32): s32[4,4]{1,0}\n"
+    " value: <3 arg_tuple.1{4} @0> (size=64,offset=32): s32[4,4]{1,0}\n"
+    " value: <4 fusion.4 @0> (size=32,offset=0): s8[4,8]{1,0}\n"
+  )
+  live_range = (
+    "  Live ranges at 3 (peak):\n    fusion.3{}: 64 bytes\n    arg_tuple.1{4}: 64 bytes\n"
+    "    fusion.4{}: 32 bytes\n  Stack"
+  )
+  b = memory.breakdown(assignment, live_range, "ENTRY %main () -> s8[4,8] {\n}\n")
+  assert b["peak_step"] == 3 and [p["buffer"] for p in b["peak"]] == ["fusion.3{}", "fusion.4{}"]
+  assert b["peak_live_bytes"] == 96 == b["temp_bytes"]
+
+
 def test_breakdown_compiles_for_real_when_the_persistent_cache_already_holds_the_program(tmp_path):
   """A hit in JAX's persistent compilation cache would skip XLA and its dump: the second breakdown
   of the same program, in a process whose cache holds it, still finds the buffer assignment."""

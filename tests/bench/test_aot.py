@@ -193,3 +193,39 @@ def test_deviceless_h200_memory_is_byte_for_byte_what_the_h200_itself_reported(t
   (path,) = tmp_path.glob("bench_aot_h200_cpu.json")
   for row in json.loads(path.read_text())["results"]:
     assert row["memory"]["temp"] == w1["recipes"][row["recipe"]]["temp_size_in_bytes"], row["recipe"]
+
+
+def _row(layout, layers, recipe, wall, cpu):
+  return {
+    "program": "step", "preset": "llama3.1-8b", "layout": layout, "layers": layers, "recipe": recipe,
+    "lower_s": 1.0, "compile_s": wall - 1.0, "lower_cpu_s": 1.0, "compile_cpu_s": cpu - 1.0,
+  }  # fmt: skip
+
+
+def test_depth_ratios_divide_the_deepest_by_the_shallowest_compile_per_layout_and_recipe():
+  rows = [
+    _row("scan", 2, "s3r", 10.0, 8.0),
+    _row("scan", 32, "s3r", 11.0, 10.0),
+    _row("unrolled", 2, "s3r", 10.0, 8.0),
+    _row("unrolled", 32, "s3r", 60.0, 40.0),
+    {**_row("scan", 32, "bf16", 1.0, 1.0), "error": "did not compile"},  # no pair: left out
+    _row("scan", 2, "bf16", 5.0, 5.0),
+  ]
+  got = {(d["layout"], d["recipe"]): d for d in aot_report.depth_ratios(rows)}
+  assert set(got) == {("scan", "s3r"), ("unrolled", "s3r")}
+  assert got[("scan", "s3r")]["wall_ratio"] == 1.1 and got[("scan", "s3r")]["cpu_ratio"] == 1.25
+  assert got[("unrolled", "s3r")]["wall_s"] == [10.0, 60.0] and got[("unrolled", "s3r")]["cpu_ratio"] == 5.0
+  text = "\n".join(aot_report.depth_table(rows))
+  assert "| step llama3.1-8b, scan | s3r | 10.0 | 11.0 | 1.10 | 8.0 | 10.0 | 1.25 | yes |" in text
+  assert "| step llama3.1-8b, unrolled | s3r | 10.0 | 60.0 | 6.00 | 8.0 | 40.0 | 5.00 | no |" in text
+
+
+def test_the_step_programs_are_planned_per_layout_depth_and_recipe():
+  args = cli.build_parser().parse_args(
+    ["aot", "--program", "step", "--layers", "2,32", "--layout", "scan,unrolled", "--recipes", "bf16,s3r"]
+  )
+  todo = aot.plan(args, ["bf16", "s3r"])
+  got = [(labels["layout"], labels["layers"], labels["recipe"]) for labels, _ in todo]
+  assert len(got) == 8 and len(set(got)) == 8
+  assert {lower.keywords["scan"] for labels, lower in todo if labels["layout"] == "unrolled"} == {False}
+  assert {lower.keywords["scan"] for labels, lower in todo if labels["layout"] == "scan"} == {True}

@@ -52,6 +52,23 @@ def test_time_interleaved_times_each_config_once_per_round_in_balanced_orders():
   assert set(t.as_dict()) >= {"median_s", "iqr_s", "samples_s", "compile_s"}
 
 
+def test_time_interleaved_records_process_cpu_time_beside_wall_time():
+  import time
+
+  def busy():
+    end = time.process_time() + 0.01
+    while time.process_time() < end:
+      pass
+
+  fns = {"sleep": ((lambda: time.sleep(0.02)), ()), "busy": (busy, ())}
+  out = timing.time_interleaved(fns, repeats=3, warmup=0, prime=0)
+  for t in out.values():
+    assert len(t.cpu_samples) == len(t.samples) == 3
+    assert t.cpu().samples == t.cpu_samples and "cpu_median_s" in t.as_dict()
+  assert all(c < 0.5 * w for c, w in zip(out["sleep"].cpu_samples, out["sleep"].samples, strict=True))  # idle
+  assert all(c >= 0.01 for c in out["busy"].cpu_samples)  # spinning costs CPU time whatever the load
+
+
 def test_parse_shapes_accepts_paper_and_custom_shapes():
   assert parse_shapes("W1,W9") == {"W1": (512, 2048), "W9": (8192, 28672)}
   assert parse_shapes("64x128") == {"64x128": (64, 128)}
