@@ -4,10 +4,12 @@ with the reason, where JAX's CUDA plugin is not installed)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 
@@ -227,5 +229,5 @@ def test_the_step_programs_are_planned_per_layout_depth_and_recipe():
   todo = aot.plan(args, ["bf16", "s3r"])
   got = [(labels["layout"], labels["layers"], labels["recipe"]) for labels, _ in todo]
   assert len(got) == 8 and len(set(got)) == 8
-  assert {lower.keywords["scan"] for labels, lower in todo if labels["layout"] == "unrolled"} == {False}
-  assert {lower.keywords["scan"] for labels, lower in todo if labels["layout"] == "scan"} == {True}
+  scan_of = {(labels["layout"], cast(functools.partial, lower).keywords["scan"]) for labels, lower in todo}
+  assert scan_of == {("unrolled", False), ("scan", True)}
