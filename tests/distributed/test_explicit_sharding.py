@@ -91,13 +91,22 @@ def test_minigpt_trains_with_the_same_losses_and_gradients_on_one_and_eight_devi
   assert info["8:s3r_ec_dx"]["devices"] == 8 and info["8:s3r_ec_dx"]["kernel_spec"] == "P(None, 'model')"
   for name, run in info.items():
     assert run["losses"][-1] < run["losses"][0] - 0.5, name  # a fixed batch: three steps lower the loss
+  # The first loss is computed from the same parameters on both meshes: only the order of float sums
+  # differs. Later losses follow Adam steps, whose normalised update turns a reordering difference in a
+  # near-zero gradient entry into a step of the full learning rate; they are compared with the rounding
+  # noise between two quantizer keys at the same step: the mesh moves the loss by less than a fifth of it.
+  noise = np.abs(np.subtract(info["1:s3r_ec_dx:other_key"]["losses"], info["1:s3r_ec_dx"]["losses"]))[1:]
+  assert (noise > 1e-3).all(), noise
   for recipe in ("bf16", "s3r_ec_dx"):
-    np.testing.assert_allclose(info[f"8:{recipe}"]["losses"], info[f"1:{recipe}"]["losses"], rtol=1e-5)
+    one, eight = info[f"1:{recipe}"]["losses"], info[f"8:{recipe}"]["losses"]
+    np.testing.assert_allclose(eight[0], one[0], rtol=1e-5)
+    assert (np.abs(np.subtract(eight, one))[1:] < noise / 5).all(), (recipe, one, eight, noise)
 
   def distance(a: dict, b: dict) -> float:
     return float(np.sqrt(sum(np.sum((a[k] - b[k]) ** 2) for k in a)) / np.sqrt(sum(np.sum(b[k] ** 2) for k in b)))
 
-  assert distance(grads["8:bf16"], grads["1:bf16"]) < 1e-5
+  # bf16 partial products are rounded to bf16 per shard (see _bound): within two bf16 ulps, relative
+  assert distance(grads["8:bf16"], grads["1:bf16"]) < 2 * 2.0**-8
   mesh_gap = distance(grads["8:s3r_ec_dx"], grads["1:s3r_ec_dx"])
   noise = distance(grads["1:s3r_ec_dx:other_key"], grads["1:s3r_ec_dx"])
   assert noise > 1e-3, noise  # the rounding noise is visible at this size
