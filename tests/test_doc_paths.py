@@ -15,7 +15,7 @@ import re
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "scripts" / "README.md"]
 OUTPUTS = "runs"  # where commands write by default: documented, never committed
-PACKAGES = ("s3r", "benchmarks", "experiments", "scripts", "tests")  # where a bare module name is looked up
+PACKAGES = ("s3r", "benchmarks", "research", "labtools", "scripts", "tests")  # where a bare module name is looked up
 _SPAN = re.compile(r"`([^`\s]+)`")
 _SYMBOL = re.compile(r"^(.+\.py)::([\w.]+)$")
 

@@ -83,8 +83,8 @@ RESULT_CONTRASTS = (
 
 def results_rows() -> list[list[str]]:
   """Per-seed differences of final validation loss: 400 steps, 1600 steps (chosen rates, both at 2e-3, both at 4e-3)."""
-  short, long_ = _load("results/table1.json"), _load("results/table1_long.json")
-  same_rate = _load("results/table1_long_same_rate.json")
+  short, long_ = _load("research/results/table1.json"), _load("research/results/table1_long.json")
+  same_rate = _load("research/results/table1_long_same_rate.json")
   rows = []
   for a, b in RESULT_CONTRASTS:
     c400 = _contrast(short, a, b)
@@ -110,7 +110,7 @@ MOE_SHAPES = ("qwen3-30b-a3b", "deepseek-v2-lite")
 
 def moe_rows() -> list[list[str]]:
   """Per recipe: moe-cpu-small validation loss, its per-seed gap to bf16, MoE block speedup vs int8_sr."""
-  quality = _load("results/moe_quality.json")["rows"]
+  quality = _load("research/results/moe_quality.json")["rows"]
   blocks = {b["shape"]: b for b in _load("results/bench_moe_block_cpu.json")["results"]["block"]}
   rows = []
   for recipe in MOE_RECIPES:
@@ -154,7 +154,7 @@ def test_docs_moe_table_matches_results_files():
 
 
 def test_readme_quickstart_numbers_match_the_snapshot():
-  snap = _load("results/quickstart.json")
+  snap = _load("research/results/quickstart.json")
   text = README.read_text()
   found = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M)
   assert found is not None, "README has a Quickstart section"
@@ -166,7 +166,7 @@ def test_readme_quickstart_numbers_match_the_snapshot():
     "steps": f"{snap['steps']} steps",
   }
   missing = {k: v for k, v in expected.items() if v not in quick}
-  assert not missing, f"Quickstart does not quote results/quickstart.json: {missing}"
+  assert not missing, f"Quickstart does not quote research/results/quickstart.json: {missing}"
 
 
 def test_a_changed_readme_number_is_caught():
@@ -215,23 +215,23 @@ def _signed(x: float) -> str:
 
 
 def dose_sentence(dose: dict) -> str:
-  """The README's dose-study sentence rebuilt from results/dose.json: per grid the mean gap to
+  """The README's dose-study sentence rebuilt from research/results/dose.json: per grid the mean gap to
   `int8_sr` over its finished seeds, and how many they are."""
   grids = dose["grids"]
   seeds = ", ".join(f"{g} {len(grids[g]['s3r']['seeds'])}" for g in DOSE_GRIDS)
   s3r = ", ".join(f"{_signed(grids[g]['s3r']['gap_mean'])} at {g}" for g in DOSE_GRIDS)
   ec = ", ".join(_signed(grids[g]["s3r_ec_dx"]["gap_mean"]) for g in DOSE_GRIDS)
   return (
-    f"(`results/dose.md`, means over the seeds per grid: {seeds}): `s3r` − `int8_sr` is {s3r}, "
+    f"(`research/results/dose.md`, means over the seeds per grid: {seeds}): `s3r` − `int8_sr` is {s3r}, "
     f"`s3r_ec_dx` − `int8_sr` {ec}."
   )
 
 
 def test_readme_dose_sentence_matches_the_committed_dose_results():
   readme = " ".join(README.read_text().split())  # line breaks as spaces
-  expected = dose_sentence(_load("results/dose.json"))
+  expected = dose_sentence(_load("research/results/dose.json"))
   assert expected in readme, expected
-  changed = _load("results/dose.json")
+  changed = _load("research/results/dose.json")
   changed["grids"]["int6"]["s3r"]["gap_mean"] += 0.01
   assert dose_sentence(changed) not in readme  # the check can fail
 
@@ -239,25 +239,27 @@ def test_readme_dose_sentence_matches_the_committed_dose_results():
 def _long_arm_section() -> tuple[str, str]:
   doc = (ROOT / "docs" / "results.md").read_text()
   match = re.search(r"^### The long INT8 arm \(([^)]*)\)\n(.*?)(?=^##)", doc, flags=re.S | re.M)
-  assert match, "docs/results.md has no '### The long INT8 arm (...)' section"
+  assert match, "research/docs/results.md has no '### The long INT8 arm (...)' section"
   return match.group(1), match.group(2)
 
 
 def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
-  """The heading counts the finished runs of results/dose_long/runs; the section quotes each finished
-  run's final validation loss, and the paired table of results/dose_long.md once it has one."""
-  runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "dose_long" / "runs").glob("*.json"))]
+  """The heading counts the finished runs of research/results/dose_long/runs; the section quotes each finished
+  run's final validation loss, and the paired table of research/results/dose_long.md once it has one."""
+  runs = [
+    json.loads(p.read_text()) for p in sorted((ROOT / "research" / "results" / "dose_long" / "runs").glob("*.json"))
+  ]
   done = [r for r in runs if r.get("status") == "done"]
-  sweep = _load("results/dose_long.json")["sweep"]
+  sweep = _load("research/results/dose_long.json")["sweep"]
   total = len(sweep["recipes"]) * sweep["seeds"]
   heading, body = _long_arm_section()
   assert re.search(rf"\b{len(done)} of {total} runs\b", heading), (heading, len(done), total)
   text = " ".join(body.split())
   missing = [r["run"] for r in done if f"{r['val_losses']['val']:.4f}" not in text]
   assert not missing, f"runs whose final validation loss the section does not quote: {missing}"
-  paired = [t for t in _tables((ROOT / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
+  paired = [t for t in _tables((ROOT / "research" / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
   for table in paired:
-    assert table in _tables(body), "the section does not quote results/dose_long.md's paired table"
+    assert table in _tables(body), "the section does not quote research/results/dose_long.md's paired table"
 
 
 def _signed(x: float) -> str:
@@ -265,7 +267,7 @@ def _signed(x: float) -> str:
 
 
 def long_arm_sentence(doc: dict) -> str:
-  """The README's per-seed gaps of the long INT8 arm and their 95% intervals, from results/dose_long.json."""
+  """The README's per-seed gaps of the long INT8 arm and their 95% intervals, from research/results/dose_long.json."""
   gaps = {}
   for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
     gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
@@ -273,7 +275,7 @@ def long_arm_sentence(doc: dict) -> str:
   ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
   n = len(gaps["s3r"])
   return (
-    f"(`results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval {ci['s3r']}) "
+    f"(`research/results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval {ci['s3r']}) "
     f"and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} ({ci['s3r_ec_dx']}): consistent with the "
     f"paper's pattern at a seventh of its size, and undecided at {n} seeds"
   )
@@ -281,7 +283,7 @@ def long_arm_sentence(doc: dict) -> str:
 
 def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
   readme = " ".join(README.read_text().split())
-  doc = _load("results/dose_long.json")
+  doc = _load("research/results/dose_long.json")
   assert long_arm_sentence(doc) in readme, long_arm_sentence(doc)
   # "undecided": the pre-registered rules decide neither half yet
   assert doc["paired_tests"]["s3r − int8_sr"]["verdict"] == "open"

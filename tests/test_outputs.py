@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from benchmarks import cli as bench_cli
-from experiments import protocol
+from research import protocol
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_every_benchmark_writes_under_runs_by_default(name):
 
 
 def test_every_experiment_command_writes_under_runs_by_default():
-  from experiments.__main__ import build_parser
+  from research.__main__ import build_parser
 
   for name, sub in _subparsers(build_parser()).items():
     outs = _output_defaults(sub)
@@ -46,9 +46,9 @@ def test_every_experiment_command_writes_under_runs_by_default():
   assert pathlib.PurePath(protocol.SweepConfig().results_dir).parts[0] == "runs"
 
 
-@pytest.mark.parametrize("module", ["evalsize", "mechanism", "section3"])
+@pytest.mark.parametrize("module", ["evalsize", "mechanism", "section3", "gate_dose", "bf16_seeds"])
 def test_experiment_modules_write_under_runs_by_default(module):
-  source = (REPO / "experiments" / f"{module}.py").read_text()
+  source = (REPO / "research" / f"{module}.py").read_text()
   assert f'default="runs/results/{module}"' in source
 
 
@@ -69,7 +69,7 @@ def _python(clone: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_readme_sweep_plan_ignores_the_committed_summaries(clone):
-  proc = _python(clone, "-m", "experiments", "sweep", "--config", "configs/table1.json", "--plan")
+  proc = _python(clone, "-m", "research", "sweep", "--config", "research/configs/table1.json", "--plan")
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("sweep table1: 0 runs finished"), proc.stdout
   assert _status(clone) == ""
@@ -110,7 +110,7 @@ README_COMMANDS = {
   "bench-hf_load": ["-m", "benchmarks", "hf_load", "--preset", "llama-tiny", "--layers", "1", "--repeats", "1"],
   "bench-profile": ["-m", "benchmarks", "profile", "--shape", "64x128", "--tokens", "32", "--iters", "1"],
   "bench-comm": ["-m", "benchmarks", "comm", "--preset", "tiny", "--meshes", "data=2", "--recipes", "s3r"],
-  "diagnose": ["-m", "experiments", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
+  "diagnose": ["-m", "research", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
   "family-train": ["-m", "s3r.cli", "train", "--preset", "qwen3-tiny", "--steps", "2", "--batch", "2", "--seq", "32"]
   + ["--vocab", "300", "--eval-batches", "1", "--data", "CORPUS", "--out", "runs/qwen3-tiny", "--no-progress"],
 }

@@ -137,7 +137,7 @@ class TrainConfig:
   keep_every: int | None = _flag(
     None,
     "also keep every checkpoint whose step is a multiple of N, a multiple of --ckpt-every (for analysis "
-    "along the run, e.g. python -m experiments.dose_trajectory)",
+    "along the run, e.g. python -m research.dose_trajectory)",
     default_help="only the last two checkpoints and the newest known-good one",
     metavar="N",
   )
