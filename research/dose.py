@@ -14,7 +14,7 @@ Arms run one at a time and each writes its own folder, `<runs-dir>/<grid>-s<seed
 curves.jsonl, summary.json, summary.md, lockstep.log). A complete arm is skipped; lockstep keeps no
 checkpoints, so an arm stopped part-way starts again from step 0. After each arm the study's
 summary is rewritten from the finished arms: `<results-dir>/dose.json`, `dose.md` and `dose.png`
-(research/dose_report.py); the committed files only with `--results-dir results`.
+(research/dose_report.py); the committed files only with `--results-dir research/results`.
 
 Tokens: `--tokens FOLDER` (written by `python -m research.lockstep build-tokens`), else a folder
 built once under `<runs-dir>/tokens` from `--data` or, by default, enwiki under the data root
@@ -268,7 +268,7 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="python -m research.dose",
     description=__doc__.split("\n")[0].split(": ", 1)[1],
-    epilog=f"Results go to <results-dir>/dose.{{json,md,png}}; the committed files only with --results-dir results. "
+    epilog=f"Results go to <results-dir>/dose.{{json,md,png}}; the committed files only with --results-dir research/results. "
     f"Exit codes: 0 ok, 1 an arm failed, {EXIT_CODES['bad_input']} bad input (flags, config, data), "
     f"{EXIT_CODES['interrupted']} interrupted.",
   )

@@ -31,11 +31,13 @@ def test_readme_names_the_ci_test_command():
 
 
 def test_every_results_file_the_docs_name_is_committed():
-  # A figure or table quoted in the README or docs/ must exist (a renamed output would leave a
-  # broken image link or an unverifiable number). Globs and brace lists are left out.
+  # A figure or table quoted in the README, docs/ or research/docs/ must exist (a renamed output would
+  # leave a broken image link or an unverifiable number). Globs and brace lists are left out.
   root = pathlib.Path(__file__).parents[1]
-  texts = [README] + [p.read_text() for p in sorted((root / "docs").rglob("*.md"))]
-  named = {m.rstrip(".,)") for t in texts for m in re.findall(r"results/[\w./-]+\.(?:md|json|png|csv)", t)}
+  pages = [*sorted((root / "docs").rglob("*.md")), *sorted((root / "research" / "docs").rglob("*.md"))]
+  texts = [README] + [p.read_text() for p in pages]
+  pattern = r"(?<![\w./])(?:research/)?results/[\w./-]+\.(?:md|json|png|csv)"
+  named = {m.rstrip(".,)") for t in texts for m in re.findall(pattern, t)}
   assert named, "the docs quote no results files at all"
   missing = sorted(p for p in named if not (root / p).exists())
   assert not missing, missing
