@@ -268,7 +268,8 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="python -m research.dose",
     description=__doc__.split("\n")[0].split(": ", 1)[1],
-    epilog=f"Results go to <results-dir>/dose.{{json,md,png}}; the committed files only with --results-dir research/results. "
+    epilog="Results go to <results-dir>/dose.{json,md,png}; the committed files only with --results-dir "
+    "research/results. "
     f"Exit codes: 0 ok, 1 an arm failed, {EXIT_CODES['bad_input']} bad input (flags, config, data), "
     f"{EXIT_CODES['interrupted']} interrupted.",
   )

@@ -156,7 +156,7 @@ def reference_points(results_root: pathlib.Path = provenance.REPO_ROOT / "resear
 
   dw = {r: v[2] for r, v in paper.PAPER_TABLE2.items()}
   out = [
-    point(r, "paper (Tables I and II)", dw[r], dw[BASELINE], paper.PAPER_GAP[r] - paper.PAPER_GAP[BASELINE])
+    point(r, "paper (Tables I and II)", dw[r], dw[BASELINE], paper.paper_diff(r, BASELINE))
     for r in ("s3r", "s3r_ec_bcast")
   ]
   t1, t2 = results_root / "table1.json", results_root / "table2.json"

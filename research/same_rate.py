@@ -18,7 +18,7 @@ import itertools
 import json
 import pathlib
 
-from labtools.paper import PAPER_GAP
+from labtools.paper import paper_diff
 from labtools.results import markdown_table, metadata_markdown, run_metadata, write_json
 from research import stats
 
@@ -48,7 +48,6 @@ def load_rows(paths: list[pathlib.Path]) -> dict[float, dict[str, dict[int, floa
 
 def _contrast(a: str, lr_a: float, va: dict, b: str, lr_b: float, vb: dict) -> dict:
   """Fields as in `table1.build_contrasts`; the paper's difference only between two recipes."""
-  pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
   return {
     "a": a,
     "lr_a": lr_a,
@@ -59,7 +58,7 @@ def _contrast(a: str, lr_a: float, va: dict, b: str, lr_b: float, vb: dict) -> d
     "mean_diff": sum(va.values()) / len(va) - sum(vb.values()) / len(vb),
     "welch": stats.welch(list(va.values()), list(vb.values())),
     "paired": stats.paired(va, vb),
-    "paper_diff": None if a == b or pa is None or pb is None else pa - pb,
+    "paper_diff": None if a == b else paper_diff(a, b),
   }
 
 

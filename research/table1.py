@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from labtools.paper import PAPER_GAP
+from labtools.paper import PAPER_GAP, paper_diff
 from labtools.results import markdown_table, metadata_markdown, run_metadata, write_json
 from research import dose_report, stats
 from research.protocol import best_lr
@@ -79,7 +79,6 @@ def build_contrasts(rows: dict) -> list[dict]:
   for a, b, what in CONTRASTS:
     if a not in rows or b not in rows or rows[a]["val_mean"] is None or rows[b]["val_mean"] is None:
       continue
-    pa, pb = PAPER_GAP.get(a), PAPER_GAP.get(b)
     out.append(
       {
         "a": a,
@@ -88,7 +87,7 @@ def build_contrasts(rows: dict) -> list[dict]:
         "diff": rows[a]["val_mean"] - rows[b]["val_mean"],
         "welch": stats.welch(rows[a]["val"], rows[b]["val"]),
         "paired": stats.paired(rows[a]["val_by_seed"], rows[b]["val_by_seed"]),
-        "paper_diff": None if pa is None or pb is None else pa - pb,
+        "paper_diff": paper_diff(a, b),
       }
     )
   return out

@@ -6,7 +6,7 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from labtools.paper import PAPER_GAP
+from labtools.paper import PAPER_LOSS
 from research import protocol, runs, stats, sweep, table1
 from tests.research.conftest import tiny_sweep_config
 
@@ -278,7 +278,7 @@ def test_contrasts_report_the_difference_and_welch_t_between_the_papers_pairs(tm
   (c,) = doc["contrasts"]  # only int8_rtne - int8_sr has both recipes in this sweep
   assert (c["a"], c["b"]) == ("int8_rtne", "int8_sr") and c["diff"] == pytest.approx(0.3)
   assert c["welch"][0] == pytest.approx(0.3 / (0.1 * (2 / 3) ** 0.5))
-  assert c["paper_diff"] == pytest.approx(PAPER_GAP["int8_rtne"] - PAPER_GAP["int8_sr"])
+  assert c["paper_diff"] == pytest.approx(PAPER_LOSS["int8_rtne"] - PAPER_LOSS["int8_sr"])
   assert "`int8_rtne` - `int8_sr`" in (tmp_path / "results" / "t.md").read_text()
 
 
@@ -377,3 +377,13 @@ def test_a_sweep_with_dose_measurements_reports_them_paired_by_seed(tmp_path):
   # Without dose measurements (the Table I sweeps) the report has no such section.
   table1.write_tables(_cfg(tmp_path, name="u"), {})
   assert "Paired by seed" not in (tmp_path / "results" / "u.md").read_text()
+
+
+def test_the_papers_contrasts_are_differences_of_its_losses_as_its_text_quotes_them():
+  """The paper's Table I gaps are rounded from unrounded means; its text quotes the dX-only vs two-way
+  per-example contrast as 0.092 (5.094 - 5.002), which the gaps (0.202 - 0.109) would put at 0.093."""
+  from labtools.paper import PAPER_GAP, paper_diff
+
+  assert paper_diff("s3r_ec_dx_bcast", "s3r_ec_bcast") == pytest.approx(0.092)
+  assert paper_diff("int8_rtne", "int8_sr") == pytest.approx(0.177) and paper_diff("s3r", "nope") is None
+  assert all(abs(paper_diff(r, "bf16") - PAPER_GAP[r]) <= 0.001 + 1e-9 for r in PAPER_GAP)
