@@ -1,10 +1,10 @@
-"""The README's numbers match the committed results files they come from.
+"""The numbers of the README and the reports match the committed results files they come from.
 
-The README's Performance and Results sections and docs/moe.md's CPU quality check each open
-with one table. This module rebuilds those tables from `results/*.json` (the same rounding the docs use)
-and compares them cell by cell with the tables parsed from the Markdown, so a re-run that changes a
-results file, or an edit that changes a number, fails here until the two agree. The Quickstart's
-numbers and the Results section's dose sentence are checked against their results files the same way.
+The README quotes one performance sentence and one quality sentence; research/docs/results.md opens
+with the paired Table I contrasts and the dose study's summary, and docs/moe.md's CPU quality check
+with one table. This module rebuilds each from the results files (the same rounding the docs use) and
+compares, so a re-run that changes a results file, or an edit that changes a number, fails here until
+the two agree. The Quickstart's numbers are checked against their results file the same way.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import re
 
 ROOT = pathlib.Path(__file__).parents[1]
 README = ROOT / "README.md"
-
-FFN_SHAPES = ("W1", "W2", "W3", "W4", "W9")
-FFN_RECIPES = ("s3r", "s3r_ec_dx", "int8_sr")
-
+RESULTS_DOC = ROOT / "research" / "docs" / "results.md"
 
 def _load(path: str) -> dict:
   return json.loads((ROOT / path).read_text())
@@ -27,7 +24,7 @@ def _load(path: str) -> dict:
 def _section_table(text: str, heading: str) -> list[list[str]]:
   """Rows (header and separator excluded) of the first Markdown table under `## heading` (or `### heading`)."""
   match = re.search(rf"^###? {re.escape(heading)}\n(.*?)(?=^##|\Z)", text, flags=re.S | re.M)
-  assert match, f"README has no '## {heading}' section"
+  assert match, f"no '## {heading}' section"
   lines = [ln for ln in match.group(1).splitlines()]
   start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
   assert start is not None, f"'## {heading}' has no table"
@@ -47,21 +44,20 @@ def _fmt_paired(paired: dict) -> str:
   return f"{paired['mean']:+.3f} ± {paired['sd']:.3f} (p {_fmt_p(paired['p'])})"
 
 
-def performance_rows() -> list[list[str]]:
-  """FFN block speedup vs the `bf16` recipe (plain autodiff), CPU and H200, per shape."""
-  by_device = {}
-  for device, path in (("cpu", "results/bench_ffn_cpu.json"), ("gpu", "results/bench_ffn_gpu.json")):
-    by_device[device] = {r["shape"]: r for r in _load(path)["results"]}
-  rows = []
-  for shape in FFN_SHAPES:
-    some = by_device["gpu"].get(shape) or by_device["cpu"][shape]
-    row = [f"{shape} ({some['hidden']}, {some['ffn_dim']})"]
-    for device in ("cpu", "gpu"):
-      res = by_device[device].get(shape)
-      for recipe in FFN_RECIPES:
-        row.append(f"{res['recipes'][recipe]['speedup_vs_bf16']:.2f}" if res else "–")
-    rows.append(row)
-  return rows
+def performance_sentence(doc: dict) -> str:
+  """The README's performance sentence from results/bench_ffn_gpu.json: over every measured shape, the
+  FFN block's speedup of `s3r_ec_dx` against `bf16` and `int8_sr`, and `s3r`'s time against `int8_rtne`."""
+  rows = doc["results"]
+  span = lambda recipe, key, fmt: "{}-{}x".format(
+    *(format(f(r["recipes"][recipe][key] for r in rows), fmt) for f in (min, max))
+  )
+  return (
+    f"On an NVIDIA H200, one SwiGLU FFN block (forward and backward, {doc['settings']['tokens']:,} tokens) "
+    f"with `s3r_ec_dx` runs {span('s3r_ec_dx', 'speedup_vs_bf16', '.2f')} as fast as `bf16` at the paper's "
+    f"shapes {rows[0]['shape']}-{rows[-1]['shape']}, and {span('s3r_ec_dx', 'speedup_vs_int8_sr', '.2f')} as "
+    f"fast as `int8_sr`; `s3r` takes {span('s3r', 'time_vs_int8_rtne', '.3f')} the time of `int8_rtne` "
+    "(`results/bench_ffn_gpu.md`, [docs/performance.md](docs/performance.md))."
+  )
 
 
 def _contrast(doc: dict, a: str, b: str, lr: float | None = None) -> dict | None:
@@ -131,20 +127,23 @@ def moe_rows() -> list[list[str]]:
 def _mismatches(readme_rows: list[list[str]], expected: list[list[str]]) -> list[str]:
   out = []
   if len(readme_rows) != len(expected):
-    out.append(f"README has {len(readme_rows)} rows, the results files give {len(expected)}")
+    out.append(f"the doc has {len(readme_rows)} rows, the results files give {len(expected)}")
   for i, (got, want) in enumerate(zip(readme_rows, expected)):
     if got != want:
-      out.append(f"row {i}: README {got} != results {want}")
+      out.append(f"row {i}: doc {got} != results {want}")
   return out
 
 
-def test_readme_performance_table_matches_results_files():
-  rows = _section_table(README.read_text(), "Performance")
-  assert not _mismatches(rows, performance_rows()), _mismatches(rows, performance_rows())
+def test_readme_performance_sentence_matches_the_committed_gpu_results():
+  readme = " ".join(README.read_text().split())
+  doc = _load("results/bench_ffn_gpu.json")
+  assert performance_sentence(doc) in readme, performance_sentence(doc)
+  doc["results"][1]["recipes"]["s3r_ec_dx"]["speedup_vs_bf16"] = 0.5
+  assert performance_sentence(doc) not in readme  # the check can fail
 
 
-def test_readme_results_table_matches_results_files():
-  rows = _section_table(README.read_text(), "Results")
+def test_results_doc_contrast_table_matches_results_files():
+  rows = _section_table(RESULTS_DOC.read_text(), "In one table")
   assert not _mismatches(rows, results_rows()), _mismatches(rows, results_rows())
 
 
@@ -169,11 +168,11 @@ def test_readme_quickstart_numbers_match_the_snapshot():
   assert not missing, f"Quickstart does not quote research/results/quickstart.json: {missing}"
 
 
-def test_a_changed_readme_number_is_caught():
+def test_a_changed_table_number_is_caught():
   # The comparison must be able to fail: one digit changed in one cell is reported.
-  tables = (("Performance", performance_rows()), ("Results", results_rows()))
-  for heading, expected in tables:
-    rows = [list(r) for r in _section_table(README.read_text(), heading)]
+  tables = ((RESULTS_DOC, "In one table", results_rows()), (ROOT / "docs" / "moe.md", "The CPU quality check", moe_rows()))
+  for doc, heading, expected in tables:
+    rows = [list(r) for r in _section_table(doc.read_text(), heading)]
     cell = rows[1][1]
     rows[1][1] = re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), cell)
     assert rows[1][1] != cell and _mismatches(rows, expected), heading
@@ -215,7 +214,7 @@ def _signed(x: float) -> str:
 
 
 def dose_sentence(dose: dict) -> str:
-  """The README's dose-study sentence rebuilt from research/results/dose.json: per grid the mean gap to
+  """The results doc's dose-study sentence rebuilt from research/results/dose.json: per grid the mean gap to
   `int8_sr` over its finished seeds, and how many they are."""
   grids = dose["grids"]
   seeds = ", ".join(f"{g} {len(grids[g]['s3r']['seeds'])}" for g in DOSE_GRIDS)
@@ -227,8 +226,8 @@ def dose_sentence(dose: dict) -> str:
   )
 
 
-def test_readme_dose_sentence_matches_the_committed_dose_results():
-  readme = " ".join(README.read_text().split())  # line breaks as spaces
+def test_results_doc_dose_sentence_matches_the_committed_dose_results():
+  readme = " ".join(RESULTS_DOC.read_text().split())  # line breaks as spaces
   expected = dose_sentence(_load("research/results/dose.json"))
   assert expected in readme, expected
   changed = _load("research/results/dose.json")
@@ -237,7 +236,7 @@ def test_readme_dose_sentence_matches_the_committed_dose_results():
 
 
 def _long_arm_section() -> tuple[str, str]:
-  doc = (ROOT / "docs" / "results.md").read_text()
+  doc = RESULTS_DOC.read_text()
   match = re.search(r"^### The long INT8 arm \(([^)]*)\)\n(.*?)(?=^##)", doc, flags=re.S | re.M)
   assert match, "research/docs/results.md has no '### The long INT8 arm (...)' section"
   return match.group(1), match.group(2)

@@ -82,7 +82,7 @@ def test_a_benchmark_run_from_the_readme_leaves_the_clone_clean(clone):
   assert _status(clone) == ""  # runs/ is ignored; results/ untouched
 
 
-# Every command of the README's command-line and models sections, at tiny sizes, in README order.
+# The README's commands (the `s3r` command line, `python -m benchmarks`, `python -m research`), at tiny sizes.
 # RUN is a 2-step training that the later commands resume, evaluate and diagnose; CORPUS is a
 # corpus outside the clone. Each must leave the clone's `git status` clean.
 TINY_RUN = ["--preset", "tiny", "--batch", "2", "--seq", "32", "--vocab", "300", "--eval-batches", "1", "--no-progress"]

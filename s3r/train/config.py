@@ -3,7 +3,7 @@ generated from the fields and the help in their metadata).
 
 Defaults that depend on the run are resolved when the config is built, so a saved config
 holds concrete numbers: `vocab` and `seq` default to the preset's vocabulary and maximum
-sequence length (`--preset tiny` trains the model the README describes), `warmup` to
+sequence length (`--preset tiny` trains the preset of that name, docs/models.md), `warmup` to
 min(30, steps // 10). Errors name the command-line flag (`--warmup`) and the field.
 """
 
