@@ -170,7 +170,8 @@ def test_readme_quickstart_numbers_match_the_snapshot():
 
 def test_a_changed_table_number_is_caught():
   # The comparison must be able to fail: one digit changed in one cell is reported.
-  tables = ((RESULTS_DOC, "In one table", results_rows()), (ROOT / "docs" / "moe.md", "The CPU quality check", moe_rows()))
+  moe = ROOT / "docs" / "moe.md"
+  tables = ((RESULTS_DOC, "In one table", results_rows()), (moe, "The CPU quality check", moe_rows()))
   for doc, heading, expected in tables:
     rows = [list(r) for r in _section_table(doc.read_text(), heading)]
     cell = rows[1][1]
