@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).parents[1]
 README = ROOT / "README.md"
 RESULTS_DOC = ROOT / "research" / "docs" / "results.md"
 
+
 def _load(path: str) -> dict:
   return json.loads((ROOT / path).read_text())
 
