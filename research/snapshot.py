@@ -1,4 +1,5 @@
-"""`python -m research.snapshot RUN_DIR OUT.json`: record a finished run in results/.
+"""`python -m research.snapshot RUN_DIR OUT.json`: record a finished run as a results file
+(the quickstart's: research/results/quickstart.json).
 
 Writes the run's final validation losses, its loss curve (every 10th step), throughput and
 wall time, with the usual metadata (command, git revision, JAX version, machine, date), and
