@@ -1,4 +1,4 @@
-"""Every repository path that README.md, docs/*.md and scripts/README.md name in backticks exists,
+"""Every repository path that README.md, docs/*.md, research/ and scripts/README.md name in backticks exists,
 and so does every Python name they point into with `file.py::name`.
 
 A path is a backticked span whose first component is a top-level entry of the repository
@@ -17,6 +17,7 @@ DOCS = [
   REPO / "README.md",
   *sorted((REPO / "docs").glob("*.md")),
   *sorted((REPO / "research" / "docs").glob("*.md")),
+  REPO / "research" / "README.md",
   REPO / "scripts" / "README.md",
 ]
 OUTPUTS = "runs"  # where commands write by default: documented, never committed
