@@ -268,17 +268,22 @@ def _signed(x: float) -> str:
 
 
 def long_arm_sentence(doc: dict) -> str:
-  """The README's per-seed gaps of the long INT8 arm and their 95% intervals, from research/results/dose_long.json."""
+  """The README's per-seed gaps of the long INT8 arm, their 95% intervals (research/results/dose_long.json)
+  and the paper's difference beside each (labtools/paper.py)."""
+  from labtools.paper import paper_diff
+
   gaps = {}
   for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
     gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
   join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
   ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
+  paper = {r: _signed(paper_diff(r, "int8_sr")) for r in gaps}
   n = len(gaps["s3r"])
   return (
-    f"(`research/results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval {ci['s3r']}) "
-    f"and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} ({ci['s3r_ec_dx']}): consistent with the "
-    f"paper's pattern at a seventh of its size, and undecided at {n} seeds"
+    f"(`research/results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval "
+    f"{ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} "
+    f"({ci['s3r_ec_dx']}; the paper: {paper['s3r_ec_dx']}): consistent with the paper's pattern in sign, "
+    f"smaller in size, and undecided at {n} seeds"
   )
 
 
