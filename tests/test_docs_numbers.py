@@ -277,7 +277,11 @@ def long_arm_sentence(doc: dict) -> str:
     gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
   join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
   ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
-  paper = {r: _signed(paper_diff(r, "int8_sr")) for r in gaps}
+  paper = {}
+  for r in gaps:
+    diff = paper_diff(r, "int8_sr")
+    assert diff is not None, r
+    paper[r] = _signed(diff)
   n = len(gaps["s3r"])
   return (
     f"(`research/results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval "

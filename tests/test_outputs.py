@@ -139,7 +139,9 @@ def test_the_readme_lists_the_commands_this_module_runs():
   import re
 
   readme = (REPO / "README.md").read_text()
-  section = re.search(r"^## Command line\n(.*?)(?=^## )", readme, flags=re.S | re.M).group(1)
+  match = re.search(r"^## Command line\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+  assert match, "the README has no '## Command line' section"
+  section = match.group(1)
   subs = set(re.findall(r"(?:^|; )s3r (\w+)", section, flags=re.M))
   assert {"train", "eval", "export", "generate", "recipes", "models"} <= subs, subs
   assert not subs - set(README_COMMANDS), subs - set(README_COMMANDS)

@@ -29,7 +29,9 @@ def test_readme_test_command_is_the_one_ci_runs():
   commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
   ci_target = re.fullmatch(r'make PYTHON="\$PY" (\S+)', commands[-1])
   assert ci_target, f".ci/run does not end with a make target: {commands[-1]}"
-  quickstart = re.search(r"^## Quickstart\n(.*?)(?=^## )", README, flags=re.S | re.M).group(1)
+  match = re.search(r"^## Quickstart\n(.*?)(?=^## )", README, flags=re.S | re.M)
+  assert match, "the README has no '## Quickstart' section"
+  quickstart = match.group(1)
   readme = re.findall(r"^make (\S+)\s+#.*\(what CI runs\)$", quickstart, flags=re.M)
   assert readme == [ci_target.group(1)], (readme, ci_target.group(1))
 
