@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check s3r benchmarks experiments tests scripts
-	$(VENV)/bin/ruff format --check s3r benchmarks experiments tests scripts
-	$(VENV)/bin/pyrefly check  # the library, benchmarks and tests ([tool.pyrefly] in pyproject.toml)
+	$(VENV)/bin/ruff check s3r benchmarks research labtools tests scripts
+	$(VENV)/bin/ruff format --check s3r benchmarks research labtools tests scripts
+	$(VENV)/bin/pyrefly check  # the library, benchmarks, labtools and tests ([tool.pyrefly] in pyproject.toml)
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
@@ -31,19 +31,19 @@ test-slow: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume)
 
-# Regenerates the committed results/quickstart.{json,png} from a fresh quickstart run (in runs/quickstart-snapshot).
+# Regenerates the committed research/results/quickstart.{json,png} from a fresh quickstart run (in runs/quickstart-snapshot).
 quickstart-snapshot: $(STAMP)
 	rm -rf runs/quickstart-snapshot
 	@start=$$(date +%s); \
 	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart-snapshot && \
-	$(PY) -m experiments.snapshot runs/quickstart-snapshot results/quickstart.json $$(( $$(date +%s) - start ))
+	$(PY) -m research.snapshot runs/quickstart-snapshot research/results/quickstart.json $$(( $$(date +%s) - start ))
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks matmul
 	$(VENV)/bin/python -m benchmarks ffn
 
 sweep: $(STAMP)
-	$(VENV)/bin/python -m experiments sweep --config configs/table1.json
+	$(VENV)/bin/python -m research sweep --config research/configs/table1.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

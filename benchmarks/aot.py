@@ -21,7 +21,7 @@ Recipes (`--recipes`): registered names, also at a gradient format and with the 
   state) of `--preset` at each of `--layers`, `--batch` x `--seq`, `--remat`, `--attention`, in each
   decoder layout of `--layout` (scan: the blocks under one `jax.lax.scan`, the default; unrolled: a Python
   loop, `scan_layers=False`);
-- lockstep: the train step that `scripts/device_quality.sh` runs (`experiments.lockstep`: the preset's
+- lockstep: the train step that `scripts/device_quality.sh` runs (`research.lockstep`: the preset's
   own remat, the learning rate as an argument, `--schedule-steps`) at `--preset`, `--layers`, `--batch`
   x `--seq`, `--attention`, `--layout`.
 
@@ -56,7 +56,7 @@ from typing import Any
 
 from benchmarks import aot_report, options
 from benchmarks.aot_programs import lower_ffn, lower_lockstep, lower_moe, lower_step
-from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
+from labtools.results import RESULTS_DIR, Run, loadavg, log, parse_list
 
 TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
 TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from experiments.results import log
+from labtools.results import log
 from s3r.model.config import AttentionImpl
 
 
@@ -114,12 +114,12 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
 
 
 def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace, scan: bool = True):
-  """The lockstep runner's train step (`experiments.lockstep.lower_train_step`, without its concrete initial
+  """The lockstep runner's train step (`research/lockstep.py`'s `lower_train_step`, without its concrete initial
   state) lowered for the target: (state, tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
   import jax
   import numpy as np
 
-  from experiments import lockstep
+  from labtools import lockstep
   from s3r import model as s3r_model
   from s3r.train.optimizer import OptimizerConfig, make_optimizer
   from s3r.train.step import init_state, make_train_step

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
-from experiments.results import markdown_table
+from labtools.results import markdown_table
 from s3r.analysis import hlo
 
 BREAKDOWN_ROWS = 12  # buffers live at the peak kept per program (largest first)

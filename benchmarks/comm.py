@@ -118,7 +118,7 @@ def _columns(results: list[dict]) -> list[tuple[str, str]]:
 
 def tables_markdown(results: list[dict]) -> str:
   """One table per mesh: MiB per kind x element type, one row per recipe."""
-  from experiments.results import markdown_table
+  from labtools.results import markdown_table
 
   out = []
   for mesh_spec in dict.fromkeys(r["mesh_spec"] for r in results):
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> dict:
       f"--meshes use {devices} devices but {jax.device_count()} {jax.default_backend()} devices are available "
       f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})"
     )
-  from experiments.results import run_metadata
+  from labtools.results import run_metadata
 
   meta = run_metadata()
   settings = {

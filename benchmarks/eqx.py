@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import timing
-from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
 
 DEFAULT_RECIPES = "bf16,int8_rtne,s3r,s3r_ec_dx"
 PATHS = ("quantize_fn", "qmatmul+vmap")

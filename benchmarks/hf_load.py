@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from experiments.results import REPO_ROOT, RESULTS_DIR, Run, loadavg, log, markdown_table
+from labtools.results import REPO_ROOT, RESULTS_DIR, Run, loadavg, log, markdown_table
 
 KINDS = ("plain read", "load_hf bf16", "load_hf f32", "load_hf bf16 + save_hf")
 GIB = 2**30

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 
 from benchmarks import timing
-from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, log, markdown_table, parse_list
 
 RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec")
 FAST_BF16 = "bf16_fast_layout"  # reference row: bf16 with the same saved-transpose trick as the INT8 path

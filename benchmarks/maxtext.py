@@ -19,7 +19,7 @@ training loss (mean of the last 10 steps) and the validation loss on held-out te
 `--model NAME --layers L` replaces the tiny model by MaxText's own config of a released model
 (`model_name=NAME`, e.g. `llama3.1-8b`) sliced to L decoder layers at full width: the device stage
 (`scripts/device_maxtext.sh`). `--tokens DIR` reads a token folder (`train.npy`, `val.npy`, as
-`python -m experiments.lockstep build-tokens` writes) instead of bytes of the enwiki shards. The results
+`python -m research.lockstep build-tokens` writes) instead of bytes of the enwiki shards. The results
 files are rewritten after every step (marked partial), so a run stopped by a time limit keeps its steps.
 """
 
@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from experiments.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, loadavg, log, markdown_table
+from labtools.results import RESULTS_DIR, Run, fmt_ms, fmt_ratio, loadavg, log, markdown_table
 
 DEFAULT_CONFIGS = ",int8,s3r:bf16,s3r:s3r_ec_dx"
 REFERENCE = "int8"

@@ -15,8 +15,8 @@ import importlib
 import json
 import pathlib
 
-from experiments import paper
-from experiments.results import log, metadata_lines, repo_relative
+from labtools import paper
+from labtools.results import log, metadata_lines, repo_relative
 
 MERGEABLE = ("ffn", "quantizer")  # benches whose results are one entry per shape
 

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import options, timing
-from experiments import paper
-from experiments.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
+from labtools import paper
+from labtools.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = ",".join(paper.MOE_SHAPES)
 GEMM_FORMS = ("tiled", "ragged", "dense")  # the default set

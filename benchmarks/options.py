@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from experiments.paper import FFN_SHAPES
+from labtools.paper import FFN_SHAPES
 
 # Tokens per shape when --tokens is not given: the per-token cost of both the GEMMs (∝ H·D)
 # and the quantizer (∝ D) is linear in T, so the ratios hardly depend on T once the GEMMs are

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.moe import parse_shapes
-from experiments.results import log
+from labtools.results import log
 
 RECIPES = ("s3r_ec_dx", "s3r", "int8_rtne")
 DIAGNOSTIC_FAMILIES = ("tiled dW", "xla dot")  # their failure alone is exit status 3, not 1

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import options, timing
-from experiments.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, bar_chart, fmt_ms, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = "W1,W2"
 DEFAULT_OURS = "bf16,int8_rtne,int8_sr,s3r,s3r_ec,s3r_ec_dx"

@@ -23,7 +23,7 @@ import re
 import tempfile
 
 from benchmarks import options
-from experiments.results import RESULTS_DIR, Run, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 from s3r.analysis import hlo
 from s3r.analysis.hlo import hlo_text
 

@@ -25,7 +25,7 @@ import argparse
 import functools
 
 from benchmarks import options, timing
-from experiments.results import RESULTS_DIR, Run, bar_chart, fmt_ratio, loadavg, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, bar_chart, fmt_ratio, loadavg, log, markdown_table, parse_list
 
 DEFAULT_SHAPES = "W1,W2,W3,W4"
 DEFAULT_RECIPES = "int8_rtne,int8_sr,s3r,s3r_ec,s3r_ec_dx"

@@ -27,7 +27,7 @@ import argparse
 import time
 
 from benchmarks import options, timing
-from experiments.results import RESULTS_DIR, Run, loadavg, log, markdown_table, parse_list
+from labtools.results import RESULTS_DIR, Run, loadavg, log, markdown_table, parse_list
 from s3r.analysis.hlo import hlo_text
 
 TARGET_RATIO = 1.25  # deepest / shallowest compile time of the scanned step

@@ -39,8 +39,8 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import options
-from experiments.paper import PAPER_EXTRA_OPS
-from experiments.results import RESULTS_DIR, Run, log, markdown_table, parse_list
+from labtools.paper import PAPER_EXTRA_OPS
+from labtools.results import RESULTS_DIR, Run, log, markdown_table, parse_list
 from s3r.analysis import jaxpr as jaxpr_analysis
 from s3r.analysis import memory as memory_analysis
 from s3r.analysis.elementwise import gradient_sized_ops

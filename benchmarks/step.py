@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks import options, step_report, timing
-from experiments.results import RESULTS_DIR, Run, loadavg, log, parse_list
+from labtools.results import RESULTS_DIR, Run, loadavg, log, parse_list
 
 DEFAULT_RECIPES = ",".join(options.BENCH_RECIPES)
 ATTENTION_CHOICES = ("auto", "xla", "cudnn")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.paper import PAPER_TABLE_IV_FAMILY, PAPER_TABLE_IV_MODELS, PAPER_TABLE_IV_MS
-from experiments.results import bar_chart, fmt_ms, fmt_ratio, markdown_table
+from labtools.paper import PAPER_TABLE_IV_FAMILY, PAPER_TABLE_IV_MODELS, PAPER_TABLE_IV_MS
+from labtools.results import bar_chart, fmt_ms, fmt_ratio, markdown_table
 
 MIB = 2**20
 INT8_RECIPES = ("int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")

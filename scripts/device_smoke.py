@@ -44,7 +44,7 @@ def _versions(out: pathlib.Path) -> dict:
 
 
 def _lockstep(out: pathlib.Path) -> dict:
-  from experiments import lockstep
+  from research import lockstep
 
   tokens = out / "tokens"
   tokens.mkdir(parents=True, exist_ok=True)

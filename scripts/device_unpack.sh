@@ -1,7 +1,8 @@
 #!/bin/bash
 # Turns what a device call brought back into results files: bash scripts/device_unpack.sh FILES_AT [SUFFIX]
-# Each <name>.tar.gz there (device_quality, device_step, device_moe, device_bench) is unpacked into
-# results/gpu/<name><SUFFIX>/ with its log beside it; nothing else under results/ is touched. Refuses
+# Each <name>.tar.gz there is unpacked with its log beside it: the benchmarks' (device_step, device_moe,
+# device_bench) into results/gpu/<name><SUFFIX>/, the paper-scale quality run (device_quality) into
+# research/results/<name><SUFFIX>/; nothing else under those folders is touched. Refuses
 # to overwrite a folder that exists, so committed results are never replaced by accident: a second
 # run of a script goes beside the first with a SUFFIX (for example -2).
 set -euo pipefail
@@ -12,7 +13,10 @@ found=0
 for archive in "$src"/device_*.tar.gz; do
   [ -e "$archive" ] || continue
   name=$(basename "$archive" .tar.gz)
-  dest=results/gpu/$name$suffix
+  case "$name" in
+    device_quality) dest=research/results/$name$suffix ;;  # an experiment (research.lockstep), not a benchmark
+    *) dest=results/gpu/$name$suffix ;;
+  esac
   if [ -e "$dest" ]; then
     echo "error: $dest exists; give a SUFFIX (bash scripts/device_unpack.sh $src -2) to put this run beside it" >&2
     exit 2

@@ -1,9 +1,9 @@
 """The package layering of docs/architecture.md, checked on every import of every module of the
-library (`s3r/`) and of the research tooling beside it (`benchmarks/`, `experiments/`).
+library (`s3r/`) and of the tooling beside it (`benchmarks/`, `research/`, and `labtools/`, which both share).
 
 Imports are read with `ast` (module level and inside functions alike). A library module's package
 is its first component under `s3r` (`s3r/train/loop.py` is the package `train`, `s3r/__init__.py`
-is `s3r`); every module of `benchmarks/` or `experiments/` belongs to that one package.
+is `s3r`); every module of `benchmarks/`, `research/` or `labtools/` belongs to that one package.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-TOOLING = ("benchmarks", "experiments")  # repository-only: they import the library, never the reverse
+TOOLING = ("benchmarks", "research", "labtools")  # repository-only: they import the library, never the reverse
 SCIENCE = {"jax", "jaxlib", "numpy"}  # the only third-party imports of the numerics core
 LIBRARY = {"s3r", "quant", "nn", "model", "data", "analysis", "train", "cli", "integrations"}
 
@@ -31,8 +31,9 @@ ALLOWED: dict[str, set[str]] = {
   "train": {"s3r", "quant", "nn", "model", "data", "analysis"},
   "cli": {"s3r", "quant", "nn", "model", "data", "train", "analysis"},
   "integrations": {"quant", "nn"},  # backends for other frameworks (MaxText), which they import lazily
-  "experiments": LIBRARY,
-  "benchmarks": LIBRARY | {"experiments"},  # the shared provenance and the paper's numbers
+  "labtools": LIBRARY,  # results files with provenance, the paper's numbers: shared by the two below
+  "research": LIBRARY | {"labtools"},
+  "benchmarks": LIBRARY | {"labtools"},  # never research: measuring the library needs none of the experiments
 }
 THIRD_PARTY_ONLY = {"quant": SCIENCE, "analysis": SCIENCE}  # packages limited to these (and the stdlib)
 
@@ -67,7 +68,7 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
     elif (
       isinstance(node, ast.Constant)
       and isinstance(node.value, str)
-      and re.fullmatch(r"(s3r|benchmarks|experiments)(\.\w+)+:\w+", node.value)
+      and re.fullmatch(r"(s3r|benchmarks|research|labtools)(\.\w+)+:\w+", node.value)
     ):
       out.append((node.lineno, node.value.split(":")[0]))  # "module:function", imported on demand (cli.COMMANDS)
   return out
@@ -136,6 +137,26 @@ def test_every_import_follows_the_layering():
   assert not broken, "imports that break docs/architecture.md:\n" + "\n".join(broken)
 
 
+def test_the_library_imports_no_tooling_and_the_benchmarks_no_research():
+  """The actual graph, not only the table: no library package reaches `benchmarks`, `research` or
+  `labtools`, and `benchmarks` reaches `research` neither directly nor through `labtools`."""
+  graph, _ = _graph()
+
+  def reach(pkg: str) -> set[str]:
+    seen, todo = set(), [pkg]
+    while todo:
+      for nxt in graph.get(todo.pop(), ()):
+        if nxt not in seen:
+          seen.add(nxt)
+          todo.append(nxt)
+    return seen
+
+  assert {"benchmarks", "research", "labtools"} <= set(ALLOWED) and graph.get("benchmarks"), graph
+  for pkg in sorted(LIBRARY):
+    assert not reach(pkg) & set(TOOLING), (pkg, reach(pkg))
+  assert "research" not in reach("benchmarks") and "research" not in reach("labtools"), graph
+
+
 def test_no_import_cycle_between_packages():
   graph, _ = _graph()
   cycle = _cycle(graph)
@@ -155,11 +176,11 @@ def test_rule_checker_catches_an_upward_import(tmp_path, monkeypatch):
   (pkg / "quant").mkdir(parents=True)
   (pkg / "quant" / "bad.py").write_text("def f():\n  from benchmarks import timing\n  import scipy\n")
   (pkg / "train").mkdir()
-  (pkg / "train" / "bad.py").write_text("from experiments.results import log\n")
+  (pkg / "train" / "bad.py").write_text("from labtools.results import log\n")
   monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
   _, broken = _graph()
   assert [b.split(": ", 1)[1] for b in broken] == [
     "quant imports benchmarks",
     "quant imports scipy (only jax, jaxlib, numpy and the stdlib)",
-    "train imports experiments.results",
+    "train imports labtools.results",
   ]

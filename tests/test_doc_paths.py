@@ -1,4 +1,4 @@
-"""Every repository path that README.md, docs/*.md and scripts/README.md name in backticks exists,
+"""Every repository path that README.md, docs/*.md, research/ and scripts/README.md name in backticks exists,
 and so does every Python name they point into with `file.py::name`.
 
 A path is a backticked span whose first component is a top-level entry of the repository
@@ -13,9 +13,15 @@ import pathlib
 import re
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "scripts" / "README.md"]
+DOCS = [
+  REPO / "README.md",
+  *sorted((REPO / "docs").glob("*.md")),
+  *sorted((REPO / "research" / "docs").glob("*.md")),
+  REPO / "research" / "README.md",
+  REPO / "scripts" / "README.md",
+]
 OUTPUTS = "runs"  # where commands write by default: documented, never committed
-PACKAGES = ("s3r", "benchmarks", "experiments", "scripts", "tests")  # where a bare module name is looked up
+PACKAGES = ("s3r", "benchmarks", "research", "labtools", "scripts", "tests")  # where a bare module name is looked up
 _SPAN = re.compile(r"`([^`\s]+)`")
 _SYMBOL = re.compile(r"^(.+\.py)::([\w.]+)$")
 
@@ -101,10 +107,21 @@ def test_missing_paths_placeholders_without_a_match_and_undefined_names_are_repo
 
 
 def test_the_docs_index_links_every_doc():
-  """docs/index.md maps every page under docs/ (a new page must be added to it)."""
-  import pathlib as _pathlib
-
-  docs = _pathlib.Path(__file__).parents[1] / "docs"
-  index = (docs / "index.md").read_text()
-  missing = [p.name for p in sorted(docs.glob("*.md")) if p.name != "index.md" and f"]({p.name})" not in index]
+  """docs/index.md maps every page under docs/ and research/docs/ (a new page must be added to it)."""
+  index = (REPO / "docs" / "index.md").read_text()
+  pages = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p.name != "index.md"]
+  pages += [f"../research/docs/{p.name}" for p in sorted((REPO / "research" / "docs").glob("*.md"))]
+  missing = [p for p in pages if f"]({p})" not in index]
   assert not missing, f"docs/index.md does not link {missing}"
+
+
+def test_every_relative_markdown_link_of_the_docs_resolves():
+  """A link `[text](path)` or image `![alt](path)` in README.md, docs/ or research/docs/ points at a
+  file that exists, relative to the page (an anchor after `#` is not checked; web links are skipped)."""
+  broken = []
+  for doc in DOCS:
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+      path = target.split("#", 1)[0]
+      if path and not re.match(r"[a-z]+:", path) and not (doc.parent / path).exists():
+        broken.append(f"{doc.relative_to(REPO)}: {target}")
+  assert not broken, "\n".join(broken)

@@ -1,10 +1,10 @@
-"""The README's numbers match the committed results files they come from.
+"""The numbers of the README and the reports match the committed results files they come from.
 
-The README's Performance and Results sections and docs/moe.md's CPU quality check each open
-with one table. This module rebuilds those tables from `results/*.json` (the same rounding the docs use)
-and compares them cell by cell with the tables parsed from the Markdown, so a re-run that changes a
-results file, or an edit that changes a number, fails here until the two agree. The Quickstart's
-numbers and the Results section's dose sentence are checked against their results files the same way.
+The README quotes one performance sentence and one quality sentence; research/docs/results.md opens
+with the paired Table I contrasts and the dose study's summary, and docs/moe.md's CPU quality check
+with one table. This module rebuilds each from the results files (the same rounding the docs use) and
+compares, so a re-run that changes a results file, or an edit that changes a number, fails here until
+the two agree. The Quickstart's numbers are checked against their results file the same way.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import re
 
 ROOT = pathlib.Path(__file__).parents[1]
 README = ROOT / "README.md"
-
-FFN_SHAPES = ("W1", "W2", "W3", "W4", "W9")
-FFN_RECIPES = ("s3r", "s3r_ec_dx", "int8_sr")
+RESULTS_DOC = ROOT / "research" / "docs" / "results.md"
 
 
 def _load(path: str) -> dict:
@@ -27,7 +25,7 @@ def _load(path: str) -> dict:
 def _section_table(text: str, heading: str) -> list[list[str]]:
   """Rows (header and separator excluded) of the first Markdown table under `## heading` (or `### heading`)."""
   match = re.search(rf"^###? {re.escape(heading)}\n(.*?)(?=^##|\Z)", text, flags=re.S | re.M)
-  assert match, f"README has no '## {heading}' section"
+  assert match, f"no '## {heading}' section"
   lines = [ln for ln in match.group(1).splitlines()]
   start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
   assert start is not None, f"'## {heading}' has no table"
@@ -47,21 +45,20 @@ def _fmt_paired(paired: dict) -> str:
   return f"{paired['mean']:+.3f} ± {paired['sd']:.3f} (p {_fmt_p(paired['p'])})"
 
 
-def performance_rows() -> list[list[str]]:
-  """FFN block speedup vs the `bf16` recipe (plain autodiff), CPU and H200, per shape."""
-  by_device = {}
-  for device, path in (("cpu", "results/bench_ffn_cpu.json"), ("gpu", "results/bench_ffn_gpu.json")):
-    by_device[device] = {r["shape"]: r for r in _load(path)["results"]}
-  rows = []
-  for shape in FFN_SHAPES:
-    some = by_device["gpu"].get(shape) or by_device["cpu"][shape]
-    row = [f"{shape} ({some['hidden']}, {some['ffn_dim']})"]
-    for device in ("cpu", "gpu"):
-      res = by_device[device].get(shape)
-      for recipe in FFN_RECIPES:
-        row.append(f"{res['recipes'][recipe]['speedup_vs_bf16']:.2f}" if res else "–")
-    rows.append(row)
-  return rows
+def performance_sentence(doc: dict) -> str:
+  """The README's performance sentence from results/bench_ffn_gpu.json: over every measured shape, the
+  FFN block's speedup of `s3r_ec_dx` against `bf16` and `int8_sr`, and `s3r`'s time against `int8_rtne`."""
+  rows = doc["results"]
+  span = lambda recipe, key, fmt: "{}-{}x".format(
+    *(format(f(r["recipes"][recipe][key] for r in rows), fmt) for f in (min, max))
+  )
+  return (
+    f"On an NVIDIA H200, one SwiGLU FFN block (forward and backward, {doc['settings']['tokens']:,} tokens) "
+    f"with `s3r_ec_dx` runs {span('s3r_ec_dx', 'speedup_vs_bf16', '.2f')} as fast as `bf16` at the paper's "
+    f"shapes {rows[0]['shape']}-{rows[-1]['shape']}, and {span('s3r_ec_dx', 'speedup_vs_int8_sr', '.2f')} as "
+    f"fast as `int8_sr`; `s3r` takes {span('s3r', 'time_vs_int8_rtne', '.3f')} the time of `int8_rtne` "
+    "(`results/bench_ffn_gpu.md`, [docs/performance.md](docs/performance.md))."
+  )
 
 
 def _contrast(doc: dict, a: str, b: str, lr: float | None = None) -> dict | None:
@@ -83,8 +80,8 @@ RESULT_CONTRASTS = (
 
 def results_rows() -> list[list[str]]:
   """Per-seed differences of final validation loss: 400 steps, 1600 steps (chosen rates, both at 2e-3, both at 4e-3)."""
-  short, long_ = _load("results/table1.json"), _load("results/table1_long.json")
-  same_rate = _load("results/table1_long_same_rate.json")
+  short, long_ = _load("research/results/table1.json"), _load("research/results/table1_long.json")
+  same_rate = _load("research/results/table1_long_same_rate.json")
   rows = []
   for a, b in RESULT_CONTRASTS:
     c400 = _contrast(short, a, b)
@@ -110,7 +107,7 @@ MOE_SHAPES = ("qwen3-30b-a3b", "deepseek-v2-lite")
 
 def moe_rows() -> list[list[str]]:
   """Per recipe: moe-cpu-small validation loss, its per-seed gap to bf16, MoE block speedup vs int8_sr."""
-  quality = _load("results/moe_quality.json")["rows"]
+  quality = _load("research/results/moe_quality.json")["rows"]
   blocks = {b["shape"]: b for b in _load("results/bench_moe_block_cpu.json")["results"]["block"]}
   rows = []
   for recipe in MOE_RECIPES:
@@ -131,20 +128,23 @@ def moe_rows() -> list[list[str]]:
 def _mismatches(readme_rows: list[list[str]], expected: list[list[str]]) -> list[str]:
   out = []
   if len(readme_rows) != len(expected):
-    out.append(f"README has {len(readme_rows)} rows, the results files give {len(expected)}")
+    out.append(f"the doc has {len(readme_rows)} rows, the results files give {len(expected)}")
   for i, (got, want) in enumerate(zip(readme_rows, expected)):
     if got != want:
-      out.append(f"row {i}: README {got} != results {want}")
+      out.append(f"row {i}: doc {got} != results {want}")
   return out
 
 
-def test_readme_performance_table_matches_results_files():
-  rows = _section_table(README.read_text(), "Performance")
-  assert not _mismatches(rows, performance_rows()), _mismatches(rows, performance_rows())
+def test_readme_performance_sentence_matches_the_committed_gpu_results():
+  readme = " ".join(README.read_text().split())
+  doc = _load("results/bench_ffn_gpu.json")
+  assert performance_sentence(doc) in readme, performance_sentence(doc)
+  doc["results"][1]["recipes"]["s3r_ec_dx"]["speedup_vs_bf16"] = 0.5
+  assert performance_sentence(doc) not in readme  # the check can fail
 
 
-def test_readme_results_table_matches_results_files():
-  rows = _section_table(README.read_text(), "Results")
+def test_results_doc_contrast_table_matches_results_files():
+  rows = _section_table(RESULTS_DOC.read_text(), "In one table")
   assert not _mismatches(rows, results_rows()), _mismatches(rows, results_rows())
 
 
@@ -154,7 +154,7 @@ def test_docs_moe_table_matches_results_files():
 
 
 def test_readme_quickstart_numbers_match_the_snapshot():
-  snap = _load("results/quickstart.json")
+  snap = _load("research/results/quickstart.json")
   text = README.read_text()
   found = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, flags=re.S | re.M)
   assert found is not None, "README has a Quickstart section"
@@ -166,14 +166,15 @@ def test_readme_quickstart_numbers_match_the_snapshot():
     "steps": f"{snap['steps']} steps",
   }
   missing = {k: v for k, v in expected.items() if v not in quick}
-  assert not missing, f"Quickstart does not quote results/quickstart.json: {missing}"
+  assert not missing, f"Quickstart does not quote research/results/quickstart.json: {missing}"
 
 
-def test_a_changed_readme_number_is_caught():
+def test_a_changed_table_number_is_caught():
   # The comparison must be able to fail: one digit changed in one cell is reported.
-  tables = (("Performance", performance_rows()), ("Results", results_rows()))
-  for heading, expected in tables:
-    rows = [list(r) for r in _section_table(README.read_text(), heading)]
+  moe = ROOT / "docs" / "moe.md"
+  tables = ((RESULTS_DOC, "In one table", results_rows()), (moe, "The CPU quality check", moe_rows()))
+  for doc, heading, expected in tables:
+    rows = [list(r) for r in _section_table(doc.read_text(), heading)]
     cell = rows[1][1]
     rows[1][1] = re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), cell)
     assert rows[1][1] != cell and _mismatches(rows, expected), heading
@@ -215,49 +216,51 @@ def _signed(x: float) -> str:
 
 
 def dose_sentence(dose: dict) -> str:
-  """The README's dose-study sentence rebuilt from results/dose.json: per grid the mean gap to
+  """The results doc's dose-study sentence rebuilt from research/results/dose.json: per grid the mean gap to
   `int8_sr` over its finished seeds, and how many they are."""
   grids = dose["grids"]
   seeds = ", ".join(f"{g} {len(grids[g]['s3r']['seeds'])}" for g in DOSE_GRIDS)
   s3r = ", ".join(f"{_signed(grids[g]['s3r']['gap_mean'])} at {g}" for g in DOSE_GRIDS)
   ec = ", ".join(_signed(grids[g]["s3r_ec_dx"]["gap_mean"]) for g in DOSE_GRIDS)
   return (
-    f"(`results/dose.md`, means over the seeds per grid: {seeds}): `s3r` − `int8_sr` is {s3r}, "
+    f"(`research/results/dose.md`, means over the seeds per grid: {seeds}): `s3r` − `int8_sr` is {s3r}, "
     f"`s3r_ec_dx` − `int8_sr` {ec}."
   )
 
 
-def test_readme_dose_sentence_matches_the_committed_dose_results():
-  readme = " ".join(README.read_text().split())  # line breaks as spaces
-  expected = dose_sentence(_load("results/dose.json"))
+def test_results_doc_dose_sentence_matches_the_committed_dose_results():
+  readme = " ".join(RESULTS_DOC.read_text().split())  # line breaks as spaces
+  expected = dose_sentence(_load("research/results/dose.json"))
   assert expected in readme, expected
-  changed = _load("results/dose.json")
+  changed = _load("research/results/dose.json")
   changed["grids"]["int6"]["s3r"]["gap_mean"] += 0.01
   assert dose_sentence(changed) not in readme  # the check can fail
 
 
 def _long_arm_section() -> tuple[str, str]:
-  doc = (ROOT / "docs" / "results.md").read_text()
+  doc = RESULTS_DOC.read_text()
   match = re.search(r"^### The long INT8 arm \(([^)]*)\)\n(.*?)(?=^##)", doc, flags=re.S | re.M)
-  assert match, "docs/results.md has no '### The long INT8 arm (...)' section"
+  assert match, "research/docs/results.md has no '### The long INT8 arm (...)' section"
   return match.group(1), match.group(2)
 
 
 def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
-  """The heading counts the finished runs of results/dose_long/runs; the section quotes each finished
-  run's final validation loss, and the paired table of results/dose_long.md once it has one."""
-  runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "dose_long" / "runs").glob("*.json"))]
+  """The heading counts the finished runs of research/results/dose_long/runs; the section quotes each finished
+  run's final validation loss, and the paired table of research/results/dose_long.md once it has one."""
+  runs = [
+    json.loads(p.read_text()) for p in sorted((ROOT / "research" / "results" / "dose_long" / "runs").glob("*.json"))
+  ]
   done = [r for r in runs if r.get("status") == "done"]
-  sweep = _load("results/dose_long.json")["sweep"]
+  sweep = _load("research/results/dose_long.json")["sweep"]
   total = len(sweep["recipes"]) * sweep["seeds"]
   heading, body = _long_arm_section()
   assert re.search(rf"\b{len(done)} of {total} runs\b", heading), (heading, len(done), total)
   text = " ".join(body.split())
   missing = [r["run"] for r in done if f"{r['val_losses']['val']:.4f}" not in text]
   assert not missing, f"runs whose final validation loss the section does not quote: {missing}"
-  paired = [t for t in _tables((ROOT / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
+  paired = [t for t in _tables((ROOT / "research" / "results" / "dose_long.md").read_text()) if "excess" in t[0]]
   for table in paired:
-    assert table in _tables(body), "the section does not quote results/dose_long.md's paired table"
+    assert table in _tables(body), "the section does not quote research/results/dose_long.md's paired table"
 
 
 def _signed(x: float) -> str:
@@ -265,23 +268,32 @@ def _signed(x: float) -> str:
 
 
 def long_arm_sentence(doc: dict) -> str:
-  """The README's per-seed gaps of the long INT8 arm and their 95% intervals, from results/dose_long.json."""
+  """The README's per-seed gaps of the long INT8 arm, their 95% intervals (research/results/dose_long.json)
+  and the paper's difference beside each (labtools/paper.py)."""
+  from labtools.paper import paper_diff
+
   gaps = {}
   for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
     gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
   join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
   ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
+  paper = {}
+  for r in gaps:
+    diff = paper_diff(r, "int8_sr")
+    assert diff is not None, r
+    paper[r] = _signed(diff)
   n = len(gaps["s3r"])
   return (
-    f"(`results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval {ci['s3r']}) "
-    f"and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} ({ci['s3r_ec_dx']}): consistent with the "
-    f"paper's pattern at a seventh of its size, and undecided at {n} seeds"
+    f"(`research/results/dose_long.md`, {n} seeds) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval "
+    f"{ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} "
+    f"({ci['s3r_ec_dx']}; the paper: {paper['s3r_ec_dx']}): consistent with the paper's pattern in sign, "
+    f"smaller in size, and undecided at {n} seeds"
   )
 
 
 def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
   readme = " ".join(README.read_text().split())
-  doc = _load("results/dose_long.json")
+  doc = _load("research/results/dose_long.json")
   assert long_arm_sentence(doc) in readme, long_arm_sentence(doc)
   # "undecided": the pre-registered rules decide neither half yet
   assert doc["paired_tests"]["s3r − int8_sr"]["verdict"] == "open"

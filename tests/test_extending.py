@@ -8,7 +8,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def test_every_path_docs_extending_names_exists():
   text = (REPO / "docs" / "extending.md").read_text()
-  named = {m for m in re.findall(r"`((?:s3r|tests|benchmarks|experiments|docs|scripts)/[\w/.]+\.(?:py|md))`", text)}
+  top = r"(?:s3r|tests|benchmarks|research|labtools|docs|scripts)"
+  named = {m for m in re.findall(rf"`({top}/[\w/.]+\.(?:py|md))`", text)}
   named |= {"README.md"} if "`README.md`" in text else set()
   assert len(named) >= 15, sorted(named)
   missing = sorted(p for p in named if "<name>" not in p and not (REPO / p).exists())

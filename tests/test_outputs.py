@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from benchmarks import cli as bench_cli
-from experiments import protocol
+from research import protocol
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_every_benchmark_writes_under_runs_by_default(name):
 
 
 def test_every_experiment_command_writes_under_runs_by_default():
-  from experiments.__main__ import build_parser
+  from research.__main__ import build_parser
 
   for name, sub in _subparsers(build_parser()).items():
     outs = _output_defaults(sub)
@@ -46,9 +46,9 @@ def test_every_experiment_command_writes_under_runs_by_default():
   assert pathlib.PurePath(protocol.SweepConfig().results_dir).parts[0] == "runs"
 
 
-@pytest.mark.parametrize("module", ["evalsize", "mechanism", "section3"])
+@pytest.mark.parametrize("module", ["evalsize", "mechanism", "section3", "gate_dose", "bf16_seeds"])
 def test_experiment_modules_write_under_runs_by_default(module):
-  source = (REPO / "experiments" / f"{module}.py").read_text()
+  source = (REPO / "research" / f"{module}.py").read_text()
   assert f'default="runs/results/{module}"' in source
 
 
@@ -69,7 +69,7 @@ def _python(clone: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_readme_sweep_plan_ignores_the_committed_summaries(clone):
-  proc = _python(clone, "-m", "experiments", "sweep", "--config", "configs/table1.json", "--plan")
+  proc = _python(clone, "-m", "research", "sweep", "--config", "research/configs/table1.json", "--plan")
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("sweep table1: 0 runs finished"), proc.stdout
   assert _status(clone) == ""
@@ -82,7 +82,7 @@ def test_a_benchmark_run_from_the_readme_leaves_the_clone_clean(clone):
   assert _status(clone) == ""  # runs/ is ignored; results/ untouched
 
 
-# Every command of the README's command-line and models sections, at tiny sizes, in README order.
+# The README's commands (the `s3r` command line, `python -m benchmarks`, `python -m research`), at tiny sizes.
 # RUN is a 2-step training that the later commands resume, evaluate and diagnose; CORPUS is a
 # corpus outside the clone. Each must leave the clone's `git status` clean.
 TINY_RUN = ["--preset", "tiny", "--batch", "2", "--seq", "32", "--vocab", "300", "--eval-batches", "1", "--no-progress"]
@@ -110,7 +110,9 @@ README_COMMANDS = {
   "bench-hf_load": ["-m", "benchmarks", "hf_load", "--preset", "llama-tiny", "--layers", "1", "--repeats", "1"],
   "bench-profile": ["-m", "benchmarks", "profile", "--shape", "64x128", "--tokens", "32", "--iters", "1"],
   "bench-comm": ["-m", "benchmarks", "comm", "--preset", "tiny", "--meshes", "data=2", "--recipes", "s3r"],
-  "diagnose": ["-m", "experiments", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
+  "diagnose": ["-m", "research", "diagnose", "RUN", "--keys", "2", "--recipes", "int8_sr,s3r"],
+  "benchmarks-help": ["-m", "benchmarks", "--help"],
+  "research-help": ["-m", "research", "--help"],
   "family-train": ["-m", "s3r.cli", "train", "--preset", "qwen3-tiny", "--steps", "2", "--batch", "2", "--seq", "32"]
   + ["--vocab", "300", "--eval-batches", "1", "--data", "CORPUS", "--out", "runs/qwen3-tiny", "--no-progress"],
 }
@@ -133,18 +135,16 @@ def test_readme_commands_at_tiny_sizes_leave_the_clone_clean(clone, corpus, name
 
 
 def test_the_readme_lists_the_commands_this_module_runs():
-  """Every `s3r`/`python -m` command of the README's command sections has an entry above."""
+  """Every `s3r` sub-command and `python -m` entry point of the README's command line has an entry above."""
+  import re
+
   readme = (REPO / "README.md").read_text()
-  for word in (
-    "s3r train",
-    "--resume",
-    "s3r eval",
-    "s3r recipes",
-    "s3r models",
-    "python -m benchmarks ffn|moe|quantizer",
-  ):
-    assert word in readme, word
-  named = {n.removeprefix("bench-") for n in README_COMMANDS}
-  line = next(ln for ln in readme.splitlines() if ln.startswith("python -m benchmarks ffn|"))
-  listed = line.split()[3].split("|")
-  assert set(listed) - {"matmul"} <= named, set(listed) - named  # matmul: the test above
+  match = re.search(r"^## Command line\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+  assert match, "the README has no '## Command line' section"
+  section = match.group(1)
+  subs = set(re.findall(r"(?:^|; )s3r (\w+)", section, flags=re.M))
+  assert {"train", "eval", "export", "generate", "recipes", "models"} <= subs, subs
+  assert not subs - set(README_COMMANDS), subs - set(README_COMMANDS)
+  assert "--resume" in section and "resume" in README_COMMANDS
+  for entry in ("benchmarks", "research"):
+    assert f"`python -m {entry} --help`" in section and f"{entry}-help" in README_COMMANDS, entry

@@ -23,19 +23,27 @@ def test_readme_recipe_table_and_notes_name_every_recipe():
     assert f"`{name}`" in README, name
 
 
-def test_readme_names_the_ci_test_command():
+def test_readme_test_command_is_the_one_ci_runs():
+  """The README's test command is `make <target>` for the target .ci/run ends with, word for word."""
   ci = (pathlib.Path(__file__).parents[1] / ".ci" / "run").read_text()
-  assert "make test" in README
   commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-  assert re.fullmatch(r'make PYTHON="\$PY" test', commands[-1]), commands[-1]  # the last command: the README's
+  ci_target = re.fullmatch(r'make PYTHON="\$PY" (\S+)', commands[-1])
+  assert ci_target, f".ci/run does not end with a make target: {commands[-1]}"
+  match = re.search(r"^## Quickstart\n(.*?)(?=^## )", README, flags=re.S | re.M)
+  assert match, "the README has no '## Quickstart' section"
+  quickstart = match.group(1)
+  readme = re.findall(r"^make (\S+)\s+#.*\(what CI runs\)$", quickstart, flags=re.M)
+  assert readme == [ci_target.group(1)], (readme, ci_target.group(1))
 
 
 def test_every_results_file_the_docs_name_is_committed():
-  # A figure or table quoted in the README or docs/ must exist (a renamed output would leave a
-  # broken image link or an unverifiable number). Globs and brace lists are left out.
+  # A figure or table quoted in the README, docs/ or research/docs/ must exist (a renamed output would
+  # leave a broken image link or an unverifiable number). Globs and brace lists are left out.
   root = pathlib.Path(__file__).parents[1]
-  texts = [README] + [p.read_text() for p in sorted((root / "docs").rglob("*.md"))]
-  named = {m.rstrip(".,)") for t in texts for m in re.findall(r"results/[\w./-]+\.(?:md|json|png|csv)", t)}
+  pages = [*sorted((root / "docs").rglob("*.md")), *sorted((root / "research" / "docs").rglob("*.md"))]
+  texts = [README] + [p.read_text() for p in pages]
+  pattern = r"(?<![\w./])(?:research/)?results/[\w./-]+\.(?:md|json|png|csv)"
+  named = {m.rstrip(".,)") for t in texts for m in re.findall(pattern, t)}
   assert named, "the docs quote no results files at all"
   missing = sorted(p for p in named if not (root / p).exists())
   assert not missing, missing

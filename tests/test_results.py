@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from experiments.results import REPO_ROOT, Run, bar_chart, command_line, markdown_table
+from labtools.results import REPO_ROOT, Run, bar_chart, command_line, markdown_table
 
 
 def test_results_files_record_required_metadata(tmp_path, monkeypatch):

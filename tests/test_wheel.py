@@ -61,7 +61,7 @@ def test_installed_package_imports_from_the_wheel_not_the_checkout(fresh_env):
     [str(fresh_env["python"]), "-c", "import s3r; print(s3r.__file__)"], cwd=fresh_env["cwd"], env=fresh_env["env"]
   ).stdout.strip()
   assert pathlib.Path(where).is_relative_to(fresh_env["bin"].parent), where
-  for tooling in ("benchmarks", "experiments"):
+  for tooling in ("benchmarks", "research", "labtools"):
     proc = subprocess.run(
       [str(fresh_env["python"]), "-c", f"import {tooling}"],
       capture_output=True,

@@ -5,7 +5,7 @@ Each entry of COMMANDS names a sub-command and "module:function"; the function,
 or None) as its default. Modules are imported only when needed: for `s3r NAME ...` just
 NAME's module, for `s3r --help` all of them. To add a command, add one line here.
 (The benchmarks and the paper's experiments run from a checkout: `python -m benchmarks`,
-`python -m experiments`.)
+`python -m research`.)
 
 Exit codes (EXIT_CODES; every error but a crash is one line on stderr, without a traceback):
   0    success

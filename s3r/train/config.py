@@ -3,7 +3,7 @@ generated from the fields and the help in their metadata).
 
 Defaults that depend on the run are resolved when the config is built, so a saved config
 holds concrete numbers: `vocab` and `seq` default to the preset's vocabulary and maximum
-sequence length (`--preset tiny` trains the model the README describes), `warmup` to
+sequence length (`--preset tiny` trains the preset of that name, docs/models.md), `warmup` to
 min(30, steps // 10). Errors name the command-line flag (`--warmup`) and the field.
 """
 
@@ -137,7 +137,7 @@ class TrainConfig:
   keep_every: int | None = _flag(
     None,
     "also keep every checkpoint whose step is a multiple of N, a multiple of --ckpt-every (for analysis "
-    "along the run, e.g. python -m experiments.dose_trajectory)",
+    "along the run, e.g. python -m research.dose_trajectory)",
     default_help="only the last two checkpoints and the newest known-good one",
     metavar="N",
   )

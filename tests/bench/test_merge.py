@@ -46,7 +46,7 @@ def test_merge_joins_the_shapes_of_two_runs_in_paper_order_and_keeps_each_runs_m
   doc = _merge(tmp_path, b, a)
   assert [r["shape"] for r in doc["results"]] == ["64x128", "32x64"]  # custom shapes keep input order
   assert doc["complete"] is True
-  from experiments.results import repo_relative  # the files as the metadata records paths (a clone may sit beside tmp)
+  from labtools.results import repo_relative  # the files as the metadata records paths (a clone may sit beside tmp)
 
   assert [p["file"] for p in doc["merged_from"]] == [repo_relative(str(b)), repo_relative(str(a))]
   assert all("git" in p["meta"] and "command" in p["meta"] for p in doc["merged_from"])
@@ -55,7 +55,7 @@ def test_merge_joins_the_shapes_of_two_runs_in_paper_order_and_keeps_each_runs_m
 
 
 def test_progress_writes_are_marked_incomplete_until_the_last_shape(tmp_path, monkeypatch):
-  from experiments.results import Run
+  from labtools.results import Run
 
   writes = []
   real = Run.write

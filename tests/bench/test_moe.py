@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import cli, moe, options
-from experiments import paper
+from labtools import paper
 
 
 @pytest.mark.slow

@@ -45,8 +45,8 @@ def test_resume_removes_the_temporary_folder_of_an_interrupted_save(cli, run_cop
 
 @pytest.mark.parametrize("code", [130, -signal.SIGTERM])
 def test_the_sweep_reports_an_interrupted_run_as_resumable_not_failed(tmp_path, monkeypatch, code):
-  from experiments import sweep
-  from experiments.protocol import SweepConfig
+  from research import sweep
+  from research.protocol import SweepConfig
 
   exit_with = f"import os, signal, sys; os.kill(os.getpid(), signal.SIGTERM) if {code} < 0 else sys.exit({code})"
   monkeypatch.setattr(sweep, "_train_command", lambda *a: [sys.executable, "-c", exit_with])

@@ -146,7 +146,7 @@ def test_device_unpack_puts_archives_under_results_gpu_never_overwrites_and_take
   )
   first = run()
   assert first.returncode == 0, first.stderr
-  assert sorted(p.name for p in (repo / "results/gpu/device_quality").iterdir()) == [
+  assert sorted(p.name for p in (repo / "research/results/device_quality").iterdir()) == [
     "device_quality.log",
     "summary.json",
   ]
@@ -154,5 +154,5 @@ def test_device_unpack_puts_archives_under_results_gpu_never_overwrites_and_take
   assert again.returncode == 2 and "give a SUFFIX" in again.stderr
   beside = run("-2")  # a second run of the script goes beside the first
   assert beside.returncode == 0, beside.stderr
-  assert (repo / "results/gpu/device_quality-2/summary.json").exists()
-  assert run("/x").returncode == 2 and (repo / "results/gpu/device_quality/summary.json").exists()
+  assert (repo / "research/results/device_quality-2/summary.json").exists()
+  assert run("/x").returncode == 2 and (repo / "research/results/device_quality/summary.json").exists()

@@ -33,7 +33,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _committed_curves() -> list[list[float]]:
   """The training-loss curves of the committed sweep summaries (healthy runs, every 5th step)."""
   curves = []
-  for path in sorted((REPO / "results").glob("*/runs/*.json")):
+  for path in sorted((REPO / "research" / "results").glob("*/runs/*.json")):
     summary = json.loads(path.read_text())
     if summary.get("status") == "done" and summary.get("curve"):
       curves.append([loss for _, loss in summary["curve"]])

@@ -1,0 +1,498 @@
+"""The dose-response study's summary (`dose.json`), report (`dose.md`) and plot (`dose.png`).
+
+`summarize` turns the finished arms (one lockstep summary per gradient grid and seed) into paired
+differences of final validation loss to the baseline (`int8_sr` at the same grid and seed) and the
+measured *excess*: e²(recipe) − e²(baseline) of the relative dW error of block 0, both errors
+measured on the baseline model's final parameters of that arm (`dose_same_params`), so that the
+difference is the excess variance the recipe's rounding adds on one set of parameters. The plot
+puts every recipe x grid x seed at (excess, gap), with reference points of the paper and of this
+repository's 400-step sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+
+from labtools import paper
+from labtools import results as provenance
+from research import stats
+from s3r.quant import formats
+
+BASELINE = "int8_sr"
+METRIC = "dw_first"  # the relative dW error of block 0 (research.gradients.METRICS)
+SLOPE_BAND = (0.47, 0.76)  # the hypothesis: loss per unit excess (research/results/dose/PREDICTIONS.md)
+SLOPE_RECIPES = ("s3r", "s3r_ec_dx")  # stochastic recipes, whose excess is a variance (RTNE's error is a bias)
+MARKERS = {"int8_rtne": "s", "s3r": "o", "s3r_ec_dx": "^"}
+GRID_COLOURS = {
+  "int8": "tab:blue",
+  "int6": "tab:orange",
+  "int4": "tab:red",
+  "nvfp4": "tab:purple",
+  "mxfp4": "tab:green",
+}
+
+
+def base_name(recipe: str) -> str:
+  """`s3r@int6` -> `s3r`."""
+  return recipe.partition("@")[0]
+
+
+def grid_label(grid: str) -> str:
+  """`int6` -> `int6 (Q = 31)`; FP4 grids name their block scale, FP8 grids their dtype."""
+  f = formats.get_format(grid)
+  if f.grid == "uniform":
+    return f"{grid} (Q = {f.qmax})"
+  if isinstance(f, formats.FloatFormat):
+    return f"{grid} ({f.code_dtype.name}, largest value {f.qmax})"
+  assert isinstance(f, formats.E2M1Format)
+  return f"{grid} (E2M1, {f.block_scale.upper()} scales per {f.block} x {f.block} block)"
+
+
+# --- one arm ---------------------------------------------------------------------------------------
+
+
+def _final(curve: list) -> float | None:
+  return curve[-1] if curve else None
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+  return None if a is None or b is None else a - b
+
+
+def arm_result(grid: str, seed: int, summary: dict, baseline: str = BASELINE) -> dict:
+  """One arm's final losses, paired differences to the baseline and excess, by base recipe name."""
+  recipes = {base_name(r): r for r in summary["config"]["recipes"]}
+  curves = summary["curves"]
+  val = {b: _final(curves["val"][r]) for b, r in recipes.items()}
+  c4 = {b: _final(curves["val_c4"][r]) for b, r in recipes.items()} if "val_c4" in curves else None
+  same = (summary.get("dose_same_params") or {}).get("errors") or {}
+  own = summary.get("dose") or {}
+  e2 = {b: same[r][METRIC] ** 2 for b, r in recipes.items() if r in same}
+  e2_own = {b: own[r][METRIC] ** 2 for b, r in recipes.items() if r in own}
+  meta = summary.get("meta", {})
+  return {
+    "grid": grid,
+    "seed": seed,
+    "recipes": recipes,
+    "steps_done": summary["steps_done"],
+    "val": val,
+    "c4": c4,
+    "gap": {b: _diff(v, val[baseline]) for b, v in val.items() if b != baseline},
+    "errors_same_params": {b: same[r] for b, r in recipes.items() if r in same},
+    "params_of": (summary.get("dose_same_params") or {}).get("params_of"),
+    "errors_own_params": {b: own[r] for b, r in recipes.items() if r in own},
+    "e2_baseline": e2.get(baseline),
+    "excess": {b: e2[b] - e2[baseline] for b in e2 if b != baseline} if baseline in e2 else {},
+    "excess_own_params": {b: e2_own[b] - e2_own[baseline] for b in e2_own if b != baseline}
+    if baseline in e2_own
+    else {},
+    "iteration_s_median": summary.get("iteration_s_median"),
+    "meta": {
+      "revision": (meta.get("git") or {}).get("revision"),
+      "dirty_paths": (meta.get("git") or {}).get("dirty_paths"),
+      **{k: meta.get(k) for k in ("jax_version", "cpu_model", "loadavg_before", "loadavg_after", "date_utc")},
+    },
+  }
+
+
+# --- over arms -------------------------------------------------------------------------------------
+
+
+def mean_sd(values: list) -> tuple[float | None, float | None]:
+  """Mean and sample sd of the finite values (sd None below two)."""
+  xs = [v for v in values if v is not None and math.isfinite(v)]
+  if not xs:
+    return None, None
+  return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else None
+
+
+def by_grid(arms: list[dict], baseline: str = BASELINE) -> dict:
+  """{grid: {recipe: per-seed gaps and excesses with their mean and sd}}."""
+  out: dict = {}
+  for arm in arms:
+    for recipe in arm["gap"]:
+      row = out.setdefault(arm["grid"], {}).setdefault(recipe, {"seeds": [], "gap": [], "excess": []})
+      row["seeds"].append(arm["seed"])
+      row["gap"].append(arm["gap"][recipe])
+      row["excess"].append(arm["excess"].get(recipe))
+  for rows in out.values():
+    for row in rows.values():
+      row["gap_mean"], row["gap_sd"] = mean_sd(row["gap"])
+      row["excess_mean"], row["excess_sd"] = mean_sd(row["excess"])
+  return out
+
+
+def points(arms: list[dict]) -> list[dict]:
+  """Every (recipe, grid, seed) with both a gap and an excess: the plot's points."""
+  return [
+    {"recipe": r, "grid": a["grid"], "seed": a["seed"], "excess": a["excess"][r], "gap": a["gap"][r]}
+    for a in arms
+    for r in a["gap"]
+    if a["gap"][r] is not None and a["excess"].get(r) is not None
+  ]
+
+
+def slope_through_origin(pts: list[dict], recipes: tuple[str, ...] = SLOPE_RECIPES) -> dict | None:
+  """Least-squares gap = k x excess over the stochastic recipes' points (None without any)."""
+  used = [p for p in pts if p["recipe"] in recipes]
+  sxx = sum(p["excess"] ** 2 for p in used)
+  if not used or sxx == 0:
+    return None
+  k = sum(p["excess"] * p["gap"] for p in used) / sxx
+  return {"k": k, "n": len(used), "recipes": list(dict.fromkeys(p["recipe"] for p in used)), "hypothesis": SLOPE_BAND}
+
+
+def reference_points(results_root: pathlib.Path = provenance.REPO_ROOT / "research" / "results") -> list[dict]:
+  """(excess, gap to int8_sr) points from elsewhere: the paper's Table I gaps with its Table II dW
+  errors (labtools/paper.py), and this repository's 400-step sweep (research/results/table1.json) with its
+  Table II on the step-400 checkpoint (research/results/table2.json); those files absent, their points too."""
+
+  def point(recipe, source, dw, dw_base, gap):
+    return {"recipe": recipe, "source": source, "excess": dw**2 - dw_base**2, "gap": gap}
+
+  dw = {r: v[2] for r, v in paper.PAPER_TABLE2.items()}
+  out = [
+    point(r, "paper (Tables I and II)", dw[r], dw[BASELINE], paper.paper_diff(r, BASELINE))
+    for r in ("s3r", "s3r_ec_bcast")
+  ]
+  t1, t2 = results_root / "table1.json", results_root / "table2.json"
+  if t1.is_file() and t2.is_file():
+    rows = json.loads(t1.read_text())["rows"]
+    errors = json.loads(t2.read_text())["relative_error"]
+    for r in ("s3r_bcast", "s3r_ec_dx_bcast"):
+      if r in rows and r in errors and BASELINE in rows and BASELINE in errors:
+        gap = rows[r]["val_mean"] - rows[BASELINE]["val_mean"]
+        out.append(
+          point(
+            r,
+            "400-step sweep (research/results/table1.json, table2.json)",
+            errors[r][METRIC],
+            errors[BASELINE][METRIC],
+            gap,
+          )
+        )
+  return out
+
+
+LONG_ARM = "dose_long"  # research/results/dose_long/runs/<run>.json: the 3200-step INT8 arm (`research sweep`)
+
+
+def _excess(run: dict, recipe: str, baseline: str) -> float | None:
+  """e²(recipe) − e²(baseline) of the errors `run` measured on its own final parameters (its `dose`)."""
+  errors = (run.get("dose") or {}).get("errors") or {}
+  if recipe not in errors or baseline not in errors:
+    return None
+  return errors[recipe][METRIC] ** 2 - errors[baseline][METRIC] ** 2
+
+
+def paired_dose(runs: list[dict], baseline: str = BASELINE) -> list[dict]:
+  """Every finished run of a sweep with `dose` measurements, other than the baseline's, paired with the
+  finished baseline run of its seed (same initialization and data order): the gap in final validation
+  loss, the excess measured on the baseline run's final parameters (as in the lockstep arms) and, where
+  the run measured one, on its own final parameters. Runs without such a partner give no row."""
+  done = {(r["recipe"], r["seed"]): r for r in runs if r.get("status") == "done" and "val" in r.get("val_losses", {})}
+  out = []
+  for (recipe, seed), run in sorted(done.items()):
+    base = done.get((baseline, seed))
+    excess = None if recipe == baseline or base is None else _excess(base, recipe, baseline)
+    if excess is None:
+      continue
+    out.append({
+      "recipe": recipe,
+      "seed": seed,
+      "gap": run["val_losses"]["val"] - base["val_losses"]["val"],
+      "excess": excess,
+      "excess_own_params": _excess(run, recipe, baseline),
+    })  # fmt: skip
+  return out
+
+
+def paired_tests(rows: list[dict], baseline: str = BASELINE, margin: float | None = None) -> dict:
+  """Per recipe, and per pair of recipes, the paired gaps over the seeds they share: mean ± sd, the
+  paired t-test against 0 with its 95% interval, the equivalence test within ±`margin` (when given)
+  and the verdict of the decision rules (`stats.verdict`). Keys "recipe − baseline" and "a − b"."""
+  gaps = {}
+  for r in rows:
+    gaps.setdefault(r["recipe"], {})[r["seed"]] = r["gap"]
+  pairs = [(r, baseline, g) for r, g in gaps.items()]
+  names = list(gaps)
+  for i, a in enumerate(names):  # a − b = (a − baseline) − (b − baseline), seed by seed
+    for b in names[i + 1 :]:
+      common = sorted(set(gaps[a]) & set(gaps[b]))
+      pairs.append((a, b, {s: gaps[a][s] - gaps[b][s] for s in common}))
+  out = {}
+  for a, b, by_seed in pairs:
+    diffs = [by_seed[s] for s in sorted(by_seed)]
+    test = stats.paired(by_seed, dict.fromkeys(by_seed, 0.0)) or {}
+    out[f"{a} − {b}"] = {
+      "seeds": sorted(by_seed),
+      "mean": test.get("mean"),
+      "sd": test.get("sd"),
+      "positive": sum(x > 0 for x in diffs),
+      "t": test.get("t"),
+      "p": test.get("p"),
+      "ci95": test.get("ci95"),
+      "tost": None if margin is None else stats.tost(diffs, margin),
+      "verdict": stats.verdict(diffs, margin),
+    }
+  return out
+
+
+def _test_line(name: str, d: dict) -> str:
+  n = len(d["seeds"])
+  line = f"- `{name.replace(' − ', '` − `')}`: {_fmt(d['mean'])} ± {_fmt(d['sd'], '.3f')} over {n} seed(s), "
+  line += f"positive on {d['positive']} of {n}"
+  if d["t"] is not None:
+    lo, hi = d["ci95"]
+    line += f", paired t {d['t']:+.2f} (p {d['p']:.3g}), 95% interval [{lo:+.3f}, {hi:+.3f}]"
+  if d["tost"]:
+    eq = d["tost"]
+    lo, hi = eq["ci"]
+    line += (
+      f"; equivalence within ±{eq['margin']:g} (TOST): {eq['level']:.0%} interval [{lo:+.3f}, {hi:+.3f}], "
+      f"p {eq['p']:.3g}"
+    )
+  return line + f"; rule: {d['verdict']}"
+
+
+def paired_dose_markdown(rows: list[dict], baseline: str = BASELINE, margin: float | None = None) -> list[str]:
+  """The paired rows as a table, then per recipe the mean ± sd over seeds, how many gaps are positive and
+  the paired t-test of the gaps against 0 (two or more seeds); with a margin, the tests of
+  `paired_tests` for every recipe and pair of recipes."""
+  if not rows:
+    return []
+  cells = [
+    [f"`{r['recipe']}`", r["seed"], _fmt(r["gap"]), _fmt(r["excess"], "+.4f"), _fmt(r["excess_own_params"], "+.4f")]
+    for r in rows
+  ]
+  lines = [
+    f"\nPaired by seed against `{baseline}` (same initialization and data order): gap in final validation "
+    f"loss, and the excess e²(recipe) − e²({baseline}) of the {METRIC} relative error measured on the "
+    f"`{baseline}` run's final parameters and on the recipe run's own:\n",
+    *provenance.markdown_table(["recipe", "seed", "gap", "excess", "excess, own parameters"], cells).splitlines(),
+    "",
+  ]
+  for recipe in dict.fromkeys(r["recipe"] for r in rows):
+    gaps = [r["gap"] for r in rows if r["recipe"] == recipe]
+    excess = [r["excess"] for r in rows if r["recipe"] == recipe]
+    (g, g_sd), (e, e_sd) = mean_sd(gaps), mean_sd(excess)
+    positive = sum(x > 0 for x in gaps)
+    test = stats.paired(dict(enumerate(gaps)), dict.fromkeys(range(len(gaps)), 0.0))  # the gap against 0
+    t_cell = "" if not test or test["t"] is None else f", paired t {test['t']:+.2f} (p {test['p']:.3g})"
+    lines.append(
+      f"- `{recipe}` − `{baseline}`: {_fmt(g)} ± {_fmt(g_sd, '.3f')} over {len(gaps)} seed(s), positive on "
+      f"{positive} of {len(gaps)}{t_cell}; excess {_fmt(e, '+.4f')} ± {_fmt(e_sd, '.4f')}"
+    )
+  if margin is not None:
+    lines += [
+      f"\nPaired tests with the decision rules (two-sided 95% t interval; equivalence within ±{margin:g} by "
+      "two one-sided tests at 0.05). Rule: 'above 0' or 'below 0' when the 95% interval excludes 0; "
+      f"'equivalent within ±{margin:g}' when the 90% interval lies inside the margin; 'below +{margin:g}' "
+      "when the 95% interval lies below the margin without equivalence; otherwise 'open':\n",
+      *(_test_line(name, d) for name, d in paired_tests(rows, baseline, margin).items()),
+    ]
+  return lines
+
+
+def long_arm_points(results_root: pathlib.Path = provenance.REPO_ROOT / "research" / "results") -> list[dict]:
+  """(excess, gap to int8_sr) of the 3200-step INT8 arm, per seed whose `int8_sr` run and recipe run
+  are both finished (`paired_dose` of its committed run summaries). No runs, no points."""
+  runs_dir = results_root / LONG_ARM / "runs"
+  runs = [json.loads(f.read_text()) for f in sorted(runs_dir.glob("*.json"))] if runs_dir.is_dir() else []
+  return [
+    {
+      "recipe": r["recipe"],
+      "source": f"3200-step INT8 arm (results/{LONG_ARM}), seed {r['seed']}",
+      "seed": r["seed"],
+      "excess": r["excess"],
+      "gap": r["gap"],
+    }
+    for r in paired_dose(runs)
+  ]
+
+
+def summarize(config: dict, arms: list[dict], *, missing: list[str], meta: dict, baseline: str = BASELINE) -> dict:
+  """The study's summary: every finished arm, the per-grid table, the plot's points and references."""
+  pts = points(arms)
+  return {
+    "meta": meta,
+    "config": config,
+    "baseline": baseline,
+    "metric": METRIC,
+    "excess_definition": f"e²(recipe) − e²({baseline}) of the {METRIC} relative error, both on the final "
+    f"parameters of the arm's {baseline} model",
+    "arms": arms,
+    "missing_arms": missing,
+    "grids": by_grid(arms, baseline),
+    "points": pts,
+    "slope": slope_through_origin(pts),
+    "reference_points": reference_points() + long_arm_points(),
+  }
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, spec: str = "+.3f") -> str:
+  return "–" if x is None else format(x, spec)
+
+
+def _mean_cell(row: dict, key: str, spec: str) -> str:
+  mean, sd = row[f"{key}_mean"], row[f"{key}_sd"]
+  return _fmt(mean, spec) + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def grid_table(grid: str, rows: dict, arms: list[dict], baseline: str) -> list[str]:
+  """One grid's table: per seed and the mean ± sd, each recipe's gap to the baseline beside its excess."""
+  recipes = [r for r in ("s3r", "s3r_ec_dx", "int8_rtne") if r in rows] + [
+    r for r in rows if r not in ("s3r", "s3r_ec_dx", "int8_rtne")
+  ]
+  head = " | ".join(f"`{r}` − `{baseline}` | excess" for r in recipes)
+  lines = [f"### {grid_label(grid)}", "", f"| seed | {head} | e²(`{baseline}`) |"]
+  lines.append("| --- |" + " --: | --: |" * len(recipes) + " --: |")
+  e2_base = {a["seed"]: a["e2_baseline"] for a in arms if a["grid"] == grid}
+  for i, seed in enumerate(rows[recipes[0]]["seeds"]):
+    cells = [f"{_fmt(rows[r]['gap'][i])} | {_fmt(rows[r]['excess'][i], '+.4f')}" for r in recipes]
+    lines.append(f"| {seed} | " + " | ".join(cells) + f" | {_fmt(e2_base.get(seed), '.4f')} |")
+  means = [f"{_mean_cell(rows[r], 'gap', '+.3f')} | {_mean_cell(rows[r], 'excess', '+.4f')}" for r in recipes]
+  return lines + ["| mean ± sd | " + " | ".join(means) + " | |", ""]
+
+
+def arms_table(arms: list[dict]) -> list[str]:
+  """Every finished arm: final validation losses, iteration time and provenance."""
+  recipes = list(dict.fromkeys(r for a in arms for r in a["val"]))
+  lines = [
+    "| arm | steps | "
+    + " | ".join(f"`{r}`" for r in recipes)
+    + " | s/iteration | revision | date (UTC) | load before → after |"
+  ]
+  lines.append("| --- | --: |" + " --: |" * len(recipes) + " --: | --- | --- | --- |")
+  for a in arms:
+    m = a["meta"]
+    rev = (m["revision"] or "unknown")[:8] + (
+      " (dirty: " + ", ".join(m["dirty_paths"]) + ")" if m["dirty_paths"] else ""
+    )
+    vals = " | ".join(_fmt(a["val"].get(r), ".4f") for r in recipes)
+    load = f"{m['loadavg_before']} → {m['loadavg_after']}"
+    lines.append(
+      f"| {a['grid']}-s{a['seed']} | {a['steps_done']} | {vals} | {_fmt(a['iteration_s_median'], '.2f')} | "
+      f"`{rev}` | {m['date_utc']} | {load} |"
+    )
+  return lines + [""]
+
+
+def markdown(summary: dict) -> str:
+  """The report: settings, one table per grid (gap beside excess), the arms, the references and the slope."""
+  cfg, baseline = summary["config"], summary["baseline"]
+  lines = [
+    "# Dose response: loss gap to `int8_sr` against excess gradient variance, by gradient grid",
+    "",
+    provenance.metadata_lines(summary["meta"], {}),
+    f"- lockstep runs of {', '.join(f'`{r}`' for r in cfg['recipes'])} at each grid, on `{cfg['preset']}`: "
+    f"{cfg['steps']} steps (warm-up {cfg['warmup']}), lr {cfg['lr']}, batch {cfg['batch']} x seq {cfg['seq']}, "
+    f"validation every {cfg['eval_every']} steps on {cfg['eval_batches']} fixed batches; "
+    f"{cfg['seeds']} seed(s) per grid",
+    f"- gap: final validation loss minus `{baseline}`'s in the same arm (same initialization, batches and "
+    f"quantizer keys); excess: {summary['excess_definition']}, over {cfg['dose_keys']} keys on "
+    f"{cfg['dose_batch']} validation sequences",
+    "",
+  ]
+  if summary["missing_arms"]:
+    lines += [f"Not finished yet: {', '.join(summary['missing_arms'])}.", ""]
+  if summary["grids"]:
+    lines += ["## Gap and excess by grid", ""]
+    for grid, rows in summary["grids"].items():
+      lines += grid_table(grid, rows, summary["arms"], baseline)
+    lines += ["## Arms", "", *arms_table(summary["arms"])]
+  slope = summary["slope"]
+  if slope:
+    lines += [
+      f"Least-squares slope through the origin over the {slope['n']} points of "
+      f"{', '.join(f'`{r}`' for r in slope['recipes'])}: {slope['k']:.2f} loss per unit excess "
+      f"(hypothesis {slope['hypothesis'][0]}-{slope['hypothesis'][1]}).",
+      "",
+    ]
+  if summary["reference_points"]:
+    lines += ["## Reference points (plotted in grey)", "", "| recipe | source | excess | gap to `int8_sr` |"]
+    lines += ["| --- | --- | --: | --: |"]
+    for p in summary["reference_points"]:
+      lines.append(f"| `{p['recipe']}` | {p['source']} | {p['excess']:.3f} | {p['gap']:+.3f} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+ZOOM = (-0.15, 0.7)  # the right panel's excess range: INT8, int6, NVFP4 and the references
+
+
+def _draw(ax, summary: dict, *, annotate: bool, legend: bool) -> None:
+  """One panel: the points (marker by recipe, colour by grid), the references in grey, the band of
+  the hypothesis and the fitted slope."""
+  seen = set()
+  for p in summary["points"]:
+    label = f"{p['recipe']} @ {p['grid']}" if legend and (p["recipe"], p["grid"]) not in seen else None
+    seen.add((p["recipe"], p["grid"]))
+    colour = GRID_COLOURS.get(p["grid"], "k")
+    ax.scatter(p["excess"], p["gap"], marker=MARKERS.get(p["recipe"], "x"), color=colour, label=label, zorder=3)
+  for i, p in enumerate(summary["reference_points"]):
+    ax.scatter(p["excess"], p["gap"], marker="*", s=120, color="0.55", zorder=2)
+    if annotate:
+      ax.annotate(f"{p['recipe']} ({p['source'].split(' (')[0]})", (p["excess"], p["gap"]), fontsize=7,
+                  color="0.4", xytext=(6, 8 - 14 * (i % 3)), textcoords="offset points")  # fmt: skip
+  xs = [p["excess"] for p in summary["points"] + summary["reference_points"]] or [1.0]
+  x = np.linspace(min(0.0, min(xs)), max(max(xs), 1e-3) * 1.05, 200)
+  lo, hi = SLOPE_BAND
+  band = f"hypothesis: gap = {lo}-{hi} x excess" if legend else None
+  ax.fill_between(x, lo * x, hi * x, color="0.85", alpha=0.6, label=band, zorder=1)
+  if summary["slope"]:  # drawn over the measured excesses only, not extrapolated to the references
+    fitted = [p["excess"] for p in summary["points"] if p["recipe"] in summary["slope"]["recipes"]]
+    xf = np.linspace(min(0.0, min(fitted)), max(fitted), 200)
+    fit = f"fit through 0: {summary['slope']['k']:.2f} x excess" if legend else None
+    ax.plot(xf, summary["slope"]["k"] * xf, "k--", lw=1, label=fit)
+  ax.axhline(0, color="0.3", lw=0.6)
+  ax.axvline(0, color="0.3", lw=0.6)
+  ax.set_xlabel(f"excess e²(recipe) − e²({summary['baseline']}), dW block 0, same parameters")
+
+
+def plot(summary: dict, path: pathlib.Path) -> bool:
+  """The figure: gap against excess over every point (left) and over the small excesses of INT8, int6,
+  NVFP4 and the references (right, `ZOOM`), which the int4 points would otherwise squeeze into a corner.
+  False (and nothing written) without matplotlib."""
+  try:
+    import matplotlib
+  except ImportError:
+    return False
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax_all, ax_zoom) = plt.subplots(1, 2, figsize=(15, 5.5))
+  _draw(ax_all, summary, annotate=False, legend=True)
+  _draw(ax_zoom, summary, annotate=True, legend=False)
+  ax_all.set_ylabel(f"final validation loss − {summary['baseline']} (same seed)")
+  ax_all.set_title("every point (references: grey stars)", fontsize=9)
+  fig.legend(fontsize=7, loc="center right")  # beside the panels: inside, it would hide points
+  inside = [p["gap"] for p in summary["points"] + summary["reference_points"] if ZOOM[0] <= p["excess"] <= ZOOM[1]]
+  ax_zoom.set_xlim(*ZOOM)
+  ax_zoom.set_ylim(min([-0.1, *inside]) - 0.03, max([0.3, *inside]) + 0.05)
+  ax_zoom.set_title(f"excess in [{ZOOM[0]}, {ZOOM[1]}]", fontsize=9)
+  fig.suptitle("Dose response: loss gap against excess gradient variance")
+  fig.tight_layout(rect=(0, 0, 0.86, 1))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def write(results_dir: str | pathlib.Path, summary: dict, log=print) -> dict[str, pathlib.Path]:
+  """Writes `<results_dir>/dose.json`, `dose.md` and (with matplotlib) `dose.png`."""
+  out = pathlib.Path(results_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = {"json": provenance.write_json(out / "dose.json", summary), "md": out / "dose.md"}
+  paths["md"].write_text(markdown(summary))
+  if plot(summary, out / "dose.png"):
+    paths["png"] = out / "dose.png"
+  else:
+    log("dose.png skipped: matplotlib is not installed (pip install -e '.[research]')")
+  return paths
