@@ -23,6 +23,7 @@ import argparse
 import collections
 import pathlib
 import time
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,7 @@ def summarize(runs: dict) -> dict:
   """The paired comparison of the final validation losses: bf16 minus plain, per seed."""
   final = {arm: {int(s): r["val"][-1] for s, r in runs[arm].items()} for arm in ARMS}
   diff = stats.paired(final["bf16"], final["plain"])
-  out = {"final": {arm: stats.mean_sd(list(final[arm].values())) for arm in ARMS}, "paired": diff}
+  out: dict[str, Any] = {"final": {arm: stats.mean_sd(list(final[arm].values())) for arm in ARMS}, "paired": diff}
   if diff and diff["sd"] is not None:
     from scipy import stats as sps
 

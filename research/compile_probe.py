@@ -35,6 +35,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from typing import Any
 
 DEFAULT = "default"
 # name -> (XLA_FLAGS, only meaningful on a GPU), in the order they run on a GPU (cheapest first)
@@ -176,7 +177,7 @@ def probe(args: argparse.Namespace, log=print) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   env, base = dict(os.environ), os.environ.get("XLA_FLAGS", "")
   names = candidate_names(args.candidates, expects_gpu(env))
-  report = {
+  report: dict[str, Any] = {
     "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
     "base_xla_flags": base,
     "rule": RULE,
@@ -199,11 +200,11 @@ def probe(args: argparse.Namespace, log=print) -> dict:
     report["candidates"].append(rec)
     log(f"[probe] {name}: {describe(rec)}")
     write_report(out, report)
-  report["chosen"] = choose(report["candidates"], args.slack)
-  report["xla_flags"] = with_base(report["chosen"], base)
-  report["total_s"] = round(time.monotonic() - t_start, 2)
+  chosen = choose(report["candidates"], args.slack)
+  xla_flags = with_base(chosen, base)
+  report |= {"chosen": chosen, "xla_flags": xla_flags, "total_s": round(time.monotonic() - t_start, 2)}
   write_report(out, report)
-  (out / "xla_flags.txt").write_text(report["xla_flags"] + "\n")
+  (out / "xla_flags.txt").write_text(xla_flags + "\n")
   log(f"[probe] chosen: {report['chosen']} (XLA_FLAGS={report['xla_flags']!r}) after {report['total_s']:.1f}s")
   return report
 

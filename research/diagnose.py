@@ -149,6 +149,7 @@ def _underflow_chart(path, underflow) -> None:
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(8, 4))
+  xs: list[str] = []
   for label, per_layer in underflow.items():
     layers = sorted(per_layer, key=int)
     names = list(per_layer[layers[0]])

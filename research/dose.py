@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import sys
+from typing import Any
 
 from labtools import results as provenance
 from research import dose_report, lockstep
@@ -260,7 +261,12 @@ def config_from_args(args: argparse.Namespace) -> DoseConfig:
   for field in ("grids", "recipes"):
     if isinstance(values.get(field), str):
       values[field] = tuple(x.strip() for x in values[field].split(",") if x.strip())
-  return DoseConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+  return DoseConfig(**_lists_as_tuples(values))
+
+
+def _lists_as_tuples(values: dict[str, Any]) -> dict[str, Any]:
+  """`values` with its lists (as JSON gives them) made tuples, the configs' sequence type."""
+  return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 
 def parser() -> argparse.ArgumentParser:

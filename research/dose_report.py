@@ -198,7 +198,9 @@ def paired_dose(runs: list[dict], baseline: str = BASELINE) -> list[dict]:
   out = []
   for (recipe, seed), run in sorted(done.items()):
     base = done.get((baseline, seed))
-    excess = None if recipe == baseline or base is None else _excess(base, recipe, baseline)
+    if recipe == baseline or base is None:
+      continue
+    excess = _excess(base, recipe, baseline)
     if excess is None:
       continue
     out.append({

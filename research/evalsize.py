@@ -25,7 +25,9 @@ from s3r.train.evaluate import restore_run
 
 def shard9_tokens(tok: s3r_data.Tokenizer) -> np.ndarray:
   """Every document of the last enwiki shard, each followed by end-of-text (as s3r.data.prepare does)."""
-  shard = sorted((s3r_data.default_data_root() / "enwiki").glob("*.jsonl.gz"))[-1]
+  root = s3r_data.default_data_root()
+  assert root is not None, "no data root: the enwiki shards are needed"
+  shard = sorted((root / "enwiki").glob("*.jsonl.gz"))[-1]
   docs = list(s3r_data.read_documents(str(shard)))
   return np.concatenate([np.asarray(ids + [tok.eot_id], np.int32) for ids in tok.encode_batch(docs)])
 
@@ -71,7 +73,7 @@ def paired_checkpoints(checkpoints: list[dict], eval_batches: int = 16) -> list[
 def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches: int = 16, log=print) -> dict:
   cfg, setup, step, state, _, tok, _ = restore_run(path, step=step, log=log)
   tokens = shard9_tokens(tok)
-  batches = list(s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq))
+  batches = list(s3r_data.eval_batches(tokens, batch_size=cfg.batch, seq_len=cfg.seq_len))
   n = len(batches)
   chosen = np.unique(np.linspace(0, n - 1, eval_batches).round().astype(np.int64))  # as eval_batches picks them
   t0 = time.time()

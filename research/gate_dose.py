@@ -66,9 +66,9 @@ def sampled_dx_errors(x_BxSxK, w_KxN, g_BxSxN, grid: str, *, keys: int, seed: in
 
 def ratio_interval(a: list[float], b: list[float], z: float = 1.96) -> tuple[float, float, float]:
   """sqrt(mean a / mean b) (a ratio of relative errors) with a 95% interval: delta method on the log."""
-  a, b = np.asarray(a), np.asarray(b)
-  r = float(np.sqrt(a.mean() / b.mean()))
-  se = 0.5 * float(np.sqrt(a.var(ddof=1) / a.mean() ** 2 / a.size + b.var(ddof=1) / b.mean() ** 2 / b.size))
+  a_n, b_n = np.asarray(a), np.asarray(b)
+  r = float(np.sqrt(a_n.mean() / b_n.mean()))
+  se = 0.5 * float(np.sqrt(a_n.var(ddof=1) / a_n.mean() ** 2 / a_n.size + b_n.var(ddof=1) / b_n.mean() ** 2 / b_n.size))
   return r, r * float(np.exp(-z * se)), r * float(np.exp(z * se))
 
 

@@ -43,6 +43,7 @@ import json
 import os
 import pathlib
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -244,7 +245,7 @@ class _Models:
       total += time.monotonic() - t0
     return total
 
-  def step(self, batch_BxS1: jax.Array, lr: float) -> dict[str, float]:
+  def step(self, batch_BxS1: jax.Array | np.ndarray, lr: float) -> dict[str, float]:
     metrics = {}
     for r in self.train:
       self.states[r], metrics[r] = self.train[r](self.states[r], batch_BxS1, self.train_key, np.float32(lr))
@@ -341,7 +342,7 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     steps, warmup = fitted_schedule(cfg, cfg.time_budget - elapsed() - dose_s, iteration_s, eval_round_s)
     log(f"schedule fitted to the budget: {steps} steps (warm-up {warmup}) at {iteration_s:.3f}s per iteration")
   lr_at = schedule(dataclasses.replace(models.opt, total_steps=steps, warmup_steps=warmup))
-  summary = {
+  summary: dict[str, Any] = {
     "config": dataclasses.asdict(cfg),
     "schedule": {"steps": steps, "warmup": warmup, "fitted": cfg.fit_budget},
     "attention": {"impl": attention, "note": attention_note},
@@ -439,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
   for name, f in fields.items():
     flag = "--" + name.replace("_", "-")
     if name == "recipes":
-      r.add_argument(flag, default=",".join(f.default), help="comma-separated recipes")
+      r.add_argument(flag, default=",".join(LockstepConfig.recipes), help="comma-separated recipes")
     elif isinstance(f.default, bool):
       r.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
     elif f.default is dataclasses.MISSING:

@@ -276,7 +276,7 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
       tok = checkpoint_tokenizer(meta)
       setup = build(cfg, tok.vocab_size, make_mesh(cfg))
       state, _ = ckpt.restore(setup.abstract_state, step)
-      batch = _shard9_batch(tok, cfg.batch, cfg.seq)
+      batch = _shard9_batch(tok, cfg.batch, cfg.seq_len)
       rows = measure(setup.model_cfg, state.params, batch, tokens=tokens)
       e2e = gradients.relative_errors(
         setup.model_cfg, state.params, jnp.asarray(batch), RECIPES, n_keys=n_keys, log=log
@@ -301,6 +301,7 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
 
 def _shard9_batch(tok, batch: int, seq: int) -> np.ndarray:
   root = s3r_data.default_data_root()
+  assert root is not None, "no data root: the enwiki shards are needed"
   shard = sorted((root / "enwiki").glob("*.jsonl.gz"))[-1]
   docs = []
   for doc in s3r_data.read_documents(str(shard)):

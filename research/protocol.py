@@ -116,6 +116,7 @@ def best_lr(cfg: SweepConfig, recipe: str, summaries: dict) -> tuple[float | Non
   if cfg.fixed_lr(recipe) is not None:
     return cfg.fixed_lr(recipe), []  # chosen elsewhere: seeds 0.. all run at it
   lrs = sorted(set(cfg.lrs))
+  best = None
   for _ in range(MAX_EXTENSIONS + 1):
     missing = [lr for lr in lrs if cfg.run_name(recipe, lr, 0) not in summaries]
     if missing:

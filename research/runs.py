@@ -114,7 +114,7 @@ def load_run(path: str, *, log=print, batch: int | None = None, step: int | None
   state, _ = ckpt.restore(setup.abstract_state, step)
   ckpt.close()
   val_batch = next(
-    s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=batch or cfg.batch, seq_len=cfg.seq, max_batches=1)
+    s3r_data.eval_batches(corpus.val_tokens["val"], batch_size=batch or cfg.batch, seq_len=cfg.seq_len, max_batches=1)
   )
   init = setup.init_state(setup.keys["init"])
   return {"train_config": cfg, "model_cfg": setup.model_cfg, "params": state.params,

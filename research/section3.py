@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+from typing import Any
 
 import jax
 import numpy as np
@@ -64,7 +65,11 @@ def variance_and_covariance(n: int = 256, draws: int = 200_000, seed: int = 0) -
   p_N = rng.permutation((np.arange(n) + 0.5) / n)
   exact_c = shared_covariance(p_N)
   off = ~np.eye(n, dtype=bool)
-  out = {"n": n, "draws": draws, "exact": {"var": float(np.diag(exact_c).mean()), "cov": float(exact_c[off].mean())}}
+  out: dict[str, Any] = {
+    "n": n,
+    "draws": draws,
+    "exact": {"var": float(np.diag(exact_c).mean()), "cov": float(exact_c[off].mean())},
+  }
   sources = {
     "uniform": rng.random(draws),
     "compact_7bit": np.asarray(thresholds.compact_uniform(jax.random.key(seed), draws), np.float64),

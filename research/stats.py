@@ -9,6 +9,7 @@ where a p-value is computed.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def paired(a: dict, b: dict) -> dict | None:
     return None
   diff = np.asarray([a[s] - b[s] for s in seeds], float)
   sd = float(diff.std(ddof=1)) if len(seeds) > 1 else None
-  out = {"seeds": seeds, "mean": float(diff.mean()), "sd": sd, "t": None, "p": None}
+  out: dict[str, Any] = {"seeds": seeds, "mean": float(diff.mean()), "sd": sd, "t": None, "p": None}
   if sd and sd > 1e-9 * (1 + abs(out["mean"])):
     from scipy import stats
 

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from labtools.results import loadavg, log, run_metadata
 from research import table1
@@ -231,8 +232,12 @@ def config_from_args(args) -> SweepConfig:
     values["fixed_lrs"] = {**file_fixed, **values["fixed_lrs"]}
   if getattr(args, "recipes", None) and values.get("fixed_lrs"):  # --recipes picks a subset of the sweep
     values["fixed_lrs"] = {r: v for r, v in values["fixed_lrs"].items() if r in values["recipes"]}
-  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-  return SweepConfig(**values)
+  return SweepConfig(**_lists_as_tuples(values))
+
+
+def _lists_as_tuples(values: dict[str, Any]) -> dict[str, Any]:
+  """`values` with its lists (as JSON gives them) made tuples, the configs' sequence type."""
+  return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 
 def run(args) -> int:

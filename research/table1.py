@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def build_table(cfg, summaries: dict) -> dict:
       else [summaries[n] for n in (cfg.run_name(recipe, best, s) for s in range(cfg.seeds)) if n in summaries]
     )
     done = [s for s in runs if s["status"] == "done"]
-    row = {
+    row: dict[str, Any] = {
       "best_lr": best,
       "seed0_by_lr": dict(sorted(seed0.items())),
       "seeds_done": len(done),

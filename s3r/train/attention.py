@@ -9,6 +9,11 @@ results record.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from s3r.model.config import AttentionImpl
+
 CHOICES = ("auto", "xla", "cudnn")
 
 
@@ -32,15 +37,17 @@ def _probe(cfg, batch: int, seq: int) -> None:
     jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
 
 
-def resolve(choice: str, cfg, *, batch: int, seq: int) -> tuple[str, str | None]:
+def resolve(choice: str, cfg, *, batch: int, seq: int) -> tuple[AttentionImpl, str | None]:
   """(attention_impl, note) for `choice`: `auto` is cuDNN on a GPU where it compiles for `cfg` at
   (batch, seq), else XLA; `xla` and `cudnn` are taken as asked. The note says why auto fell back."""
   import jax
 
   if choice not in CHOICES:
     raise ValueError(f"attention must be one of {', '.join(CHOICES)}, got {choice!r}")
-  if choice != "auto":
-    return choice, None
+  if choice == "xla":
+    return "xla", None
+  if choice == "cudnn":
+    return "cudnn", None
   if jax.default_backend() != "gpu":
     return "xla", None
   try:
