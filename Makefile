@@ -20,7 +20,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check s3r benchmarks research labtools tests scripts
 	$(VENV)/bin/ruff format --check s3r benchmarks research labtools tests scripts
-	$(VENV)/bin/pyrefly check  # the library, benchmarks, labtools and tests ([tool.pyrefly] in pyproject.toml)
+	$(VENV)/bin/pyrefly check  # the library, benchmarks, research, labtools and tests ([tool.pyrefly] in pyproject.toml)
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile

@@ -26,6 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import ArrayLike
 
 from labtools import results as provenance
 from research import mechanism
@@ -64,7 +65,7 @@ def sampled_dx_errors(x_BxSxK, w_KxN, g_BxSxN, grid: str, *, keys: int, seed: in
   return out
 
 
-def ratio_interval(a: list[float], b: list[float], z: float = 1.96) -> tuple[float, float, float]:
+def ratio_interval(a: ArrayLike, b: ArrayLike, z: float = 1.96) -> tuple[float, float, float]:
   """sqrt(mean a / mean b) (a ratio of relative errors) with a 95% interval: delta method on the log."""
   a_n, b_n = np.asarray(a), np.asarray(b)
   r = float(np.sqrt(a_n.mean() / b_n.mean()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import overload
 
 import numpy as np
 
@@ -69,6 +70,10 @@ def summarize_run(out: pathlib.Path, *, recipe: str, lr: float, seed: int, statu
   }  # fmt: skip
 
 
+@overload
+def portable(train: dict) -> dict: ...
+@overload
+def portable(train: None) -> None: ...
 def portable(train: dict | None) -> dict | None:
   """A run's training config as a results file records it: paths (out, data, cache) without
   machine-specific prefixes (the run stores them absolute so that `s3r eval` finds them)."""

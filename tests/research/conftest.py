@@ -1,6 +1,7 @@
 """A small real-text corpus for end-to-end experiment tests."""
 
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ def tiny_sweep_config(tmp_path: pathlib.Path, corpus: pathlib.Path, **kw):
   """A sweep of real `tiny` runs of 4 steps on `corpus` (checkpoints and evaluations every 2 steps)."""
   from research import protocol
 
-  base = dict(
+  base: dict[str, Any] = dict(
     name="t",
     seeds=1,
     preset="tiny",

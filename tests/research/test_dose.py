@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def token_folder(tmp_path_factory):
 
 
 def _cfg(token_folder, root: pathlib.Path, **kw) -> dose.DoseConfig:
-  base = dict(
+  base: dict[str, Any] = dict(
     grids=GRIDS,
     seeds=1,
     recipes=RECIPES,
@@ -185,7 +186,12 @@ def test_the_fp8_arm_config_is_the_study_at_the_fp8_grids_and_nothing_else():
 
 
 def test_the_config_names_the_field_it_rejects():
-  for bad, field in ((dict(grids=("int5",)), "grids"), (dict(baseline="bf16"), "baseline"), (dict(seeds=0), "seeds")):
+  cases: list[tuple[dict[str, Any], str]] = [
+    (dict(grids=("int5",)), "grids"),
+    (dict(baseline="bf16"), "baseline"),
+    (dict(seeds=0), "seeds"),
+  ]
+  for bad, field in cases:
     with pytest.raises(ValueError, match=f"DoseConfig.{field}"):
       dose.DoseConfig(**bad)
   with pytest.raises(ValueError, match="DoseConfig.warmup"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ def token_folder(tmp_path):
 
 
 def _cfg(token_folder, tmp_path, **kw):
-  base = dict(
+  base: dict[str, Any] = dict(
     data=str(token_folder),
     out=str(tmp_path / "out"),
     preset="tiny",

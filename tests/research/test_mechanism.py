@@ -31,7 +31,7 @@ def test_exact_s3r_dx_error_matches_sampled_quantizer():
   sx = numerics.absmax_scale(jnp.asarray(x), axis=-1)
   sw = numerics.absmax_scale(jnp.asarray(w), axis=0)
   wq = np.asarray(numerics.quantize_rtne(jnp.asarray(w), sw), np.float64)
-  codes = jax.jit(lambda key: gradient_codes(x, w, g, key=key, recipe="s3r"))
+  codes = jax.jit(lambda key: gradient_codes(jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), key=key, recipe="s3r"))
   gp = np.asarray(sx[..., None] * g * sw, np.float64)[0]
   exact_norm = np.linalg.norm((gp @ wq.T) / np.asarray(sx, np.float64)[0][:, None])
   sq = []

@@ -43,5 +43,7 @@ def test_the_research_help_names_every_module_that_is_a_command():
   commands = sorted(
     p.stem for p in folder.glob("*.py") if p.stem != "__main__" and '__name__ == "__main__"' in p.read_text()
   )
-  doc = " ".join(importlib.import_module("research.__main__").__doc__.split())
+  main_doc = importlib.import_module("research.__main__").__doc__
+  assert main_doc
+  doc = " ".join(main_doc.split())
   assert commands and not [c for c in commands if not re.search(rf"\bresearch\.{c}\b", doc)]

@@ -2,6 +2,7 @@
 
 import json
 import math
+from typing import Any
 
 import pytest
 from scipy import stats as scipy_stats
@@ -12,7 +13,7 @@ from tests.research.conftest import tiny_sweep_config
 
 
 def _cfg(tmp_path, **kw):
-  base = dict(
+  base: dict[str, Any] = dict(
     name="t",
     recipes=("bf16", "int8_sr", "s3r_bcast"),
     lrs=(1e-3, 2e-3, 4e-3),
@@ -386,4 +387,5 @@ def test_the_papers_contrasts_are_differences_of_its_losses_as_its_text_quotes_t
 
   assert paper_diff("s3r_ec_dx_bcast", "s3r_ec_bcast") == pytest.approx(0.092)
   assert paper_diff("int8_rtne", "int8_sr") == pytest.approx(0.177) and paper_diff("s3r", "nope") is None
-  assert all(abs(paper_diff(r, "bf16") - PAPER_GAP[r]) <= 0.001 + 1e-9 for r in PAPER_GAP)
+  diffs = {r: paper_diff(r, "bf16") for r in PAPER_GAP}
+  assert all(d is not None and abs(d - PAPER_GAP[r]) <= 0.001 + 1e-9 for r, d in diffs.items())
