@@ -100,7 +100,10 @@ def test_every_checkpoint_truncated_fails_in_one_line_with_the_detail_in_the_run
   proc = cli(command, run_copy, *args)
   line = assert_one_line_error(proc, 2, "no readable checkpoint")
   assert proc.stderr == line + "\n" and proc.stdout == "", proc.stderr[-3000:]
-  assert "Event loop is closed" in (run_copy / "train.log").read_text()
+  # the detail goes to the run's log; tensorstore's "Event loop is closed" tracebacks, when its pending
+  # callbacks outlive the loop (timing-dependent: not on every run), go there too and never to the console
+  detail = (run_copy / "train.log").read_text()
+  assert "checkpoint step 6 of" in detail and "checkpoint step 4 of" in detail and "Traceback" in detail
 
 
 def test_a_non_finite_loss_stops_with_exit_1_naming_the_checkpoint_and_keeps_metrics_and_plot(cli, run_copy):
