@@ -285,10 +285,9 @@ def long_arm_sentence(doc: dict) -> str:
   seeds = {r: len(g) for r, g in gaps.items()}
   total = doc["sweep"]["seeds"]
   if min(seeds.values()) < total:  # an interim look: the pre-registered rules decide at the full count only
-    tail = (
-      f"smaller in size; interim, at {seeds['s3r']} and {seeds['s3r_ec_dx']} of {total} seeds: the pre-registered "
-      f"rules decide at {total}"
-    )
+    counts = sorted(set(seeds.values()))
+    at = " and ".join(map(str, counts))
+    tail = f"smaller in size; interim, at {at} of {total} seeds: the pre-registered rules decide at {total}"
   else:
     verdict = {r: doc["paired_tests"][f"{r} − int8_sr"]["verdict"] for r in gaps}
     tail = f"smaller in size; by the pre-registered rules: {verdict['s3r']}, and {verdict['s3r_ec_dx']}"
