@@ -29,10 +29,10 @@ import json
 import os
 import pathlib
 import sys
-from typing import Any
 
 from labtools import results as provenance
 from research import dose_report, lockstep
+from research.runs import lists_as_tuples, pid_alive
 from s3r import model as s3r_model
 from s3r.cli import EXIT_CODES
 from s3r.data import DataError, sources
@@ -261,12 +261,7 @@ def config_from_args(args: argparse.Namespace) -> DoseConfig:
   for field in ("grids", "recipes"):
     if isinstance(values.get(field), str):
       values[field] = tuple(x.strip() for x in values[field].split(",") if x.strip())
-  return DoseConfig(**_lists_as_tuples(values))
-
-
-def _lists_as_tuples(values: dict[str, Any]) -> dict[str, Any]:
-  """`values` with its lists (as JSON gives them) made tuples, the configs' sequence type."""
-  return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  return DoseConfig(**lists_as_tuples(values))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -305,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
       write_results(cfg, cfg.tokens or str(pathlib.Path(cfg.runs_dir) / "tokens"))
       return 0
     lock.parent.mkdir(parents=True, exist_ok=True)
-    if lock.exists() and _alive(int(lock.read_text() or 0)):
+    if lock.exists() and pid_alive(int(lock.read_text() or 0)):
       print(f"dose: error: the study in {cfg.runs_dir} is already running (pid {lock.read_text()})", file=sys.stderr)
       return EXIT_CODES["bad_input"]
     lock.write_text(str(os.getpid()))
@@ -322,14 +317,6 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     return EXIT_CODES["interrupted"]
   return 0
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except (OSError, ValueError):
-    return False
-  return pid > 0
 
 
 if __name__ == "__main__":

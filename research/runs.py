@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -125,3 +126,17 @@ def load_run(path: str, *, log=print, batch: int | None = None, step: int | None
   return {"train_config": cfg, "model_cfg": setup.model_cfg, "params": state.params,
           "nu": _adam_nu(state.opt_state), "init_params": init.params, "step": int(state.step),
           "val_batch": np.asarray(val_batch)}  # fmt: skip
+
+
+def lists_as_tuples(values: dict[str, Any]) -> dict[str, Any]:
+  """`values` with its lists (as JSON gives them) made tuples, the configs' sequence type."""
+  return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def pid_alive(pid: int) -> bool:
+  """Whether a process `pid` (from a sweep's lock file) still runs."""
+  try:
+    os.kill(pid, 0)
+  except (OSError, ValueError):
+    return False
+  return pid > 0

@@ -28,12 +28,11 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 from labtools.results import loadavg, log, run_metadata
 from research import table1
 from research.protocol import SweepConfig, best_lr, next_runs, parse_fixed_lrs
-from research.runs import load_summaries, summarize_run
+from research.runs import lists_as_tuples, load_summaries, pid_alive, summarize_run
 
 INTERRUPTED = (130, -signal.SIGINT, -signal.SIGTERM)  # `s3r train`'s exit code after Ctrl-C, or killed by one
 
@@ -232,12 +231,7 @@ def config_from_args(args) -> SweepConfig:
     values["fixed_lrs"] = {**file_fixed, **values["fixed_lrs"]}
   if getattr(args, "recipes", None) and values.get("fixed_lrs"):  # --recipes picks a subset of the sweep
     values["fixed_lrs"] = {r: v for r, v in values["fixed_lrs"].items() if r in values["recipes"]}
-  return SweepConfig(**_lists_as_tuples(values))
-
-
-def _lists_as_tuples(values: dict[str, Any]) -> dict[str, Any]:
-  """`values` with its lists (as JSON gives them) made tuples, the configs' sequence type."""
-  return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  return SweepConfig(**lists_as_tuples(values))
 
 
 def run(args) -> int:
@@ -254,7 +248,7 @@ def run(args) -> int:
     table1.write_tables(cfg, load_summaries(cfg))
     return 0
   lock.parent.mkdir(parents=True, exist_ok=True)
-  if lock.exists() and _alive(int(lock.read_text() or 0)):
+  if lock.exists() and pid_alive(int(lock.read_text() or 0)):
     print(f"s3r: error: sweep {cfg.name} is already running (pid {lock.read_text()}, {lock})", file=sys.stderr)
     return 2
   lock.write_text(str(os.getpid()))
@@ -270,11 +264,3 @@ def run(args) -> int:
   finally:
     lock.unlink(missing_ok=True)
   return 0
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except (OSError, ValueError):
-    return False
-  return pid > 0
