@@ -174,6 +174,26 @@ def test_tiled_layout_does_at_most_rows_plus_experts_times_tile_rows_of_work():
       assert padded <= 2 * rows + tile  # never E times the routed rows
 
 
+def _dense_and_one_segment_per_example(recipe: str, impl: str | None = None):
+  """(y, dX, dW) of the dense layer on [B, S, K] and of the grouped layer with E = B segments of S rows,
+  every expert holding the same W, for one input, upstream gradient and key."""
+  b, s = 3, 8
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.standard_normal((b, s, K)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((b, s, N)) * np.logspace(-3, 0, N), jnp.float32)
+  key = jax.random.key(7)
+  gs = jnp.full((b,), s, jnp.int32)
+  grouped = lambda a, c: s3r.grouped_qmatmul(
+    a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key, recipe=recipe, impl=impl
+  ).reshape(b, s, N)
+  out = []
+  for f in (lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), grouped):
+    y, vjp = jax.vjp(f, x, w)
+    out.append((y, *vjp(g)))
+  return out
+
+
 @pytest.mark.parametrize(
   "recipe", ["int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_bcast", "s3r_ec_dw", "s3r_split_dx2d_dwbcast"]
 )
@@ -184,19 +204,7 @@ def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients(
   are bit-exact. The S3R-EC segment means are reduced in another order than the dense means
   (segment sums vs jnp.mean), and dW of the shared weight sums E per-expert f32 products where
   the dense path rescales one int32 sum, so those agree to f32 rounding."""
-  b, s = 3, 8
-  rng = np.random.default_rng(4)
-  x = jnp.asarray(rng.standard_normal((b, s, K)), jnp.float32)
-  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
-  g = jnp.asarray(rng.standard_normal((b, s, N)) * np.logspace(-3, 0, N), jnp.float32)
-  key = jax.random.key(7)
-  gs = jnp.full((b,), s, jnp.int32)
-  y_d, vjp_d = jax.vjp(lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), x, w)
-  grouped = lambda a, c: s3r.grouped_qmatmul(
-    a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key, recipe=recipe
-  ).reshape(b, s, N)
-  y_g, vjp_g = jax.vjp(grouped, x, w)
-  (dx_d, dw_d), (dx_g, dw_g) = vjp_d(g), vjp_g(g)
+  (y_d, dx_d, dw_d), (y_g, dx_g, dw_g) = _dense_and_one_segment_per_example(recipe)
   np.testing.assert_array_equal(y_g, y_d)
   if not s3r.recipe(recipe).correct_dx:
     np.testing.assert_array_equal(dx_g, dx_d)
@@ -209,20 +217,8 @@ def test_one_segment_per_example_with_a_shared_weight_gives_the_dense_gradients_
   """As above at the FP8 gradient formats: the same codes Q (same step, thresholds and grid), whose
   products with the int8 codes are exact f32 emulations on both paths, summed in another order
   (tiles vs one dot), so dX and dW agree to f32 rounding of the accumulated magnitudes."""
-  b, s = 3, 8
-  rng = np.random.default_rng(4)
-  x = jnp.asarray(rng.standard_normal((b, s, K)), jnp.float32)
-  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
-  g = jnp.asarray(rng.standard_normal((b, s, N)) * np.logspace(-3, 0, N), jnp.float32)
-  key = jax.random.key(7)
-  gs = jnp.full((b,), s, jnp.int32)
-  y_d, vjp_d = jax.vjp(lambda a, c: s3r.qmatmul(a, c, key=key, recipe=recipe), x, w)
   for impl in ("tiled", "ragged", None):
-    grouped = lambda a, c: s3r.grouped_qmatmul(
-      a.reshape(b * s, K), jnp.broadcast_to(c, (b, K, N)), gs, key=key, recipe=recipe, impl=impl
-    ).reshape(b, s, N)
-    y_g, vjp_g = jax.vjp(grouped, x, w)
-    (dx_d, dw_d), (dx_g, dw_g) = vjp_d(g), vjp_g(g)
+    (y_d, dx_d, dw_d), (y_g, dx_g, dw_g) = _dense_and_one_segment_per_example(recipe, impl)
     np.testing.assert_array_equal(y_g, y_d)
     np.testing.assert_allclose(dx_g, dx_d, rtol=0, atol=1e-6 * np.abs(dx_d).max())
     np.testing.assert_allclose(dw_g, dw_d, rtol=0, atol=1e-6 * np.abs(dw_d).max())
