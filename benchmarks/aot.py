@@ -135,6 +135,9 @@ def target_devices(target: str) -> list:
   from jax.experimental import topologies
 
   if is_tpu(target):
+    # compile-only: no TPU is opened, so libtpu's one-process-per-host lock has nothing to guard (and would
+    # refuse a second compiling process)
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return list(topologies.get_topology_desc(TPU_TARGETS[target], "tpu").devices)
   topo = topologies.get_topology_desc(
     platform="cuda", topology_name="", topology="1x1x1", target_config=target_spec(target)

@@ -1,5 +1,5 @@
 """`python -m benchmarks aot`: GPU programs compiled on the CPU. The default suite checks the refusal without the
-`gpu-aot` extra and the GEMM census of an XLA:GPU HLO text; the slow tests compile for the H100 target (skipped,
+`gpu-aot` (or `tpu-aot`) extra and the GEMM census of an XLA:GPU (and an XLA:TPU) HLO text; the slow tests compile for the H100 target (skipped,
 with the reason, where JAX's CUDA plugin is not installed)."""
 
 from __future__ import annotations
@@ -78,6 +78,54 @@ def test_aot_refuses_in_one_message_naming_the_extra_when_the_cuda_plugin_is_mis
   with pytest.raises(SystemExit) as e:
     aot.run(args)
   assert "gpu-aot" in str(e.value) and "pip install" in str(e.value)
+
+
+def test_aot_refuses_the_v5p_target_in_one_message_naming_the_tpu_extra_when_libtpu_is_missing(monkeypatch):
+  monkeypatch.setattr(aot, "tpu_plugin_installed", lambda: False)
+  args = cli.build_parser().parse_args(["aot", "--target", "v5p", "--program", "ffn"])
+  with pytest.raises(SystemExit) as e:
+    aot.run(args)
+  assert "tpu-aot" in str(e.value) and "pip install" in str(e.value)
+
+
+TPU_HLO = """HloModule jit_f, entry_computation_layout={(s8[256,512]{1,0}, s8[512,128]{1,0})->s32[256,128]{1,0}}
+
+%fused_computation (param_0: s8[256,512], param_1: s8[512,128]) -> s32[256,128] {
+  %param_0 = s8[256,512]{1,0:T(8,128)(4,1)} parameter(0)
+  %param_1 = s8[512,128]{1,0:T(8,128)(4,1)} parameter(1)
+  ROOT %convolution.1 = s32[256,128]{1,0:T(8,128)} convolution(%param_0, %param_1), dim_labels=bf_io->bf
+}
+
+%fused_computation.1 (param_0.1: bf16[256,512], param_1.1: bf16[512,128]) -> f32[256,128] {
+  %param_0.1 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(0)
+  %param_1.1 = bf16[512,128]{1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution.2 = f32[256,128]{1,0:T(8,128)} convolution(%param_0.1, %param_1.1), dim_labels=bf_io->bf
+}
+
+ENTRY %main.1 (a.1: s8[256,512], b.1: s8[512,128], c.1: bf16[256,512], d.1: bf16[512,128]) -> s32[256,128] {
+  %a.1 = s8[256,512]{1,0:T(32,128)(4,1)} parameter(0)
+  %b.1 = s8[512,128]{1,0:T(32,128)(4,1)} parameter(1)
+  %c.1 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(2)
+  %d.1 = bf16[512,128]{1,0:T(8,128)(2,1)} parameter(3)
+  %fusion.1 = f32[256,128]{1,0:T(8,128)} fusion(%c.1, %d.1), kind=kOutput, calls=%fused_computation.1
+  %custom-call.1 = s32[4]{0:T(128)} custom-call(%a.1), custom_call_target="tpu_custom_call"
+  ROOT %fusion = s32[256,128]{1,0:T(8,128)} fusion(%a.1, %b.1), kind=kOutput, calls=%fused_computation
+}
+"""
+
+
+def test_tpu_gemm_kinds_counts_convolutions_by_operand_and_result_types_inside_fusions():
+  assert aot_report.tpu_gemm_kinds(TPU_HLO) == {
+    "convolution bf16 x bf16 -> f32": 1,
+    "convolution s8 x s8 -> s32": 1,
+    "mosaic_kernel": 1,
+  }
+  assert aot_report.hlo_summary(TPU_HLO, tpu=True)["fusions"] == {"kOutput": 2}
+
+
+def test_no_xla_gpu_option_is_given_to_a_tpu_compile_unless_asked():
+  assert aot.compiler_options(None, tpu=True) == {}
+  assert aot.compiler_options(["xla_tpu_some_flag=true"], tpu=True) == {"xla_tpu_some_flag": True}
 
 
 def test_xla_options_are_typed_name_value_pairs_and_autotuning_is_off_unless_given():
