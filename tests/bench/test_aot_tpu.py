@@ -47,7 +47,7 @@ def _program(recipe: str) -> str:
   block = ffn.make_ffn(recipe)
 
   def fwd_bwd(x, wg, wu, wd, dy, key):
-    y, vjp = jax.vjp(lambda *a: block(*a, key), x, wg, wu, wd)
+    y, vjp = jax.vjp(lambda x, wg, wu, wd: block(x, wg, wu, wd, key), x, wg, wu, wd)
     return y, vjp(dy)
 
   args = (
@@ -61,7 +61,7 @@ def _program(recipe: str) -> str:
   return hlo.hlo_text(jax.jit(fwd_bwd).lower(*args).compile())
 
 
-def _gemms(text: str) -> list[tuple[str, tuple[int, ...], list[tuple[str | None, tuple[int, ...]]]]]:
+def _gemms(text: str) -> list[tuple[str | None, tuple[int, ...], list[tuple[str | None, tuple[int, ...]]]]]:
   """(result type, result dims, [(operand type, dims)]) of every convolution or dot in the module."""
   out = []
   for comp in hlo.parse_hlo(text).values():
