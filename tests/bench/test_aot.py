@@ -279,3 +279,31 @@ def test_the_step_programs_are_planned_per_layout_depth_and_recipe():
   assert len(got) == 8 and len(set(got)) == 8
   scan_of = {(labels["layout"], cast(functools.partial, lower).keywords["scan"]) for labels, lower in todo}
   assert scan_of == {("unrolled", False), ("scan", True)}
+
+
+TEMP_TABLE = "FFN block temporary memory, TPU v5p and H100 targets"
+TEMP_FILES = {"v5p": "results/aot/bench_aot_v5p_ffn_cpu.json", "H100": "results/aot/bench_aot_h100_ffn_w6w9_cpu.json"}
+RECIPE_ORDER = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
+
+
+def _temp_rows(target: str, path: str) -> list[list[str]]:
+  """The docs table's rows of one target: temporary MiB per recipe at each shape, INT8 recipes with their ratio to bf16."""
+  by_shape: dict[str, dict[str, int]] = {}
+  for r in json.loads((REPO / path).read_text())["results"]:
+    by_shape.setdefault(r["shape"], {})[r["recipe"]] = r["memory"]["temp"]
+  rows = []
+  for shape, temps in by_shape.items():
+    base = temps["bf16"]
+    cells = [
+      f"{temps[r] / aot_report.MIB:,.0f}" + ("" if r == "bf16" else f" ({temps[r] / base:.2f}x)") for r in RECIPE_ORDER
+    ]
+    rows.append([target, shape, *cells])
+  return rows
+
+
+def test_the_tpu_and_h100_temporary_memory_table_of_the_docs_is_the_committed_results():
+  text = (REPO / "docs" / "performance.md").read_text()
+  section = text.split(f"### {TEMP_TABLE}\n", 1)[1].split("\n#", 1)[0]
+  table = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+  got = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table]
+  assert got == [row for target, path in TEMP_FILES.items() for row in _temp_rows(target, path)]
