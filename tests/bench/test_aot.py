@@ -307,3 +307,27 @@ def test_the_tpu_and_h100_temporary_memory_table_of_the_docs_is_the_committed_re
   table = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
   got = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table]
   assert got == [row for target, path in TEMP_FILES.items() for row in _temp_rows(target, path)]
+
+
+STEP_TABLE = "Train step of `paper-12l` at 2 layers, TPU v5p target"
+
+
+def _step_rows(path: str) -> list[list[str]]:
+  """The docs table's rows: temporary MiB and compile CPU seconds per recipe, INT8 recipes with their ratio to bf16."""
+  by = {r["recipe"]: r for r in json.loads((REPO / path).read_text())["results"]}
+  temp = {r: by[r]["memory"]["temp"] / aot_report.MIB for r in RECIPE_ORDER}
+  cpu = {r: by[r]["compile_cpu_s"] for r in RECIPE_ORDER}
+  rows = []
+  for label, values, fmt in (("temp MiB", temp, ",.0f"), ("compile CPU s", cpu, ".1f")):
+    base = values["bf16"]
+    cells = [format(values[r], fmt) + ("" if r == "bf16" else f" ({values[r] / base:.2f}x)") for r in RECIPE_ORDER]
+    rows.append([label, *cells])
+  return rows
+
+
+def test_the_v5p_train_step_table_of_the_docs_is_the_committed_results():
+  text = (REPO / "docs" / "performance.md").read_text()
+  section = text.split(f"### {STEP_TABLE}\n", 1)[1].split("\n#", 1)[0]
+  table = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+  got = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table]
+  assert got == _step_rows("results/aot/bench_aot_v5p_step_cpu.json")
