@@ -27,6 +27,11 @@ Output folder:
                  end (a run stopped by the time budget, or one that trained nothing, is not)
   summary.md     the same as a report (see lockstep_report.py)
   lockstep.log   progress lines
+  resume.json, resume.npz
+                 the resume point of the last scheduled evaluation (lockstep_resume.py): a stopped
+                 run started again with the same settings continues from there; removed at the end
+                 of the schedule. After a resume, elapsed_s counts from the start of its segment
+                 (the summary's "resumed" lists each segment's first step and provenance)
 
 Token data (`build-tokens`): train.npy / val.npy / c4.npy (uint16), tokenizer.json, meta.json,
 small enough to travel with the device's working-tree copy (see research/docs/quality-at-scale.md).
@@ -50,7 +55,7 @@ import numpy as np
 
 from labtools import results as provenance
 from labtools.lockstep import model_config, unit_rate  # shared with the AOT benchmark of this step
-from research import gradients
+from research import gradients, lockstep_resume
 from research.lockstep_report import finite, write_summary
 from s3r import data as s3r_data
 from s3r import model as s3r_model
@@ -332,13 +337,22 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     + ", ".join(f"{r} traced {models.lower_s[r]:.1f}s, compiled {s:.1f}s" for r, s in models.compile_s.items())
   )
   log(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS') or '(none)'}")
+  resumed = lockstep_resume.load(out, cfg, models.states)
+  segments = [{"step": 0, "meta": provenance.run_metadata()}]
+  if resumed is not None:
+    models.states = resumed["states"]
+    loader.restore(resumed["loader"])
+    segments = [*resumed["segments"], {"step": resumed["step"], "meta": segments[0]["meta"]}]
+    log(f"resumed at step {resumed['step']} from {out / 'resume.json'}")
   dose_batch = val_sets["val"][0][: cfg.dose_batch]
   iteration_s = models.iteration_seconds(val_sets["val"][0])
   eval_round_s = iteration_s / 3 * sum(len(v) for v in val_sets.values())  # a forward is about a third of a step
   dose_s = (cfg.dose_keys + 1) * iteration_s * cfg.dose_batch / cfg.batch if cfg.dose_keys else 0.0
   dose_s *= 2 if cfg.dose_params_of else 1
   steps, warmup = cfg.steps, cfg.warmup
-  if cfg.fit_budget:
+  if resumed is not None:  # the schedule the run started with
+    steps, warmup = resumed["schedule"]["steps"], resumed["schedule"]["warmup"]
+  elif cfg.fit_budget:
     steps, warmup = fitted_schedule(cfg, cfg.time_budget - elapsed() - dose_s, iteration_s, eval_round_s)
     log(f"schedule fitted to the budget: {steps} steps (warm-up {warmup}) at {iteration_s:.3f}s per iteration")
   lr_at = schedule(dataclasses.replace(models.opt, total_steps=steps, warmup_steps=warmup))
@@ -348,7 +362,8 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     "attention": {"impl": attention, "note": attention_note},
     "param_count": models.param_count,
     "data": meta_tokens,
-    "meta": provenance.run_metadata(),
+    "meta": segments[0]["meta"],  # the first segment's; the later ones under "resumed"
+    "resumed": segments[1:],
     "compile_s": round(compile_s, 2),
     "compile_s_by_recipe": {r: round(v, 2) for r, v in models.compile_s.items()},  # each thread's own
     "lower_s_by_recipe": {r: round(v, 2) for r, v in models.lower_s.items()},  # tracing, one after another
@@ -357,7 +372,11 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     "iteration_s_calibrated": iteration_s,
   }
   records, iter_times, step, train_sum = [], [], 0, dict.fromkeys(cfg.recipes, 0.0)
+  if resumed is not None:
+    records, iter_times, step = resumed["records"], resumed["iter_times"], resumed["step"]
   curves = (out / "curves.jsonl").open("w")
+  for rec in records:
+    curves.write(json.dumps({k: v for k, v in rec.items() if k != "val_batches"}) + "\n")
   write = lambda ended, stopped_by, dose=None, dose_same=None: write_summary(
     out,
     summary,
@@ -384,6 +403,18 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     train_sum.update(dict.fromkeys(cfg.recipes, 0.0))
     log(f"step {step} ({reason}, {rec['elapsed_s']:.0f}s): " + ", ".join(f"{r} {v:.4f}" for r, v in rec["val"].items()))
     write(False, None)
+    if step < steps:
+      lockstep_resume.save(
+        out,
+        cfg,
+        step=step,
+        states=models.states,
+        loader=loader.state(),
+        schedule={"steps": steps, "warmup": warmup},
+        records=records,
+        iter_times=iter_times,
+        segments=segments,
+      )
 
   stopped_by = "steps"
   while step < steps:
@@ -417,6 +448,8 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   summary["eval_compile_s_by_recipe"] = {r: round(v, 2) for r, v in models.eval_compile_s.items()}
   summary["meta"]["loadavg_after"] = provenance.loadavg()
   final = write(True, stopped_by, dose, dose_same)
+  if step == steps:
+    lockstep_resume.clear(out)
   if not final["complete"]:
     log(f"INCOMPLETE: {step} of the schedule's {steps} steps ran (stopped by {stopped_by})")
   return final
