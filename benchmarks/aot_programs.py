@@ -114,23 +114,15 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
 
 
 def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace, scan: bool = True):
-  """The lockstep runner's train step (`research/lockstep.py`'s `lower_train_step`, without its concrete initial
-  state) lowered for the target: (state, tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
-  import jax
-  import numpy as np
-
+  """The lockstep runner's train step (`research/lockstep.py` lowers it with the same function,
+  `labtools.lockstep.lower_train_step`) lowered for the target on a mesh of its first device: (state,
+  tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
   from labtools import lockstep
   from s3r import model as s3r_model
   from s3r.train.optimizer import OptimizerConfig, make_optimizer
-  from s3r.train.step import init_state, make_train_step
 
   vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
   mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, "xla", "bf16", layers=layers)
   mcfg = dataclasses.replace(mcfg, attention_impl=target_attention(mesh, args, mcfg), scan_layers=scan)
   tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
-  array, key = _abstract(mesh)
-  shapes = jax.eval_shape(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), jax.random.key(0))
-  state = jax.tree.map(lambda x: array(x.shape, x.dtype), shapes)
-  step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-    return step.lower(state, array((args.batch, args.seq + 1), np.int32), key, array((), np.float32))
+  return lockstep.lower_train_step(mcfg, tx, lockstep.one_device_mesh(mesh.devices.flat[0]), args.batch, args.seq)
