@@ -124,11 +124,6 @@ def grouped_qmatmul(
       f"(expert) path: its grouped GEMMs take integer or FP8 codes only (the Pallas kernels integer ones); use one of "
       f"{', '.join(formats.formats_with('grouped'))}"
     )
-  if recipe.forward_format != formats.INT8.name:
-    raise ValueError(
-      f"{_NAME}: forward format {recipe.forward_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
-      "(expert) path: its grouped GEMMs, and the Pallas kernels, take int8 forward codes only"
-    )
   if not recipe.quantized:
     return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
   rows = None if rows is None else _normalized(rows)
@@ -182,8 +177,8 @@ _float_gmm.defvjp(_float_fwd, _float_bwd)
 class _Residuals(NamedTuple):
   """What the forward saves for the backward: the forward's codes, their scales, the rows and the key."""
 
-  xq_TxK: jax.Array  # X̂, int8 [T, K]: the activation codes
-  wq_ExKxN: jax.Array  # Ŵ, int8 [E, K, N]: the weight codes
+  xq_TxK: jax.Array  # X̂ [T, K]: the activation codes (int8 or E4M3)
+  wq_ExKxN: jax.Array  # Ŵ [E, K, N]: the weight codes (int8 or E4M3)
   sx_T: jax.Array  # s_x, f32 [T]: the per-row activation scales
   sw_ExN: jax.Array  # s_w, f32 [E, N]: the per-(expert, output column) weight scales
   group_sizes: jax.Array  # int32 [E], sanitized (grouped_gemm.sanitize)
@@ -222,12 +217,13 @@ def _fwd(
   rows: GlobalRows | None,
 ) -> tuple[jax.Array, _Residuals]:
   """(Y [T, N] in x's dtype, the residuals)."""
-  del recipe, w_dtype
+  del w_dtype
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
-  sx_T = numerics.absmax_scale(x_TxK, axis=1)
-  sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
-  xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None])
-  wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
+  fmt = formats.get_format(recipe.forward_format)  # int8, or E4M3 (an all-FP8 recipe): the dense layer's rule
+  sx_T = numerics.absmax_scale(x_TxK, axis=1, fmt=fmt)
+  sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1, fmt=fmt)
+  xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None], fmt)
+  wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :], fmt)
   # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
   y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
   return y_TxN, _Residuals(xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, rows)

@@ -276,11 +276,16 @@ def _dispatch(impl: str, kernel, xla, *args):
 
 
 def _float_codes(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array, object, object]:
-  """(a, b, accumulator, precision) of a GEMM on codes: int8 x int8 as is (the kernels' int32 GEMM);
-  any other pair (FP8 gradient codes times int8 forward codes) as f32 operands at the highest
-  precision, an exact f32 emulation (`formats.code_dot_general`'s), on the tiled or ragged path."""
+  """(a, b, accumulator, precision) of a GEMM on codes, the pairs of `formats.code_dot_general`:
+  int8 x int8 as is (the kernels' int32 GEMM); FP8 x FP8 (E4M3 forward codes, FP8 gradient codes)
+  as is with f32 results, a dot on the FP8 operands (that XLA:CPU emulates exactly in f32); any
+  other pair (FP8 gradient codes times int8 forward codes, int8 gradient codes times E4M3 forward
+  codes) as f32 operands at the highest precision, an exact f32 emulation. The last two run on the
+  tiled or ragged path."""
   if _int8_codes(a, b, _ACC, None):
     return a, b, _ACC, None
+  if a.dtype in formats.NATIVE_FP8_DTYPES and b.dtype in formats.NATIVE_FP8_DTYPES:
+    return a, b, jnp.float32, None
   return a.astype(jnp.float32), b.astype(jnp.float32), jnp.float32, lax.Precision.HIGHEST
 
 
