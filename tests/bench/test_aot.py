@@ -169,7 +169,7 @@ def test_the_all_fp8_grouped_gemms_compile_to_fp8_gemms_for_the_h100_target_on_e
   assert len(rows) == 3 and all("error" not in r for r in rows), [r.get("error") for r in rows]
   for row in rows:
     gemms = row["hlo"]["gemms"]
-    assert row["hlo"]["fp8_gemms"] == 3 and "pallas_triton" not in gemms, (row["labels"], gemms)
+    assert row["hlo"]["fp8_gemms"] == 3 and "pallas_triton" not in gemms, (row["impl"], gemms)
 
 
 def test_the_h100_and_h200_target_descriptions_are_in_the_repository():
