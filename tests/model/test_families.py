@@ -8,6 +8,7 @@ import pytest
 
 from s3r import model as M
 from s3r.model import layers, moe
+from s3r.model.config import MoeFields
 from tests.model import reference
 
 TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
@@ -170,7 +171,7 @@ def test_moe_family_trains_with_an_all_fp8_recipe(name, layers):
   from s3r.train import step as train_step
 
   cfg = M.preset(name, recipe="s3r_ec_dx@e5m2+fwd_e4m3", layers=layers)
-  assert any(cfg.is_moe(i) for i in range(cfg.n_layers))
+  assert isinstance(cfg, MoeFields) and any(cfg.is_moe(i) for i in range(cfg.n_layers))
   ocfg = opt.OptimizerConfig(lr=3e-3, total_steps=100, warmup_steps=0)
   tx = opt.make_optimizer(ocfg)
   state = train_step.init_state(M.init_params(cfg, jax.random.key(0)), tx)

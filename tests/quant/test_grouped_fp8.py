@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import s3r
+from s3r.quant.formats import FORMATS
 from tests.quant.reference import np_e4m3_codes, np_e4m3_scale
 from tests.quant.test_grouped import (
   SIZES,
@@ -102,7 +103,7 @@ def test_the_all_fp8_grouped_gemms_take_fp8_operands(impl):
   assert gemms == fp8 | {("bfloat16", "bfloat16")}, gemms
 
 
-@pytest.mark.parametrize("grad_format", [n for n, f in s3r.quant.formats.FORMATS.items() if not f.capabilities.grouped])
+@pytest.mark.parametrize("grad_format", [n for n, f in FORMATS.items() if not f.capabilities.grouped])
 def test_fp4_gradients_with_the_e4m3_forward_are_refused_on_the_grouped_path_naming_the_format(grad_format):
   x, w, _ = _problem()
   with pytest.raises(ValueError, match=f"gradient format '{grad_format}'.*grouped"):
