@@ -43,8 +43,8 @@ def lower_ffn(mesh, recipe: str, tokens: int, hidden: int, ffn_dim: int):
 
 
 def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl: str):
-  """grouped_qmatmul(x [T, K], w [E, K, N]) fwd+bwd lowered for the target (E equal groups given as an
-  abstract argument, so no group size is a compile-time constant)."""
+  """grouped_qmatmul(x [T, K], w [E, K, N]) fwd+bwd lowered for the target, returning y, dX and dW (E equal
+  groups given as an abstract argument, so no group size is a compile-time constant)."""
   import jax
   import jax.numpy as jnp
 
@@ -52,8 +52,8 @@ def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl
 
   def fwd_bwd(x, w, group_sizes, dy, key):
     f = lambda x, w: grouped_qmatmul(x, w, group_sizes, key=key, recipe=recipe, impl=None if impl == "auto" else impl)
-    _, vjp = jax.vjp(f, x, w)
-    return vjp(dy)
+    y, vjp = jax.vjp(f, x, w)
+    return y, *vjp(dy)  # y returned: otherwise XLA drops the forward GEMM from the program
 
   array, key = _abstract(mesh)
   args = (

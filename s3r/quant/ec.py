@@ -157,17 +157,22 @@ def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Arr
   gives Ŵ c_j (every product exact in f32) and rowsum(Ŵ) = Ŵ 1, reading Ŵ in bf16 instead of a
   weight-sized f32 copy; the three parts are summed in f32, as an f32 dot's partial sums are."""
   batch, n = c_BxN.shape
-  parts, rest = [], c_BxN.astype(jnp.float32)
-  for _ in range(3):
-    part = rest.astype(jnp.bfloat16)
-    parts.append(part)
-    rest = rest - part.astype(jnp.float32)  # exact: the rounding error of a bf16 rounding
-  lhs_RxN = jnp.concatenate([jnp.stack(parts, axis=1).reshape(3 * batch, n), jnp.ones((1, n), jnp.bfloat16)])
+  lhs_RxN = jnp.concatenate([bf16_parts(c_BxN).reshape(3 * batch, n), jnp.ones((1, n), jnp.bfloat16)])
   acc_RxK = jax.lax.dot_general(
     lhs_RxN, wq_KxN.astype(jnp.bfloat16), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
   )
   wc_BxK = jnp.sum(acc_RxK[:-1].reshape(batch, 3, -1), axis=1)
   return (r_BxS - m_B[:, None])[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
+
+
+def bf16_parts(c_BxN: jax.Array) -> jax.Array:
+  """[B, 3, N] bf16: c = c0 + c1 + c2 exactly (f32 c; 8 significant bits per part, f32 has 24)."""
+  parts, rest = [], c_BxN.astype(jnp.float32)
+  for _ in range(3):
+    part = rest.astype(jnp.bfloat16)
+    parts.append(part)
+    rest = rest - part.astype(jnp.float32)  # exact: the rounding error of a bf16 rounding
+  return jnp.stack(parts, axis=1)
 
 
 def dw_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, xqT_KxT: jax.Array) -> jax.Array:
