@@ -6,7 +6,6 @@ and a program of other settings is not loaded but compiled, with the reason in t
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import jax
@@ -18,17 +17,6 @@ from labtools import executables
 from research import lockstep
 
 RECIPES = ("int8_sr", "s3r")
-
-
-@pytest.fixture()
-def token_folder(tmp_path):
-  rng = np.random.default_rng(0)
-  folder = tmp_path / "tokens"
-  folder.mkdir()
-  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
-  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
-  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
-  return folder
 
 
 def _cfg(token_folder, out, **kw) -> lockstep.LockstepConfig:
