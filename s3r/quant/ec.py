@@ -136,7 +136,7 @@ def dx_correction(
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)
-    return (r_BxS - m_B[:, None])[:, :, None] * jnp.sum(w_KxN, axis=1) + wc_BxK[:, None, :]
+    return _centered(r_BxS, m_B)[:, :, None] * jnp.sum(w_KxN, axis=1) + wc_BxK[:, None, :]
   batch, n = c_BxN.shape
   # One small int8 dot gives Ŵ c_b (from c's int8 digits, see above) and rowsum(Ŵ) = Ŵ 1;
   # as reductions, XLA:CPU fuses them into the elementwise rescale of the [T, K] dX
@@ -148,7 +148,20 @@ def dx_correction(
   acc_RxK = numerics.code_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
-  return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
+  return _centered(r_BxS, m_B)[:, :, None] * rowsum_K + wc_BxK[:, None, :]
+
+
+def _centered(r_BxS: jax.Array, m_B: jax.Array) -> jax.Array:
+  """r - m [B, S]: each example's token means less their mean (m = mean(r, axis=1), from `error_factors`).
+
+  m passes an optimization barrier (an identity) on its way to the subtraction. Without it, r, its
+  row mean and the subtraction form the "softmax" pattern that XLA:GPU's Triton softmax rewriter
+  turns into a Triton fusion; priority fusion then grows that fusion into the rescale of the dX
+  accumulator (and the sum of every dX that shares the layer input), searching Triton tilings at
+  every step: most of the GPU compile time of an S3R-EC layer (docs/performance.md, "Where the INT8
+  compile time goes"). The values are the same bit for bit.
+  """
+  return r_BxS - jax.lax.optimization_barrier(m_B)[:, None]
 
 
 def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array) -> jax.Array:
@@ -162,7 +175,7 @@ def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Arr
     lhs_RxN, wq_KxN.astype(jnp.bfloat16), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
   )
   wc_BxK = jnp.sum(acc_RxK[:-1].reshape(batch, 3, -1), axis=1)
-  return (r_BxS - m_B[:, None])[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
+  return _centered(r_BxS, m_B)[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
 
 
 def bf16_parts(c_BxN: jax.Array) -> jax.Array:
