@@ -11,8 +11,9 @@ final parameters (`dose_same_params`), where the difference of two recipes' squa
 excess variance on one set of parameters. The study's x-axis is the latter.
 
 Arms run one at a time and each writes its own folder, `<runs-dir>/<grid>-s<seed>/` (lockstep's
-curves.jsonl, summary.json, summary.md, lockstep.log). A complete arm is skipped; lockstep keeps no
-checkpoints, so an arm stopped part-way starts again from step 0. After each arm the study's
+curves.jsonl, summary.json, summary.md, lockstep.log). A complete arm is skipped; an arm stopped
+part-way continues from its last scheduled evaluation (lockstep's resume point), the same
+computation as an uninterrupted run. After each arm the study's
 summary is rewritten from the finished arms: `<results-dir>/dose.json`, `dose.md` and `dose.png`
 (research/dose_report.py); the committed files only with `--results-dir research/results`.
 
@@ -213,10 +214,12 @@ def token_folder(cfg: DoseConfig, log=print) -> str:
 
 
 def run_arm(lcfg: lockstep.LockstepConfig, log=print) -> dict:
-  """Trains one arm in lockstep (from step 0; a stopped arm's files are replaced)."""
+  """Trains one arm in lockstep (a stopped arm continues from its last resume point)."""
   out = pathlib.Path(lcfg.out)
-  if (out / "summary.json").is_file():
-    log(f"arm {out.name}: not finished, restarting from step 0 (lockstep runs keep no checkpoints)")
+  if (out / "resume.json").is_file():
+    log(f"arm {out.name}: not finished, continuing from its last evaluation")
+  elif (out / "summary.json").is_file():
+    log(f"arm {out.name}: not finished and no resume point, restarting from step 0")
   out.mkdir(parents=True, exist_ok=True)
   with (out / "lockstep.log").open("a") as logf:
 

@@ -16,17 +16,6 @@ from research import lockstep, lockstep_report
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture()
-def token_folder(tmp_path):
-  rng = np.random.default_rng(0)
-  folder = tmp_path / "tokens"
-  folder.mkdir()
-  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
-  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
-  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
-  return folder
-
-
 def _cfg(token_folder, tmp_path, **kw):
   base: dict[str, Any] = dict(
     data=str(token_folder),
@@ -136,3 +125,55 @@ def test_lockstep_fits_its_schedule_and_measures_the_dose(token_folder, tmp_path
     assert all(0 < v < 10 for v in errors.values())
   report = (tmp_path / "out" / "summary.md").read_text()
   assert "## Dose" in report and "## Paired differences" in report and summary["attention"]["impl"] == "xla"
+
+
+@pytest.mark.slow
+def test_a_stopped_lockstep_run_continues_from_its_last_evaluation_to_the_same_losses(
+  token_folder, tmp_path, monkeypatch
+):
+  whole = lockstep.run(_cfg(token_folder, tmp_path / "whole"), log=lambda _: None)
+  cfg = _cfg(token_folder, tmp_path / "parts")
+  real_step = lockstep._Models.step
+  calls = {"n": 0}
+
+  def stop_at_the_fourth_step(self, batch, lr):
+    calls["n"] += 1
+    if calls["n"] == 4:  # after the evaluation at step 2 wrote its resume point, before step 4's
+      raise KeyboardInterrupt
+    return real_step(self, batch, lr)
+
+  with monkeypatch.context() as m:
+    m.setattr(lockstep._Models, "step", stop_at_the_fourth_step)
+    with pytest.raises(KeyboardInterrupt):
+      lockstep.run(cfg, log=lambda _: None)
+  out = pathlib.Path(cfg.out)
+  assert json.loads((out / "resume.json").read_text())["step"] == 2
+  lines = []
+  parts = lockstep.run(cfg, log=lines.append)
+  assert any("resumed at step 2" in x for x in lines)
+  assert parts["curves"] == whole["curves"]  # bit for bit: same states, batches, keys and schedule
+  assert [s["step"] for s in parts["resumed"]] == [2] and parts["meta"]["git"] == whole["meta"]["git"]
+  assert not (out / "resume.json").exists() and not (out / "resume.npz").exists()
+
+
+def test_a_resume_point_of_other_settings_is_refused_naming_the_field(token_folder, tmp_path):
+  from research import lockstep_resume
+
+  out = tmp_path / "out"
+  out.mkdir()
+  first = _cfg(token_folder, tmp_path)
+  lockstep_resume.save(
+    out,
+    first,
+    step=2,
+    states={},
+    loader={},
+    schedule={"steps": 5, "warmup": 1},
+    records=[],
+    iter_times=[],
+    segments=[],
+  )
+  same = lockstep_resume.load(out, _cfg(token_folder, tmp_path, time_budget=9.0), {})  # where and how long may differ
+  assert same is not None and same["step"] == 2
+  with pytest.raises(ValueError, match=r"other settings \(lr\)"):
+    lockstep_resume.load(out, _cfg(token_folder, tmp_path, lr=1e-3), {})
