@@ -1,4 +1,4 @@
-"""`python -m benchmarks aot`: programs compiled for a GPU on this machine, no GPU needed ("deviceless").
+"""`python -m benchmarks aot`: programs compiled for a GPU or a TPU on this machine, neither needed ("deviceless").
 
 XLA's GPU compiler runs on a CPU-only machine when it is given a description of the target GPU. The
 descriptions of the H100 (SXM, 80 GB) and the H200 are in `benchmarks/targets/` (XLA's published
@@ -7,6 +7,10 @@ turns one into compile-only devices, the programs are lowered from abstract argu
 (`jax.ShapeDtypeStruct` with shardings on those devices, the PRNG key included) and compiled. Needs
 the optional extra `gpu-aot` (the CUDA plugin of the pinned JAX, about 4.3 GB; no driver, no GPU):
 `pip install -e '.[gpu-aot]' -c constraints.txt`. The command sets `JAX_PLATFORMS=cpu` for itself.
+The TPU target `v5p` is a topology of libtpu's compile-only TPU v5p devices (`get_topology_desc("v5p:2x2x1",
+"tpu")`, one chip used); it needs the optional extra `tpu-aot` (libtpu at the pinned JAX, no TPU), in an
+environment of its own: `pip install -e '.[tpu-aot]' -c constraints.txt`. No XLA:GPU option is passed to
+a TPU compile, and the GEMM census reads TPU HLO (`aot_report.tpu_gemm_kinds`).
 
 Programs (`--program`, comma-separated):
 Recipes (`--recipes`): registered names, also at a gradient format and with the E4M3 forward
@@ -60,6 +64,7 @@ from labtools.results import RESULTS_DIR, Run, loadavg, log, parse_list
 
 TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
 TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
+TPU_TARGETS = {"v5p": "v5p:2x2x1"}  # --target: libtpu's topology name (the programs use its first chip)
 PROGRAMS = ("ffn", "moe", "step", "lockstep")
 LAYOUTS = {"scan": True, "unrolled": False}  # --layout: scan_layers of the step and lockstep programs
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -70,6 +75,12 @@ MISSING_EXTRA = (
   "python -m benchmarks aot needs JAX's CUDA plugin (no GPU needed): install the optional extra with\n"
   "  pip install -e '.[gpu-aot]' -c constraints.txt\n"
   "(about 4.3 GB of NVIDIA wheels, at the pinned JAX; see docs/performance.md, 'GPU programs compiled on the CPU')"
+)
+MISSING_TPU_EXTRA = (
+  "python -m benchmarks aot --target v5p needs libtpu (no TPU needed): install the optional extra, in an "
+  "environment of its own, with\n"
+  "  pip install -e '.[tpu-aot]' -c constraints.txt\n"
+  "(libtpu at the pinned JAX; see docs/performance.md, 'TPU v5p programs compiled on the CPU')"
 )
 
 
@@ -82,6 +93,18 @@ def cuda_plugin_installed() -> bool:
     except ModuleNotFoundError:
       continue
   return False
+
+
+def tpu_plugin_installed() -> bool:
+  """Whether libtpu (the `tpu-aot` extra) can be imported."""
+  try:
+    return importlib.util.find_spec("libtpu") is not None
+  except ModuleNotFoundError:
+    return False
+
+
+def is_tpu(target: str) -> bool:
+  return target in TPU_TARGETS
 
 
 def use_cpu_host(xla_timers: bool = False) -> None:
@@ -108,9 +131,14 @@ def target_spec(target: str) -> str:
 
 
 def target_devices(target: str) -> list:
-  """The compile-only devices of one GPU of `target`."""
+  """The compile-only devices of one GPU of `target`, or of the TPU topology of a TPU target."""
   from jax.experimental import topologies
 
+  if is_tpu(target):
+    # compile-only: no TPU is opened, so libtpu's one-process-per-host lock has nothing to guard (and would
+    # refuse a second compiling process)
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return list(topologies.get_topology_desc(TPU_TARGETS[target], "tpu").devices)
   topo = topologies.get_topology_desc(
     platform="cuda", topology_name="", topology="1x1x1", target_config=target_spec(target)
   )
@@ -127,9 +155,10 @@ def target_mesh(devices: list):
   return Mesh(np.asarray(devices[:1]).reshape((1,) * len(sharding.MESH_AXES)), sharding.MESH_AXES)
 
 
-def compiler_options(pairs: list[str] | None) -> dict[str, bool | int | float | str]:
-  """DEFAULT_COMPILER_OPTIONS updated by `--xla NAME=VALUE` pairs (a leading `--` and `xla_` prefix kept)."""
-  out = dict(DEFAULT_COMPILER_OPTIONS)
+def compiler_options(pairs: list[str] | None, tpu: bool = False) -> dict[str, bool | int | float | str]:
+  """DEFAULT_COMPILER_OPTIONS (a GPU target's; none for a TPU) updated by `--xla NAME=VALUE` pairs (a leading
+  `--` and `xla_` prefix kept)."""
+  out = {} if tpu else dict(DEFAULT_COMPILER_OPTIONS)
   for pair in pairs or []:
     name, sep, value = pair.lstrip("-").partition("=")
     if not sep or not name.startswith("xla_"):
@@ -175,7 +204,7 @@ def stderr_captured(enabled: bool):
       os.close(saved)
 
 
-def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None) -> dict:
+def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None, tpu: bool = False) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
   XLA's own compile timers. `keep(lowered, compiled)`, if given, gets the program."""
   t0, cpu0 = time.perf_counter(), cpu_seconds()
@@ -194,7 +223,7 @@ def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, ke
     "compile_s": t2 - t1,
     "compile_cpu_s": cpu2 - cpu1,
     "memory": aot_report.memory(compiled),
-    "hlo": aot_report.hlo_summary(text),
+    "hlo": aot_report.hlo_summary(text, tpu=tpu),
   }
   if xla_timers:
     row["xla_timers"] = aot_report.xla_timers(log_text)
@@ -213,7 +242,9 @@ def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, ke
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument(
-    "--target", default="h100", help=f"{', '.join(TARGETS)} or a GpuTargetConfigProto file (default %(default)s)"
+    "--target",
+    default="h100",
+    help=f"{', '.join([*TARGETS, *TPU_TARGETS])} or a GpuTargetConfigProto file (default %(default)s)",
   )
   p.add_argument("--program", default="ffn", help=f"comma-separated, of {', '.join(PROGRAMS)} (default %(default)s)")
   p.add_argument(
@@ -333,25 +364,37 @@ def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, Calla
   return todo
 
 
+def _target_settings(target: str) -> dict[str, str]:
+  """What names the target in the results: the TPU topology, or the digest of the GPU description."""
+  if is_tpu(target):
+    return {"target_topology": TPU_TARGETS[target]}
+  return {"target_spec_sha256": hashlib.sha256(target_spec(target).encode()).hexdigest()[:16]}
+
+
 def run(args: argparse.Namespace) -> dict:
-  if not cuda_plugin_installed():
+  tpu = is_tpu(args.target)
+  if tpu and not tpu_plugin_installed():
+    raise SystemExit(MISSING_TPU_EXTRA)
+  if not tpu and not cuda_plugin_installed():
     raise SystemExit(MISSING_EXTRA)
+  if tpu and args.xla_timers:
+    raise SystemExit("--xla-timers reads XLA:GPU's timer logs: not for a TPU target")
   use_cpu_host(args.xla_timers)
   recipes = recipe_names(args.recipes)
-  opts = compiler_options(args.xla)
-  spec = target_spec(args.target)
+  opts = compiler_options(args.xla, tpu=tpu)
+  target = _target_settings(args.target)
   devices = target_devices(args.target)
   mesh = target_mesh(devices)
   todo = plan(args, recipes)
   keep = _executable_writer(args, devices[0], opts)
-  name = "aot_" + (args.target if args.target in TARGETS else pathlib.Path(args.target).stem)
+  name = "aot_" + (args.target if args.target in TARGETS or tpu else pathlib.Path(args.target).stem)
   run_ = Run(
     name if not args.tag else f"{name}_{args.tag}",
     args.out_dir,
     title=f"python -m benchmarks aot --target {args.target}",
     target=args.target,
     target_device=devices[0].device_kind,
-    target_spec_sha256=hashlib.sha256(spec.encode()).hexdigest()[:16],
+    **target,
     programs=args.program,
     recipes=",".join(recipes),
     compiler_options=opts,
@@ -370,7 +413,8 @@ def run(args: argparse.Namespace) -> dict:
     log(f"[aot] {args.target} {_label(labels)}: compiling, load {loadavg()}")
     try:
       save = functools.partial(keep, labels) if keep and labels["program"] == "lockstep" else None
-      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown, args.xla_timers, save)}
+      lower_ = functools.partial(lower, mesh)
+      row = {**labels, **measure(lower_, opts, args.breakdown, args.xla_timers, save, tpu)}
     except Exception as e:  # a program that does not compile for the target is a result too
       row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
       log(f"[aot]   FAILED: {row['error']}")
@@ -378,7 +422,8 @@ def run(args: argparse.Namespace) -> dict:
       secs = f"compiled in {row['compile_s']:.1f}s ({row['compile_cpu_s']:.1f} CPU s)"
       log(f"[aot]   lowered in {row['lower_s']:.1f}s, {secs}, {aot_report.one_line(row)}")
     rows.append(row)
-    paths = run_.write(rows, aot_report.markdown(rows, devices[0].device_kind), complete=i == len(todo) - 1)
+    text = aot_report.markdown(rows, devices[0].device_kind, tpu=tpu)
+    paths = run_.write(rows, text, complete=i == len(todo) - 1)
   log(f"[aot] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": rows, "paths": paths}
 

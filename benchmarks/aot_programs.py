@@ -1,4 +1,4 @@
-"""The programs `python -m benchmarks aot` compiles for a GPU target, each lowered from abstract arguments
+"""The programs `python -m benchmarks aot` compiles for a GPU or TPU target, each lowered from abstract arguments
 (`jax.ShapeDtypeStruct` with a sharding on the target's compile-only devices, the PRNG key included) under
 the target's abstract mesh, which gives Pallas kernels the target's compute capability."""
 
@@ -70,12 +70,14 @@ def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl
 def target_attention(mesh, args: argparse.Namespace, mcfg) -> AttentionImpl:
   """`--attention` for the model `mcfg`: auto is cuDNN's flash attention where its forward and backward compile
   for the target at the model's heads, head dim, window, batch and sequence (as `s3r.train.attention.resolve`
-  decides on a GPU: cuDNN refuses head dims above 128), else XLA's."""
+  decides on a GPU: cuDNN refuses head dims above 128), else XLA's (always on a TPU target)."""
   import jax
   import jax.numpy as jnp
 
   if args.attention != "auto":
     return args.attention
+  if mesh.devices.flat[0].platform == "tpu":
+    return "xla"
   array, _ = _abstract(mesh)
   q = array((args.batch, args.seq, mcfg.n_heads, mcfg.head_dim), jnp.bfloat16)
   kv = array((args.batch, args.seq, mcfg.n_kv_heads, mcfg.head_dim), jnp.bfloat16)

@@ -1,4 +1,4 @@
-"""What `python -m benchmarks aot` reads from a compiled GPU program, and its Markdown tables.
+"""What `python -m benchmarks aot` reads from a compiled GPU or TPU program, and its Markdown tables.
 
 GEMM kinds in XLA:GPU's optimized HLO (`compiled.as_text()`):
 - triton_gemm: a fusion whose backend config kind is `__triton_gemm` or `__triton_nested_gemm_fusion`
@@ -12,6 +12,13 @@ Every GEMM is counted once per instruction of the program (a while loop's body o
 A native FP8 GEMM (`fp8_gemms`) is a cublaslt_f8 call or a Triton GEMM whose dot takes two FP8 operands
 (`f8e4m3fn`, `f8e5m2`): XLA:GPU runs both on the FP8 tensor cores (Hopper's wgmma with FP8 inputs).
 An FP8 code emulated in a wider type shows up as a GEMM of that type (f32, bf16 or f16 operands).
+
+GEMMs in XLA:TPU's optimized HLO (`tpu_gemm_kinds`): the TPU compiler writes every dot as a `convolution`
+(or leaves a `dot`), most inside an output fusion; each is counted, in whatever computation it sits, by its
+operand and result element types: "convolution s8 x s8 -> s32" is an int8 GEMM on the MXU with int32
+accumulation, "convolution bf16 x bf16 -> f32" a bf16 one. "mosaic_kernel" counts the custom calls
+`tpu_custom_call` (kernels compiled by Mosaic: Pallas TPU kernels, and the TPU lowering of `ragged_dot`,
+which adds one that only computes its group metadata), GEMMs or not.
 """
 
 from __future__ import annotations
@@ -90,6 +97,20 @@ def gemm_kinds(text: str) -> dict[str, int]:
   return dict(sorted(found.items()))
 
 
+def tpu_gemm_kinds(text: str) -> dict[str, int]:
+  """GEMMs of an optimized TPU HLO module by operand and result types (see the module docstring)."""
+  found: Counter[str] = Counter()
+  for comp in hlo.parse_hlo(text).values():
+    types = {i.name: i.dtype for i in comp.instrs}
+    for ins in comp.instrs:
+      if ins.opcode in ("convolution", "dot") and len(ins.operands) >= 2:
+        operands = " x ".join(str(types.get(o, "?")) for o in ins.operands[:2])
+        found[f"{ins.opcode} {operands} -> {ins.dtype}"] += 1
+      elif ins.opcode == "custom-call" and 'custom_call_target="tpu_custom_call"' in ins.attrs:
+        found["mosaic_kernel"] += 1
+  return dict(sorted(found.items()))
+
+
 def fp8_gemms(gemms: dict[str, int]) -> int:
   """How many GEMMs of a `gemm_kinds` census are native FP8 GEMMs (see the module docstring)."""
   native = 0
@@ -101,8 +122,9 @@ def fp8_gemms(gemms: dict[str, int]) -> int:
   return native
 
 
-def hlo_summary(text: str) -> dict:
-  """GEMM kinds, fusions by kind and instruction counts of the entry computation and the module."""
+def hlo_summary(text: str, tpu: bool = False) -> dict:
+  """GEMM kinds (of a GPU program, or of a TPU program: `tpu`), fusions by kind and instruction counts of the
+  entry computation and the module."""
   comps = hlo.parse_hlo(text)
   entry = next((c for c in comps.values() if c.entry), None)
   fusions: Counter[str] = Counter()
@@ -111,7 +133,7 @@ def hlo_summary(text: str) -> dict:
       if ins.opcode == "fusion":
         kind = _KIND_RE.search(ins.attrs)
         fusions[kind.group(1) if kind else re.search(r"kind=(\w+)", ins.attrs).group(1)] += 1  # type: ignore[union-attr]
-  gemms = gemm_kinds(text)
+  gemms = tpu_gemm_kinds(text) if tpu else gemm_kinds(text)
   return {
     "gemms": gemms,
     "fp8_gemms": fp8_gemms(gemms),
@@ -175,13 +197,19 @@ def _config(row: dict) -> str:
   return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}{layout}"
 
 
-def markdown(rows: list[dict], device_kind: str) -> str:
+def markdown(rows: list[dict], device_kind: str, tpu: bool = False) -> str:
   """Per configuration: a row per recipe with compile seconds, memory and GEMM kinds, ratios to bf16."""
-  out = [
-    f"Target: {device_kind} (compile-only devices; no GPU was used). Times: wall-clock seconds on the compiling "
-    "machine, and the CPU seconds of the compile (all threads, and the ptxas processes XLA starts).",
-    "",
-  ]
+  if tpu:
+    head_line = (
+      f"Target: {device_kind} (libtpu's compile-only devices, one chip; no TPU was used). Times: wall-clock "
+      "seconds on the compiling machine, and the CPU seconds of the compile (all threads)."
+    )
+  else:
+    head_line = (
+      f"Target: {device_kind} (compile-only devices; no GPU was used). Times: wall-clock seconds on the compiling "
+      "machine, and the CPU seconds of the compile (all threads, and the ptxas processes XLA starts)."
+    )
+  out = [head_line, ""]
   configs: dict[str, list[dict]] = {}
   for row in rows:
     configs.setdefault(_config(row), []).append(row)

@@ -1,5 +1,5 @@
 """`python -m benchmarks aot`: GPU programs compiled on the CPU. The default suite checks the refusal without the
-`gpu-aot` extra and the GEMM census of an XLA:GPU HLO text; the slow tests compile for the H100 target (skipped,
+`gpu-aot` (or `tpu-aot`) extra and the GEMM census of an XLA:GPU (and an XLA:TPU) HLO text; the slow tests compile for the H100 target (skipped,
 with the reason, where JAX's CUDA plugin is not installed)."""
 
 from __future__ import annotations
@@ -78,6 +78,54 @@ def test_aot_refuses_in_one_message_naming_the_extra_when_the_cuda_plugin_is_mis
   with pytest.raises(SystemExit) as e:
     aot.run(args)
   assert "gpu-aot" in str(e.value) and "pip install" in str(e.value)
+
+
+def test_aot_refuses_the_v5p_target_in_one_message_naming_the_tpu_extra_when_libtpu_is_missing(monkeypatch):
+  monkeypatch.setattr(aot, "tpu_plugin_installed", lambda: False)
+  args = cli.build_parser().parse_args(["aot", "--target", "v5p", "--program", "ffn"])
+  with pytest.raises(SystemExit) as e:
+    aot.run(args)
+  assert "tpu-aot" in str(e.value) and "pip install" in str(e.value)
+
+
+TPU_HLO = """HloModule jit_f, entry_computation_layout={(s8[256,512]{1,0}, s8[512,128]{1,0})->s32[256,128]{1,0}}
+
+%fused_computation (param_0: s8[256,512], param_1: s8[512,128]) -> s32[256,128] {
+  %param_0 = s8[256,512]{1,0:T(8,128)(4,1)} parameter(0)
+  %param_1 = s8[512,128]{1,0:T(8,128)(4,1)} parameter(1)
+  ROOT %convolution.1 = s32[256,128]{1,0:T(8,128)} convolution(%param_0, %param_1), dim_labels=bf_io->bf
+}
+
+%fused_computation.1 (param_0.1: bf16[256,512], param_1.1: bf16[512,128]) -> f32[256,128] {
+  %param_0.1 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(0)
+  %param_1.1 = bf16[512,128]{1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution.2 = f32[256,128]{1,0:T(8,128)} convolution(%param_0.1, %param_1.1), dim_labels=bf_io->bf
+}
+
+ENTRY %main.1 (a.1: s8[256,512], b.1: s8[512,128], c.1: bf16[256,512], d.1: bf16[512,128]) -> s32[256,128] {
+  %a.1 = s8[256,512]{1,0:T(32,128)(4,1)} parameter(0)
+  %b.1 = s8[512,128]{1,0:T(32,128)(4,1)} parameter(1)
+  %c.1 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(2)
+  %d.1 = bf16[512,128]{1,0:T(8,128)(2,1)} parameter(3)
+  %fusion.1 = f32[256,128]{1,0:T(8,128)} fusion(%c.1, %d.1), kind=kOutput, calls=%fused_computation.1
+  %custom-call.1 = s32[4]{0:T(128)} custom-call(%a.1), custom_call_target="tpu_custom_call"
+  ROOT %fusion = s32[256,128]{1,0:T(8,128)} fusion(%a.1, %b.1), kind=kOutput, calls=%fused_computation
+}
+"""
+
+
+def test_tpu_gemm_kinds_counts_convolutions_by_operand_and_result_types_inside_fusions():
+  assert aot_report.tpu_gemm_kinds(TPU_HLO) == {
+    "convolution bf16 x bf16 -> f32": 1,
+    "convolution s8 x s8 -> s32": 1,
+    "mosaic_kernel": 1,
+  }
+  assert aot_report.hlo_summary(TPU_HLO, tpu=True)["fusions"] == {"kOutput": 2}
+
+
+def test_no_xla_gpu_option_is_given_to_a_tpu_compile_unless_asked():
+  assert aot.compiler_options(None, tpu=True) == {}
+  assert aot.compiler_options(["xla_tpu_some_flag=true"], tpu=True) == {"xla_tpu_some_flag": True}
 
 
 def test_xla_options_are_typed_name_value_pairs_and_autotuning_is_off_unless_given():
@@ -246,3 +294,55 @@ def test_the_step_programs_are_planned_per_layout_depth_and_recipe():
   assert len(got) == 8 and len(set(got)) == 8
   scan_of = {(labels["layout"], cast(functools.partial, lower).keywords["scan"]) for labels, lower in todo}
   assert scan_of == {("unrolled", False), ("scan", True)}
+
+
+TEMP_TABLE = "FFN block temporary memory, TPU v5p and H100 targets"
+TEMP_FILES = {"v5p": "results/aot/bench_aot_v5p_ffn_cpu.json", "H100": "results/aot/bench_aot_h100_ffn_w6w9_cpu.json"}
+RECIPE_ORDER = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
+
+
+def _temp_rows(target: str, path: str) -> list[list[str]]:
+  """The docs table's rows of one target: temporary MiB per recipe at each shape, INT8 recipes with their ratio to bf16."""
+  by_shape: dict[str, dict[str, int]] = {}
+  for r in json.loads((REPO / path).read_text())["results"]:
+    by_shape.setdefault(r["shape"], {})[r["recipe"]] = r["memory"]["temp"]
+  rows = []
+  for shape, temps in by_shape.items():
+    base = temps["bf16"]
+    cells = [
+      f"{temps[r] / aot_report.MIB:,.0f}" + ("" if r == "bf16" else f" ({temps[r] / base:.2f}x)") for r in RECIPE_ORDER
+    ]
+    rows.append([target, shape, *cells])
+  return rows
+
+
+def test_the_tpu_and_h100_temporary_memory_table_of_the_docs_is_the_committed_results():
+  text = (REPO / "docs" / "performance.md").read_text()
+  section = text.split(f"### {TEMP_TABLE}\n", 1)[1].split("\n#", 1)[0]
+  table = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+  got = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table]
+  assert got == [row for target, path in TEMP_FILES.items() for row in _temp_rows(target, path)]
+
+
+STEP_TABLE = "Train step of `paper-12l` at 2 layers, TPU v5p target"
+
+
+def _step_rows(path: str) -> list[list[str]]:
+  """The docs table's rows: temporary MiB and compile CPU seconds per recipe, INT8 recipes with their ratio to bf16."""
+  by = {r["recipe"]: r for r in json.loads((REPO / path).read_text())["results"]}
+  temp = {r: by[r]["memory"]["temp"] / aot_report.MIB for r in RECIPE_ORDER}
+  cpu = {r: by[r]["compile_cpu_s"] for r in RECIPE_ORDER}
+  rows = []
+  for label, values, fmt in (("temp MiB", temp, ",.0f"), ("compile CPU s", cpu, ".1f")):
+    base = values["bf16"]
+    cells = [format(values[r], fmt) + ("" if r == "bf16" else f" ({values[r] / base:.2f}x)") for r in RECIPE_ORDER]
+    rows.append([label, *cells])
+  return rows
+
+
+def test_the_v5p_train_step_table_of_the_docs_is_the_committed_results():
+  text = (REPO / "docs" / "performance.md").read_text()
+  section = text.split(f"### {STEP_TABLE}\n", 1)[1].split("\n#", 1)[0]
+  table = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+  got = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table]
+  assert got == _step_rows("results/aot/bench_aot_v5p_step_cpu.json")
