@@ -175,9 +175,9 @@ def stderr_captured(enabled: bool):
       os.close(saved)
 
 
-def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) -> dict:
+def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
-  XLA's own compile timers."""
+  XLA's own compile timers. `keep(lowered, compiled)`, if given, gets the program."""
   t0, cpu0 = time.perf_counter(), cpu_seconds()
   lowered = lower()
   with stderr_captured(xla_timers) as logged:
@@ -185,6 +185,8 @@ def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False) ->
     compiled = lowered.compile(compiler_options=options_)
     t2, cpu2 = time.perf_counter(), cpu_seconds()
     log_text = logged()
+  if keep is not None:
+    keep(lowered, compiled)
   text = compiled.as_text()
   row = {
     "lower_s": t1 - t0,
@@ -261,6 +263,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   g.add_argument(
     "--schedule-steps", type=int, default=2000, help="lockstep: the schedule length compiled in (default %(default)s)"
   )
+  p.add_argument(
+    "--save-executables",
+    default=None,
+    metavar="DIR",
+    help="lockstep: also write each recipe's compiled train step to DIR, for `python -m research.lockstep run "
+    "--precompiled DIR` on the target GPU (labtools/executables.py; one depth and layout)",
+  )
   p.add_argument("--tag", default=None, help="results go to bench_aot_<target>_<tag>_cpu.* (default: no tag)")
   p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
   p.set_defaults(mesh=None)  # one target GPU: the train step's mesh is the trainer's default
@@ -334,6 +343,7 @@ def run(args: argparse.Namespace) -> dict:
   devices = target_devices(args.target)
   mesh = target_mesh(devices)
   todo = plan(args, recipes)
+  keep = _executable_writer(args, devices[0], opts)
   name = "aot_" + (args.target if args.target in TARGETS else pathlib.Path(args.target).stem)
   run_ = Run(
     name if not args.tag else f"{name}_{args.tag}",
@@ -359,7 +369,8 @@ def run(args: argparse.Namespace) -> dict:
   for i, (labels, lower) in enumerate(todo):
     log(f"[aot] {args.target} {_label(labels)}: compiling, load {loadavg()}")
     try:
-      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown, args.xla_timers)}
+      save = functools.partial(keep, labels) if keep and labels["program"] == "lockstep" else None
+      row = {**labels, **measure(functools.partial(lower, mesh), opts, args.breakdown, args.xla_timers, save)}
     except Exception as e:  # a program that does not compile for the target is a result too
       row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
       log(f"[aot]   FAILED: {row['error']}")
@@ -370,6 +381,28 @@ def run(args: argparse.Namespace) -> dict:
     paths = run_.write(rows, aot_report.markdown(rows, devices[0].device_kind), complete=i == len(todo) - 1)
   log(f"[aot] wrote {', '.join(str(p) for p in paths.values())}")
   return {"results": rows, "paths": paths}
+
+
+def _executable_writer(args: argparse.Namespace, device, opts: dict):
+  """keep(labels, lowered, compiled) writing the lockstep programs to --save-executables, or None."""
+  if not args.save_executables:
+    return None
+  if "lockstep" not in args.program.split(",") or len(_depths(args.layers)) != 1 or "," in args.layout:
+    raise SystemExit("--save-executables needs --program lockstep at one --layers depth and one --layout")
+  import jax
+
+  from labtools import executables
+
+  # a program to be saved is compiled here, never read back from the persistent cache (see fresh_compiles)
+  jax.config.update("jax_enable_compilation_cache", False)
+  info = {"target": args.target, "device_kind": device.device_kind, "compiler_options": opts}
+  info["compute_capability"] = getattr(device, "compute_capability", None)
+
+  def keep(labels, lowered, compiled):
+    entry = executables.save(pathlib.Path(args.save_executables), labels["recipe"], lowered, compiled, info)
+    log(f"[aot]   saved {labels['recipe']} to {args.save_executables} ({entry['bytes'] / 2**20:.1f} MiB)")
+
+  return keep
 
 
 def recipe_names(value: str) -> list[str]:

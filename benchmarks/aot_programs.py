@@ -43,8 +43,8 @@ def lower_ffn(mesh, recipe: str, tokens: int, hidden: int, ffn_dim: int):
 
 
 def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl: str):
-  """grouped_qmatmul(x [T, K], w [E, K, N]) fwd+bwd lowered for the target (E equal groups given as an
-  abstract argument, so no group size is a compile-time constant)."""
+  """grouped_qmatmul(x [T, K], w [E, K, N]) fwd+bwd lowered for the target, returning y, dX and dW (E equal
+  groups given as an abstract argument, so no group size is a compile-time constant)."""
   import jax
   import jax.numpy as jnp
 
@@ -52,8 +52,8 @@ def lower_moe(mesh, recipe: str, tokens: int, k: int, n: int, experts: int, impl
 
   def fwd_bwd(x, w, group_sizes, dy, key):
     f = lambda x, w: grouped_qmatmul(x, w, group_sizes, key=key, recipe=recipe, impl=None if impl == "auto" else impl)
-    _, vjp = jax.vjp(f, x, w)
-    return vjp(dy)
+    y, vjp = jax.vjp(f, x, w)
+    return y, *vjp(dy)  # y returned: otherwise XLA drops the forward GEMM from the program
 
   array, key = _abstract(mesh)
   args = (
@@ -114,23 +114,15 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
 
 
 def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.Namespace, scan: bool = True):
-  """The lockstep runner's train step (`research/lockstep.py`'s `lower_train_step`, without its concrete initial
-  state) lowered for the target: (state, tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
-  import jax
-  import numpy as np
-
+  """The lockstep runner's train step (`research/lockstep.py` lowers it with the same function,
+  `labtools.lockstep.lower_train_step`) lowered for the target on a mesh of its first device: (state,
+  tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
   from labtools import lockstep
   from s3r import model as s3r_model
   from s3r.train.optimizer import OptimizerConfig, make_optimizer
-  from s3r.train.step import init_state, make_train_step
 
   vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
   mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, "xla", "bf16", layers=layers)
   mcfg = dataclasses.replace(mcfg, attention_impl=target_attention(mesh, args, mcfg), scan_layers=scan)
   tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
-  array, key = _abstract(mesh)
-  shapes = jax.eval_shape(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), jax.random.key(0))
-  state = jax.tree.map(lambda x: array(x.shape, x.dtype), shapes)
-  step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-    return step.lower(state, array((args.batch, args.seq + 1), np.int32), key, array((), np.float32))
+  return lockstep.lower_train_step(mcfg, tx, lockstep.one_device_mesh(mesh.devices.flat[0]), args.batch, args.seq)

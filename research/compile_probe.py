@@ -79,7 +79,7 @@ def measure(args: argparse.Namespace) -> dict:
   tx = make_optimizer(lockstep.unit_rate(OptimizerConfig(total_steps=args.schedule_steps, warmup_steps=0)))
   init_key, train_key = jax.random.split(jax.random.key(0))
   t = time.monotonic()
-  state, lowered = lockstep.lower_train_step(mcfg, tx, init_key, train_key, args.batch, args.seq)
+  state, lowered = lockstep.lower_train_step(mcfg, tx, init_key, args.batch, args.seq)
   out["lower_s"] = time.monotonic() - t
   step, out["compile_s"] = lockstep.timed_compile(lowered)
   tokens = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq + 1)).astype(np.int32)

@@ -53,15 +53,17 @@ from typing import Any
 import jax
 import numpy as np
 
+from labtools import executables
 from labtools import results as provenance
-from labtools.lockstep import model_config, unit_rate  # shared with the AOT benchmark of this step
+from labtools.lockstep import lower_train_step as lower_abstract_train_step
+from labtools.lockstep import model_config, one_device_mesh, unit_rate  # shared with the AOT benchmark
 from research import gradients, lockstep_resume
 from research.lockstep_report import finite, write_summary
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.train import attention, compile_cache
 from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
-from s3r.train.step import init_state, make_eval_step, make_train_step
+from s3r.train.step import init_state, make_eval_step
 
 LAYOUT_FILES = ("train.npy", "val.npy", "meta.json")
 
@@ -93,6 +95,7 @@ class LockstepConfig:
   dose_keys: int = 4  # quantizer keys of the final gradient-error measurement (0: skip it)
   dose_batch: int = 2  # sequences of the batch it uses
   dose_params_of: str = ""  # a recipe: also measure every recipe's errors on its final parameters ("": skip)
+  precompiled: str = ""  # folder of train steps compiled ahead of time (labtools/executables.py; "": compile)
 
   def __post_init__(self):
     if self.preset not in s3r_model.PRESETS:
@@ -182,13 +185,15 @@ def fitted_schedule(cfg: LockstepConfig, seconds_left: float, iteration_s: float
   return steps, min(steps, round(cfg.warmup * steps / cfg.steps))
 
 
-def lower_train_step(mcfg, tx, init_key: jax.Array, train_key: jax.Array, batch: int, seq: int) -> tuple:
-  """(initial state, lowered train step) of one model; the step takes (state, tokens, key, lr) and
-  donates the state."""
-  state = jax.jit(lambda k: init_state(s3r_model.init_params(mcfg, k), tx))(init_key)
-  step = jax.jit(make_train_step(s3r_model.graphdef(mcfg), tx, lr_schedule=None), donate_argnums=0)
-  tokens = jax.ShapeDtypeStruct((batch, seq + 1), np.int32)
-  return state, step.lower(state, tokens, train_key, jax.ShapeDtypeStruct((), np.float32))
+def lower_train_step(mcfg, tx, init_key: jax.Array, batch: int, seq: int) -> tuple:
+  """(initial state, lowered train step) of one model on the first device; the step takes (state,
+  tokens, key, lr) and donates the state. It is lowered from abstract arguments, as `python -m
+  benchmarks aot --program lockstep` lowers it for a GPU target, so a program compiled there can be
+  recognised here (`--precompiled`)."""
+  mesh = one_device_mesh(jax.devices()[0])
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = jax.jit(lambda k: init_state(s3r_model.init_params(mcfg, k), tx), out_shardings=replicated)(init_key)
+  return state, lower_abstract_train_step(mcfg, tx, mesh, batch, seq)
 
 
 def timed_compile(lowered) -> tuple:
@@ -201,7 +206,7 @@ def timed_compile(lowered) -> tuple:
 class _Models:
   """The compiled steps and the states of every recipe (identical initial parameters)."""
 
-  def __init__(self, cfg: LockstepConfig, vocab_size: int, attention: str):
+  def __init__(self, cfg: LockstepConfig, vocab_size: int, attention: str, log=print):
     self.cfgs = {
       r: model_config(cfg.preset, r, vocab_size, cfg.seq, attention, cfg.tp_partial_sums) for r in cfg.recipes
     }
@@ -209,14 +214,25 @@ class _Models:
     tx = make_optimizer(unit_rate(self.opt))
     init_key, self.train_key, self.eval_key = jax.random.split(jax.random.key(cfg.seed), 3)
     batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq + 1), np.int32)
-    self.states, lowered, self.lower_s = {}, {}, {}
+    self.states, lowered, self.lower_s, self.train = {}, {}, {}, {}
     for r, mcfg in self.cfgs.items():  # tracing on this thread, XLA compiles in parallel below
       t0 = time.monotonic()
-      self.states[r], lowered[r] = lower_train_step(mcfg, tx, init_key, self.train_key, cfg.batch, cfg.seq)
+      self.states[r], lowered[r] = lower_train_step(mcfg, tx, init_key, cfg.batch, cfg.seq)
       self.lower_s[r] = time.monotonic() - t0
+    self.loaded = {}  # recipe -> seconds to load its program compiled ahead of time
+    if cfg.precompiled:
+      for r in list(lowered):
+        t0 = time.monotonic()
+        program, why = executables.load(pathlib.Path(cfg.precompiled), r, lowered[r])
+        if program is None:
+          log(f"{r}: compiling here ({why})")
+          continue
+        self.loaded[r], self.train[r] = time.monotonic() - t0, program
+        log(f"{r}: loaded the program compiled ahead of time from {cfg.precompiled} in {self.loaded[r]:.1f}s")
+        del lowered[r]
     self.pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.compile_threads or len(cfg.recipes)))
     compiled = dict(zip(lowered, self.pool.map(timed_compile, lowered.values())))
-    self.train = {r: c for r, (c, _) in compiled.items()}
+    self.train.update({r: c for r, (c, _) in compiled.items()})
     self.compile_s = {r: s for r, (_, s) in compiled.items()}  # each thread's own compile time
     sums = {
       r: float(sum(np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(s.params)))
@@ -327,7 +343,7 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
   vocab = int(meta_tokens["vocab_size"])
   attention, attention_note = resolve_attention(cfg, vocab, log)
   loads = compile_cache.loads()
-  models = _Models(cfg, vocab, attention)
+  models = _Models(cfg, vocab, attention, log)
   compile_s, loads = elapsed(), compile_cache.loads() - loads
   cached = f" ({loads} of them from the compilation cache {jax.config.jax_compilation_cache_dir})" if loads else ""
   recipes = f"{len(cfg.recipes)} recipes"
@@ -366,6 +382,7 @@ def run(cfg: LockstepConfig, *, log=print, t_start: float | None = None) -> dict
     "resumed": segments[1:],
     "compile_s": round(compile_s, 2),
     "compile_s_by_recipe": {r: round(v, 2) for r, v in models.compile_s.items()},  # each thread's own
+    "loaded_s_by_recipe": {r: round(v, 2) for r, v in models.loaded.items()},  # compiled ahead, loaded here
     "lower_s_by_recipe": {r: round(v, 2) for r, v in models.lower_s.items()},  # tracing, one after another
     "eval_compile_s_by_recipe": None,  # filled at the end (they compile in the background)
     "xla_flags": os.environ.get("XLA_FLAGS", ""),

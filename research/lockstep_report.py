@@ -160,11 +160,12 @@ def markdown(summary: dict) -> str:
 def _compile_detail(summary: dict) -> str:
   """The report's compile detail: each recipe's train-step compile (its own thread), the evaluation
   programs' where known, and the XLA_FLAGS; "" for summaries written before these were recorded."""
-  per = summary.get("compile_s_by_recipe")
-  if not per:
+  per, loaded = summary.get("compile_s_by_recipe") or {}, summary.get("loaded_s_by_recipe") or {}
+  if not per and not loaded:
     return ""
   evals = summary.get("eval_compile_s_by_recipe") or {}
   parts = [f"`{r}` {s:.1f} s" + (f" (eval {evals[r]:.1f} s)" if r in evals else "") for r, s in per.items()]
+  parts += [f"`{r}` compiled ahead of time, loaded in {s:.1f} s" for r, s in loaded.items()]
   flags = summary.get("xla_flags") or "none"
   return f" (train step per recipe, each on its own thread: {', '.join(parts)}; XLA_FLAGS: {flags})"
 

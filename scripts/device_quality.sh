@@ -1,6 +1,6 @@
 #!/bin/bash
 # The paper-scale quality run in one device call (research/docs/quality-at-scale.md):
-#   device run, command: bash scripts/device_quality.sh, carry: [".cache/device_tokens"], timeout_s: 600
+#   device run, command: bash scripts/device_quality.sh, carry: [".cache/device_tokens", ".cache/device_programs"], timeout_s: 600
 # paper-12l, seq 2048 x batch 8, int8_sr / s3r / s3r_ec_dx in lockstep from the same parameters,
 # batches and quantizer keys, lr 6e-4. Three stages:
 # 1. smoke: only the versions stage by default (SMOKE_STAGES=versions). The tiny lockstep stage
@@ -23,6 +23,15 @@
 #    to the steps that fit; cuDNN flash attention where it compiles. At the end it measures each
 #    recipe's relative gradient errors on its final parameters. The summary is "complete" only when
 #    the fitted schedule ran to its end.
+# 0. programs compiled ahead of time (PRECOMPILED, default .cache/device_programs, carried with the
+#    tokens): the three train steps compiled for the H100 target on a machine without a GPU by
+#    `python -m benchmarks aot --target h100 --program lockstep --layers 12 --recipes int8_sr,s3r,s3r_ec_dx
+#    --vocab 32000 --save-executables .cache/device_programs` (research/docs/quality-at-scale.md). When
+#    the folder has a manifest the compile probe is skipped and the run loads each program whose
+#    lowering matches (the log says which; any other is compiled with XLA_FLAGS
+#    --xla_gpu_autotune_level=0, the flags the saved ones were compiled with, unless XLA_FLAGS is
+#    set). If that run ends without a summary (the loaded programs failed), the rest of the budget
+#    goes to a run that compiles everything as below.
 # Needs the token folder (.cache/device_tokens, about 50 MiB; build it once with
 #   .venv/bin/python -m research.lockstep build-tokens --out .cache/device_tokens).
 # Brings back device_quality.tar.gz (smoke/, probe/ with probe.json and xla_flags.txt, run/ with
@@ -33,7 +42,7 @@
 #   TOTAL_S (560: seconds for the whole script), SMOKE_S (120), SMOKE_STAGES (versions),
 #   PROBE (auto: run unless XLA_FLAGS is set; always; never), PROBE_S (90), PROBE_CANDIDATE_S (60),
 #   PROBE_LAYERS (1), PROBE_CANDIDATES (comma-separated names; default by backend), XLA_FLAGS,
-#   PY (python3), OUT, WORK.
+#   PRECOMPILED (.cache/device_programs; "none": compile everything), PY (python3), OUT, WORK.
 # CPU dry run (tests/scripts/test_device_scripts.py): PRESET=tiny BATCH=2 SEQ=32 STEPS=4 ...
 source "$(dirname "$0")/device_common.sh"
 DEST=${OUT:-runs/device}
@@ -47,7 +56,15 @@ mkdir -p "$DEST" "$WORK"
     exit 2
   fi
   SMOKE_STAGES=${SMOKE_STAGES:-versions} smoke_or_stop "$WORK/smoke" || exit 1
-  if [ "${PROBE:-auto}" = never ] || { [ "${PROBE:-auto}" = auto ] && [ -n "${XLA_FLAGS:-}" ]; }; then
+  PRECOMPILED=${PRECOMPILED:-.cache/device_programs}
+  precompiled=""
+  if [ "$PRECOMPILED" != none ] && [ -f "$PRECOMPILED/manifest.json" ]; then
+    precompiled="--precompiled $PRECOMPILED"
+    echo "programs compiled ahead of time: $PRECOMPILED (compile probe skipped)"
+    if [ -z "${XLA_FLAGS:-}" ] && [ "$($PY -c 'import jax; print(jax.default_backend())')" = gpu ]; then
+      export XLA_FLAGS="--xla_gpu_autotune_level=0"
+    fi
+  elif [ "${PROBE:-auto}" = never ] || { [ "${PROBE:-auto}" = auto ] && [ -n "${XLA_FLAGS:-}" ]; }; then
     echo "compile probe skipped (PROBE=${PROBE:-auto}, XLA_FLAGS ${XLA_FLAGS:-unset})"
   else
     timeout $(( ${PROBE_S:-90} + 30 )) $PY -m research.compile_probe --data "$TOKENS" --out "$WORK/probe" \
@@ -60,12 +77,25 @@ mkdir -p "$DEST" "$WORK"
   echo "lockstep XLA_FLAGS: ${XLA_FLAGS:-(none)}"
   budget=$(seconds_left "${TOTAL_S:-560}")
   echo "lockstep budget ${budget}s"
-  timeout $(( budget + 30 )) $PY -m research.lockstep run --data "$TOKENS" --out "$WORK/run" \
-    --preset "${PRESET:-paper-12l}" --steps "${STEPS:-2000}" --fit-budget --batch "${BATCH:-8}" --seq "${SEQ:-2048}" \
-    --lr "${LR:-6e-4}" --warmup "${WARMUP:-200}" --eval-every "${EVAL_EVERY:-250}" \
-    --eval-batches "${EVAL_BATCHES:-16}" --dose-keys "${DOSE_KEYS:-4}" --time-budget "$budget" 2>&1
+  lockstep_run() {  # $1: the time budget, then extra flags
+    local seconds=$1
+    shift
+    timeout $(( seconds + 30 )) $PY -m research.lockstep run --data "$TOKENS" --out "$WORK/run" \
+      --preset "${PRESET:-paper-12l}" --steps "${STEPS:-2000}" --fit-budget --batch "${BATCH:-8}" --seq "${SEQ:-2048}" \
+      --lr "${LR:-6e-4}" --warmup "${WARMUP:-200}" --eval-every "${EVAL_EVERY:-250}" \
+      --eval-batches "${EVAL_BATCHES:-16}" --dose-keys "${DOSE_KEYS:-4}" --time-budget "$seconds" "$@" 2>&1
+  }
+  # shellcheck disable=SC2086  # $precompiled is a flag and its value, or nothing
+  lockstep_run "$budget" $precompiled
   code=$?
   echo "lockstep exit $code"
+  if [ -n "$precompiled" ] && [ ! -f "$WORK/run/summary.json" ]; then
+    budget=$(seconds_left "${TOTAL_S:-560}")
+    echo "no summary from the run with the programs compiled ahead: compiling them here, budget ${budget}s"
+    lockstep_run "$budget"
+    code=$?
+    echo "lockstep exit $code"
+  fi
   exit "$code"
 } 2>&1 | tee "$DEST/device_quality.log"
 status=${PIPESTATUS[0]}

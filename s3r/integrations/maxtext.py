@@ -9,8 +9,8 @@ for an s3r value it returns an `S3rQuantization`, for any other value MaxText's 
 
 Values: `s3r` is the default recipe (`s3r.DEFAULT_RECIPE`, s3r_ec_dx); `s3r:NAME` any recipe by
 name (`s3r:int8_rtne`, `s3r:bf16`, `s3r:s3r_ec_dx@int4`, FP8 gradients `s3r:s3r_ec_dx@e5m2`, the all-FP8
-`s3r:s3r_ec_dx@e5m2+fwd_e4m3`: its E4M3 forward runs in the dense projections only, the expert GEMMs
-refuse it); `quantization_values()` lists them.
+`s3r:s3r_ec_dx@e5m2+fwd_e4m3`, whose E4M3 forward runs in the dense projections and the expert GEMMs
+alike); `quantization_values()` lists them.
 
 What it quantizes: every MaxText `DenseGeneral` built with the quantization object (the attention and MLP
 projections; MaxText gives the output projection `logits_dense` none) takes its `dot_general` from

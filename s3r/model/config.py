@@ -251,11 +251,6 @@ class MoeFields(ModelConfig):
         f"{recipe.grad_format} format (emulated in float32) works only in dense models; use one of "
         f"{', '.join(formats_with('grouped'))}"
       )
-    if self.dense_layers < self.n_layers and recipe.forward_format != "int8":
-      raise ValueError(
-        f"{name}.recipe {self.recipe!r}: the expert GEMMs take int8 forward codes only, so the "
-        f"{recipe.forward_format} forward works only in dense models"
-      )
 
   def is_moe(self, layer: int) -> bool:
     return layer >= self.dense_layers

@@ -77,6 +77,18 @@ def constrain(x: jax.Array, axes: tuple) -> jax.Array:
   return x if fn is None else fn(x, axes)
 
 
+def folded_keys(key: jax.Array, count: int) -> jax.Array:
+  """The keys fold_in(key, i) for i = 0 .. count - 1, as one key array [count] (the same keys bit for bit).
+
+  One vectorized threefry hash instead of one per key: a layer takes each projection's key from it,
+  and XLA merges the identical hashes of one layer into one (CSE). On the GPU, every separate
+  fold_in is a chain of some hundred scalar integer operations that priority fusion fuses one at
+  a time, re-costing the growing fusion at every step (docs/performance.md, "Where the INT8
+  compile time goes").
+  """
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(count, dtype=jnp.uint32))
+
+
 def param(key, shape, std, axes) -> nnx.Param:
   """An f32 parameter drawn from N(0, std²), with its logical axes for sharding."""
   return nnx.Param(std * jax.random.normal(key, shape, jnp.float32), logical_axes=axes)
@@ -198,7 +210,7 @@ class Block[C: ModelConfig](nnx.Module):
     self.down = param(k["down"], (f, d), out_std, ("mlp", "embed"))
 
   def _proj(self, name: str, x, layer_key):
-    key = None if layer_key is None else jax.random.fold_in(layer_key, self.PROJECTIONS.index(name))
+    key = None if layer_key is None else folded_keys(layer_key, len(self.PROJECTIONS))[self.PROJECTIONS.index(name)]
     override = _projection.get()
     if override is not None:
       return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)

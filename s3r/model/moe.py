@@ -33,7 +33,7 @@ from flax import nnx
 
 from s3r.model import moe_ep
 from s3r.model.config import AUX_LOSS_WEIGHT, check_dispatch
-from s3r.model.layers import param
+from s3r.model.layers import folded_keys, param
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
@@ -103,7 +103,7 @@ class MoEFeedForward(nnx.Module):
     return max(1, math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts))
 
   def _key(self, key, purpose):
-    return None if key is None else jax.random.fold_in(key, PURPOSES.index(purpose))
+    return None if key is None else folded_keys(key, len(PURPOSES))[PURPOSES.index(purpose)]
 
   def __call__(self, x_BxSxD: jax.Array, key: jax.Array | None) -> tuple[jax.Array, dict]:
     """(y [B, S, D] in x's dtype, aux) with aux["load_balance_loss"] (weighted scalar) and

@@ -136,7 +136,7 @@ def dx_correction(
     hi = jax.lax.Precision.HIGHEST
     w_KxN = wq_KxN.astype(jnp.float32)
     wc_BxK = jnp.einsum("bn,kn->bk", c_BxN.astype(jnp.float32), w_KxN, precision=hi)
-    return (r_BxS - m_B[:, None])[:, :, None] * jnp.sum(w_KxN, axis=1) + wc_BxK[:, None, :]
+    return _centered(r_BxS, m_B)[:, :, None] * jnp.sum(w_KxN, axis=1) + wc_BxK[:, None, :]
   batch, n = c_BxN.shape
   # One small int8 dot gives Ŵ c_b (from c's int8 digits, see above) and rowsum(Ŵ) = Ŵ 1;
   # as reductions, XLA:CPU fuses them into the elementwise rescale of the [T, K] dX
@@ -148,7 +148,20 @@ def dx_correction(
   acc_RxK = numerics.code_matmul_nt(lhs_RxN, wq_KxN)  # [3B + 1, K] int32, exact
   wc_BxK = from_int8_digits(acc_RxK[:-1].reshape(batch, _DIGITS, -1))
   rowsum_K = acc_RxK[-1].astype(jnp.float32)  # exact in f32 while 127 N < 2^24
-  return (r_BxS - m_B[:, None])[:, :, None] * rowsum_K + wc_BxK[:, None, :]
+  return _centered(r_BxS, m_B)[:, :, None] * rowsum_K + wc_BxK[:, None, :]
+
+
+def _centered(r_BxS: jax.Array, m_B: jax.Array) -> jax.Array:
+  """r - m [B, S]: each example's token means less their mean (m = mean(r, axis=1), from `error_factors`).
+
+  m passes an optimization barrier (an identity) on its way to the subtraction. Without it, r, its
+  row mean and the subtraction form the "softmax" pattern that XLA:GPU's Triton softmax rewriter
+  turns into a Triton fusion; priority fusion then grows that fusion into the rescale of the dX
+  accumulator (and the sum of every dX that shares the layer input), searching Triton tilings at
+  every step: most of the GPU compile time of an S3R-EC layer (docs/performance.md, "Where the INT8
+  compile time goes"). The values are the same bit for bit.
+  """
+  return r_BxS - jax.lax.optimization_barrier(m_B)[:, None]
 
 
 def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array) -> jax.Array:
@@ -157,17 +170,22 @@ def _float_weight_dx_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Arr
   gives Ŵ c_j (every product exact in f32) and rowsum(Ŵ) = Ŵ 1, reading Ŵ in bf16 instead of a
   weight-sized f32 copy; the three parts are summed in f32, as an f32 dot's partial sums are."""
   batch, n = c_BxN.shape
+  lhs_RxN = jnp.concatenate([bf16_parts(c_BxN).reshape(3 * batch, n), jnp.ones((1, n), jnp.bfloat16)])
+  acc_RxK = jax.lax.dot_general(
+    lhs_RxN, wq_KxN.astype(jnp.bfloat16), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  wc_BxK = jnp.sum(acc_RxK[:-1].reshape(batch, 3, -1), axis=1)
+  return _centered(r_BxS, m_B)[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
+
+
+def bf16_parts(c_BxN: jax.Array) -> jax.Array:
+  """[B, 3, N] bf16: c = c0 + c1 + c2 exactly (f32 c; 8 significant bits per part, f32 has 24)."""
   parts, rest = [], c_BxN.astype(jnp.float32)
   for _ in range(3):
     part = rest.astype(jnp.bfloat16)
     parts.append(part)
     rest = rest - part.astype(jnp.float32)  # exact: the rounding error of a bf16 rounding
-  lhs_RxN = jnp.concatenate([jnp.stack(parts, axis=1).reshape(3 * batch, n), jnp.ones((1, n), jnp.bfloat16)])
-  acc_RxK = jax.lax.dot_general(
-    lhs_RxN, wq_KxN.astype(jnp.bfloat16), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-  )
-  wc_BxK = jnp.sum(acc_RxK[:-1].reshape(batch, 3, -1), axis=1)
-  return (r_BxS - m_B[:, None])[:, :, None] * acc_RxK[-1] + wc_BxK[:, None, :]
+  return jnp.stack(parts, axis=1)
 
 
 def dw_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, xqT_KxT: jax.Array) -> jax.Array:

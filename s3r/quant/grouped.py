@@ -6,14 +6,20 @@ by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 
 It mirrors the dense layer (matmul.py), and runs the same backward sequence
 (`backward.quantized_backward`) on its own layout (`_GroupedLayout`). Forward: per-row activation scales,
-per-(expert, output column) weight scales, RTNE codes, one int8 x int8 -> int32 grouped GEMM,
-rescale. Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor step Δ, Q
+per-(expert, output column) weight scales, RTNE codes of the recipe's forward format, one grouped GEMM
+on codes, rescale: int8 x int8 -> int32 by default; E4M3 x E4M3 -> f32 for an all-FP8 recipe
+(`NAME+fwd_e4m3`: the dense layer's scales onto 448 and E4M3 codes, `Recipe.forward_format`).
+Backward: G' = s_x G s_w (each row with its expert's s_w), one per-tensor step Δ, Q
 quantized once for both products (twice for split recipes) into codes of the recipe's gradient
-format (a uniform grid: int8, int6 or int4, or FP8: e4m3, e5m2, whose products with the int8 codes
-are exact f32 emulations on the tiled or ragged GEMMs; the block-scaled FP4 formats are refused) by the
-dense quantizer's own functions (`matmul.scale_gradient`, `matmul.round_gradient`), as
+format (a uniform grid: int8, int6 or int4, or FP8: e4m3, e5m2; the block-scaled FP4 formats are
+refused) by the dense quantizer's own functions (`matmul.scale_gradient`, `matmul.round_gradient`), as
 `quantize_gradient` quantizes the [T, N] rows as one example of T tokens; dX = (Δ/s_x) Q Ŵ_eᵀ
-and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes. Shared thresholds are one
+and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes, Ŵ and X̂ the forward's codes (as in
+the dense layer). Which GEMM each pair of codes gets is `formats.code_dot_general`'s rule: int8 x int8 in
+int32 (the Pallas kernels take these); FP8 x FP8 on the FP8 operands with f32 results (an FP8 GEMM when
+compiled for Hopper, an f32 emulation on XLA:CPU); a mixed pair (int8 with FP8 codes) an exact f32
+emulation. Only int8 x int8 runs in the Pallas kernels: the others take the tiled or ragged GEMMs
+(grouped_gemm.py), under impl="auto" and "pallas" too. Shared thresholds are one
 per row for `s3r` (a row is one token's copy for one expert), one per expert segment for the
 `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the error per
 segment (grouped_ec.py).
@@ -87,7 +93,7 @@ def grouped_qmatmul(
   rows: GlobalRows | None = None,
   compute_dtype=None,
 ) -> jax.Array:
-  """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's INT8 forward and backward.
+  """The ragged product out[t] = x[t] @ w[e(t)] with the recipe's quantized (INT8 or E4M3) forward and backward.
 
   Args:
     x: activations [T, K], rows sorted by expert.
@@ -101,8 +107,11 @@ def grouped_qmatmul(
       "tiled" elsewhere), "tiled" (tile-padded batched int8 GEMMs, at most T + E·tile rows of
       work), "ragged" (`jax.lax.ragged_dot`, the exact reference; XLA expands it to E times the
       work) or "pallas" (the Pallas kernels with the dequantize epilogue fused: compiled on GPU,
-      interpret mode elsewhere, which is for tests). All give bit-identical results on the CPU;
-      on a GPU the tiled dW GEMM is not verified (see grouped_gemm), so "auto" runs none there.
+      interpret mode elsewhere, which is for tests). All give bit-identical results on the CPU
+      for the int8 forward; on a GPU the tiled dW GEMM is not verified (see grouped_gemm), so "auto"
+      runs none there. The kernels take int8 codes only: with the E4M3 forward (or FP8 gradient
+      codes) "auto" and "pallas" run the forward and dX on the tiled path and dW on the ragged
+      path on CUDA (the tiled one elsewhere).
     rows: None (the rows are the whole product), or, inside `shard_map`, where the rows sit in
       the global product (`GlobalRows`): the backward then quantizes each row as the global
       product does (thresholds by global row or expert index, Δ a max over `rows.axes`).
@@ -123,11 +132,6 @@ def grouped_qmatmul(
       f"{_NAME}: gradient format {recipe.grad_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
       f"(expert) path: its grouped GEMMs take integer or FP8 codes only (the Pallas kernels integer ones); use one of "
       f"{', '.join(formats.formats_with('grouped'))}"
-    )
-  if recipe.forward_format != formats.INT8.name:
-    raise ValueError(
-      f"{_NAME}: forward format {recipe.forward_format!r} (recipe {recipe.name!r}) is not supported on the grouped "
-      "(expert) path: its grouped GEMMs, and the Pallas kernels, take int8 forward codes only"
     )
   if not recipe.quantized:
     return _float_gmm(impl, operands, x, w, group_sizes).astype(x.dtype)
@@ -182,8 +186,8 @@ _float_gmm.defvjp(_float_fwd, _float_bwd)
 class _Residuals(NamedTuple):
   """What the forward saves for the backward: the forward's codes, their scales, the rows and the key."""
 
-  xq_TxK: jax.Array  # X̂, int8 [T, K]: the activation codes
-  wq_ExKxN: jax.Array  # Ŵ, int8 [E, K, N]: the weight codes
+  xq_TxK: jax.Array  # X̂ [T, K]: the activation codes (int8 or E4M3)
+  wq_ExKxN: jax.Array  # Ŵ [E, K, N]: the weight codes (int8 or E4M3)
   sx_T: jax.Array  # s_x, f32 [T]: the per-row activation scales
   sw_ExN: jax.Array  # s_w, f32 [E, N]: the per-(expert, output column) weight scales
   group_sizes: jax.Array  # int32 [E], sanitized (grouped_gemm.sanitize)
@@ -222,12 +226,13 @@ def _fwd(
   rows: GlobalRows | None,
 ) -> tuple[jax.Array, _Residuals]:
   """(Y [T, N] in x's dtype, the residuals)."""
-  del recipe, w_dtype
+  del w_dtype
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
-  sx_T = numerics.absmax_scale(x_TxK, axis=1)
-  sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1)
-  xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None])
-  wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :])
+  fmt = formats.get_format(recipe.forward_format)  # int8, or E4M3 (an all-FP8 recipe): the dense layer's rule
+  sx_T = numerics.absmax_scale(x_TxK, axis=1, fmt=fmt)
+  sw_ExN = numerics.absmax_scale(w_ExKxN, axis=1, fmt=fmt)
+  xq_TxK = numerics.quantize_rtne(x_TxK, sx_T[:, None], fmt)
+  wq_ExKxN = numerics.quantize_rtne(w_ExKxN, sw_ExN[:, None, :], fmt)
   # acc · s_x[t] · s_w[e(t)], padding rows explicitly 0 (a NaN padding row stays 0): the GEMM's epilogue
   y_TxN = grouped_gemm.gmm_epilogue(xq_TxK, wq_ExKxN, lay, impl, row_T=sx_T, col_ExN=sw_ExN, out=x_dtype)
   return y_TxN, _Residuals(xq_TxK, wq_ExKxN, sx_T, sw_ExN, lay.group_sizes, key, rows)
@@ -344,7 +349,8 @@ def quantize_grouped_gradient(
 def _exact_bwd(
   impl: str, x_dtype: np.dtype, w_dtype: np.dtype, res: _Residuals, lay: grouped_gemm.Layout, g_TxN: jax.Array
 ) -> _Cotangents:
-  """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed INT8 forward graph."""
+  """G Ŵ_deq,eᵀ and X̂_deq,eᵀ G_e in f32: the exact gradient of the executed forward graph
+  (int8 or E4M3 codes)."""
   xq_TxK, wq_ExKxN, sx_T, sw_ExN, _, _, _ = res
   hi = jax.lax.Precision.HIGHEST
   w_deq = formats.FORWARD_FORMAT.dequantize(wq_ExKxN, sw_ExN[:, None, :])

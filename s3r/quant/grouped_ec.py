@@ -47,10 +47,17 @@ def dx_correction(
   one small batched int8 dot of c_e's int8 digits (ec.int8_digits) and a row of ones with Ŵ_e,
   so Ŵ is read as int8, as in the dense correction. For gradient codes `fmt` without integer codes
   (FP8), whose error in units of Δ is not bounded by 1, the products are f32 emulations, as in
-  the dense correction.
+  the dense correction; with E4M3 weight codes (an FP8 forward) one batched bf16 GEMM of c_e's three
+  exact bf16 parts (`ec.bf16_parts`) and a row of ones, as the dense `ec.dx_correction` does.
   """
   experts, n = c_ExN.shape
-  if fmt.capabilities.integer_codes:
+  if not jnp.issubdtype(wq_ExKxN.dtype, jnp.integer):  # E4M3 weight codes: the dense layer's bf16 GEMM
+    lhs_Ex4xN = jnp.concatenate([ec.bf16_parts(c_ExN), jnp.ones((experts, 1, n), jnp.bfloat16)], axis=1)
+    dims = (((2,), (2,)), ((0,), (0,)))
+    acc_Ex4xK = lax.dot_general(lhs_Ex4xN, wq_ExKxN.astype(jnp.bfloat16), dims, preferred_element_type=jnp.float32)
+    wc_ExK = jnp.sum(acc_Ex4xK[:, :3], axis=1)
+    rowsum_ExK = acc_Ex4xK[:, 3]
+  elif fmt.capabilities.integer_codes:
     digits_Ex3xN = ec.int8_digits(c_ExN)
     lhs_Ex4xN = jnp.concatenate([digits_Ex3xN, jnp.ones((experts, 1, n), digits_Ex3xN.dtype)], axis=1)
     dims = (((2,), (2,)), ((0,), (0,)))

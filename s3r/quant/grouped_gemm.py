@@ -8,7 +8,8 @@ belong to no expert (dropless padding) and give zero rows / contribute nothing.
 - `gmm_nt(a_TxN, b_ExKxN)`: out[t] = a[t] b[e(t)]ᵀ              (dX: Q Ŵ_eᵀ)
 - `tgmm(a_TxK, b_TxN)`:     out[e] = Σ_{t in segment e} a[t]ᵀ b[t]  (dW[e] = X̂_eᵀ Q_e)
 
-Three implementations with the same results (int32 accumulators are exact, so bit for bit):
+Three implementations with the same results (int32 accumulators are exact, so bit for bit; GEMMs
+on float codes accumulate in f32, where the paths may differ by the order of the f32 sums):
 - "ragged": `jax.lax.ragged_dot(_general)`. Exact and zero-filling everywhere, but JAX and
   XLA's GPU rewriter expand it into a masked [E, T, C] operand: E times the routed work.
 - "tiled": each segment is padded to a multiple of a tile of `tile` rows, so that every tile
@@ -19,9 +20,12 @@ Three implementations with the same results (int32 accumulators are exact, so bi
   (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
 - "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
   GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
-  (the bf16 recipe's, `int8_exact_bwd`'s backward, and the backward GEMMs on FP8 gradient codes,
-  exact f32 emulations) runs its forward and dX on the tiled path and its dW on the ragged path
-  on CUDA, the tiled path elsewhere.
+  (the bf16 recipe's, `int8_exact_bwd`'s backward, every GEMM on E4M3 forward codes or FP8
+  gradient codes) runs its forward and dX on the tiled path and its dW on the ragged path
+  on CUDA, the tiled path elsewhere. GEMMs on two FP8 code tensors keep their FP8 operands
+  (`_float_codes`): compiled for an H100 they are Triton GEMM fusions with FP8 operands, or
+  cuBLASLt FP8 matmuls with Triton GEMMs disabled, on the tiled and the ragged path
+  (`python -m benchmarks aot --program moe`); XLA:CPU emulates them in f32.
 - "auto" (grouped_qmatmul's default): the compiled Pallas kernels on GPU (CUDA), the tiled path
   elsewhere; float GEMMs as under "pallas".
 
@@ -276,11 +280,16 @@ def _dispatch(impl: str, kernel, xla, *args):
 
 
 def _float_codes(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array, object, object]:
-  """(a, b, accumulator, precision) of a GEMM on codes: int8 x int8 as is (the kernels' int32 GEMM);
-  any other pair (FP8 gradient codes times int8 forward codes) as f32 operands at the highest
-  precision, an exact f32 emulation (`formats.code_dot_general`'s), on the tiled or ragged path."""
+  """(a, b, accumulator, precision) of a GEMM on codes, the pairs of `formats.code_dot_general`:
+  int8 x int8 as is (the kernels' int32 GEMM); FP8 x FP8 (E4M3 forward codes, FP8 gradient codes)
+  as is with f32 results, a dot on the FP8 operands (that XLA:CPU emulates exactly in f32); any
+  other pair (FP8 gradient codes times int8 forward codes, int8 gradient codes times E4M3 forward
+  codes) as f32 operands at the highest precision, an exact f32 emulation. The last two run on the
+  tiled or ragged path."""
   if _int8_codes(a, b, _ACC, None):
     return a, b, _ACC, None
+  if a.dtype in formats.NATIVE_FP8_DTYPES and b.dtype in formats.NATIVE_FP8_DTYPES:
+    return a, b, jnp.float32, None
   return a.astype(jnp.float32), b.astype(jnp.float32), jnp.float32, lax.Precision.HIGHEST
 
 

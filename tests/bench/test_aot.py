@@ -158,6 +158,21 @@ def test_the_pallas_grouped_gemm_kernels_compile_for_the_h100_target(tmp_path):
   assert row["hlo"]["gemms"].get("pallas_triton", 0) >= 2
 
 
+@pytest.mark.slow
+@needs_plugin
+def test_the_all_fp8_grouped_gemms_compile_to_fp8_gemms_for_the_h100_target_on_every_impl(tmp_path):
+  """E4M3 forward and E5M2 gradients: the forward, dX and dW grouped GEMMs are FP8 GEMMs (the Pallas kernels
+  take int8 codes only, so "auto" runs them on the tiled and ragged paths)."""
+  rows = _aot(
+    tmp_path, "--program", "moe", "--moe-shape", "256x128x4", "--moe-tokens", "512", "--moe-impl", "auto,ragged,tiled",
+    "--recipes", "s3r_ec_dx@e5m2+fwd_e4m3",
+  )  # fmt: skip
+  assert len(rows) == 3 and all("error" not in r for r in rows), [r.get("error") for r in rows]
+  for row in rows:
+    gemms = row["hlo"]["gemms"]
+    assert row["hlo"]["fp8_gemms"] == 3 and "pallas_triton" not in gemms, (row["impl"], gemms)
+
+
 def test_the_h100_and_h200_target_descriptions_are_in_the_repository():
   for name in aot.TARGETS:
     assert "gpu_device_info" in aot.target_spec(name)

@@ -176,6 +176,36 @@ def test_expert_gmm_computes_the_first_groups_where_maxtext_names_more_groups_th
     np.testing.assert_array_equal(g, r)
 
 
+def test_an_all_fp8_recipe_builds_a_moe_backend_whose_expert_gemms_are_grouped_qmatmuls_with_the_e4m3_forward():
+  """`s3r:s3r_ec_dx@e5m2+fwd_e4m3` on MaxText's sparse-MoE path: the expert GEMM hook is grouped_qmatmul
+  with the all-FP8 recipe (E4M3 forward, E5M2 gradients) and the layer key folded with the kernel's
+  fingerprint, outputs and gradients bit for bit."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  moe = dict(num_experts=2, sparse_matmul=True, megablox=True, use_tokamax_gmm=False)
+  recipe = _backend(_config(quantization="s3r:s3r_ec_dx@e5m2+fwd_e4m3", **moe)).recipe
+  assert (recipe.forward_format, recipe.grad_format) == ("e4m3", "e5m2")
+  kx, kw, kg, kq = jax.random.split(jax.random.key(1), 4)
+  x, w, sizes = jax.random.normal(kx, (12, 16)), jax.random.normal(kw, (2, 16, 8)), jnp.array([5, 7], jnp.int32)
+  folded = jax.random.fold_in(kq, smt.kernel_fingerprint(w))
+
+  def loss(gemm, fn_x, fn_w):
+    out = gemm(fn_x, fn_w)
+    return jnp.sum(out * jax.random.normal(kg, out.shape)), out
+
+  hook = lambda a, b: smt.expert_gmm(a, b, sizes, recipe=recipe, key=kq)
+  direct = lambda a, b: s3r.grouped_qmatmul(a, b, sizes, key=folded, recipe=recipe)
+  (_, out), grads = jax.value_and_grad(lambda a, b: loss(hook, a, b), argnums=(0, 1), has_aux=True)(x, w)
+  (_, ref), ref_grads = jax.value_and_grad(lambda a, b: loss(direct, a, b), argnums=(0, 1), has_aux=True)(x, w)
+  np.testing.assert_array_equal(out, ref)
+  for g, r in zip(grads, ref_grads, strict=True):
+    np.testing.assert_array_equal(g, r)
+  int8_out = s3r.grouped_qmatmul(x, w, sizes, key=folded, recipe="s3r_ec_dx@e5m2")
+  assert not np.array_equal(out, int8_out)  # the E4M3 forward, not the int8 one
+
+
 def _gmm_call(**kw):
   import jax.numpy as jnp  # noqa: PLC0415
 

@@ -8,6 +8,7 @@ import pytest
 
 from s3r import model as M
 from s3r.model import layers, moe
+from s3r.model.config import MoeFields
 from tests.model import reference
 
 TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
@@ -158,6 +159,30 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
   monkeypatch.setattr(moe, "grouped_qmatmul", recording_grouped_qmatmul)
   M.apply(M.graphdef(cfg), M.init_params(cfg, jax.random.key(0)), jnp.zeros((1, 8), jnp.int32), key=jax.random.key(3))
   assert len(seen) == len(set(seen)) > 7 * cfg.n_layers - 1
+
+
+@pytest.mark.parametrize(
+  "name, layers", [("qwen3-moe-tiny", 1), pytest.param("deepseek-tiny", 2, marks=pytest.mark.slow)]
+)  # 15-25 s each
+def test_moe_family_trains_with_an_all_fp8_recipe(name, layers):
+  """E4M3 forward and E5M2 gradients in every projection, the expert GEMMs (grouped_qmatmul) included;
+  DeepSeek-V2 with one dense layer and one MoE layer."""
+  from s3r.train import optimizer as opt
+  from s3r.train import step as train_step
+
+  cfg = M.preset(name, recipe="s3r_ec_dx@e5m2+fwd_e4m3", layers=layers)
+  assert isinstance(cfg, MoeFields) and any(cfg.is_moe(i) for i in range(cfg.n_layers))
+  ocfg = opt.OptimizerConfig(lr=3e-3, total_steps=100, warmup_steps=0)
+  tx = opt.make_optimizer(ocfg)
+  state = train_step.init_state(M.init_params(cfg, jax.random.key(0)), tx)
+  step = jax.jit(train_step.make_train_step(M.graphdef(cfg), tx, opt.schedule(ocfg)))
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 17)), jnp.int32)
+  losses = []
+  for i in range(4):
+    state, metrics = step(state, batch, jax.random.key(100 + i))
+    losses.append(float(metrics["loss"]))
+    assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["grad_norm"]) > 0
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
 def test_moe_auxiliary_loss_comes_back_from_apply_with_aux():

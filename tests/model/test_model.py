@@ -104,3 +104,16 @@ def test_invalid_config_is_rejected_naming_the_field(overrides, field):
 def test_unknown_preset_lists_the_valid_ones():
   with pytest.raises(ValueError, match="cpu-small"):
     M.preset("huge")
+
+
+@pytest.mark.parametrize("count", [1, 6, 7])
+def test_folded_keys_are_the_fold_in_keys_bit_for_bit(count):
+  """A layer's projection keys come from one vectorized fold_in (`layers.folded_keys`, one threefry hash for
+  XLA to fuse instead of one per projection): each is the key fold_in(key, i) itself, eagerly and under jit,
+  so every recipe draws the same thresholds as with a fold_in per projection."""
+  key = jax.random.fold_in(jax.random.key(3), 11)
+  want = np.stack([jax.random.key_data(jax.random.fold_in(key, i)) for i in range(count)])
+  eager = jax.random.key_data(layers.folded_keys(key, count))
+  jitted = jax.jit(lambda k: jax.random.key_data(layers.folded_keys(k, count)))(key)
+  np.testing.assert_array_equal(eager, want)
+  np.testing.assert_array_equal(jitted, want)

@@ -101,13 +101,6 @@ def test_the_e4m3_forward_codes_reach_the_gemms_as_fp8_operands():
   )
 
 
-def test_the_grouped_path_refuses_the_e4m3_forward_naming_it(rng):
-  x = jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)
-  w = jnp.asarray(rng.standard_normal((2, 16, 4)), jnp.float32)
-  with pytest.raises(ValueError, match="forward format 'e4m3'.*grouped"):
-    s3r.grouped_qmatmul(x, w, jnp.array([4, 4]), key=jax.random.key(0), recipe="s3r+fwd_e4m3")
-
-
 def test_a_heavy_tailed_activation_keeps_its_small_tokens_on_the_e4m3_grid(rng):
   # per-token scales: a token 10^4 times smaller than another is quantized on its own scale
   x = heavy_tailed(rng, (1, 8, 32), decades=4)

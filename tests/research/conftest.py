@@ -1,8 +1,10 @@
-"""A small real-text corpus for end-to-end experiment tests."""
+"""A small real-text corpus and a random token folder for end-to-end experiment tests."""
 
+import json
 import pathlib
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.train.conftest import write_corpus
@@ -11,6 +13,17 @@ from tests.train.conftest import write_corpus
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> pathlib.Path:
   return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def token_folder(tmp_path_factory) -> pathlib.Path:
+  """A lockstep token folder of random ids (vocabulary 512): 20,000 training and 2,000 validation tokens."""
+  rng = np.random.default_rng(0)
+  folder = tmp_path_factory.mktemp("tokens")
+  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
+  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
+  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
+  return folder
 
 
 def tiny_sweep_config(tmp_path: pathlib.Path, corpus: pathlib.Path, **kw):

@@ -22,16 +22,6 @@ RECIPES = ("int8_sr", "s3r")  # the baseline and the shared-threshold recipe (on
 TRAINS_THE_STUDY = pytest.mark.slow  # the tests of the `finished` fixture, which trains the study once (about a minute)
 
 
-@pytest.fixture(scope="module")
-def token_folder(tmp_path_factory):
-  rng = np.random.default_rng(0)
-  folder = tmp_path_factory.mktemp("tokens")
-  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
-  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
-  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
-  return folder
-
-
 def _cfg(token_folder, root: pathlib.Path, **kw) -> dose.DoseConfig:
   base: dict[str, Any] = dict(
     grids=GRIDS,

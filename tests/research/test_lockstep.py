@@ -16,17 +16,6 @@ from research import lockstep, lockstep_report
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture()
-def token_folder(tmp_path):
-  rng = np.random.default_rng(0)
-  folder = tmp_path / "tokens"
-  folder.mkdir()
-  np.save(folder / "train.npy", rng.integers(0, 512, 20_000).astype(np.uint16))
-  np.save(folder / "val.npy", rng.integers(0, 512, 2_000).astype(np.uint16))
-  (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "corpus": "random"}))
-  return folder
-
-
 def _cfg(token_folder, tmp_path, **kw):
   base: dict[str, Any] = dict(
     data=str(token_folder),

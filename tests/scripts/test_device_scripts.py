@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -156,3 +157,41 @@ def test_device_unpack_puts_archives_under_results_gpu_never_overwrites_and_take
   assert beside.returncode == 0, beside.stderr
   assert (repo / "research/results/device_quality-2/summary.json").exists()
   assert run("/x").returncode == 2 and (repo / "research/results/device_quality/summary.json").exists()
+
+
+@pytest.mark.slow
+def test_device_quality_loads_the_programs_compiled_ahead_and_skips_the_probe(tmp_path, tokens):
+  import argparse
+
+  import jax
+
+  from benchmarks import aot_programs
+  from labtools import executables
+
+  # what `benchmarks aot --program lockstep --save-executables` writes for a GPU, here for this CPU
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("d",))
+  args = argparse.Namespace(vocab=512, seq=32, batch=2, attention="xla", schedule_steps=4)
+  for r in ("int8_sr", "s3r", "s3r_ec_dx"):
+    lowered = aot_programs.lower_lockstep(mesh, recipe=r, preset="tiny", layers=2, args=args)
+    with executables.fresh_compiles():
+      compiled = lowered.compile()
+    executables.save(tmp_path / "programs", r, lowered, compiled, {"target": "cpu"})
+  env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
+  env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
+  env |= {"PROBE": "always", "PRECOMPILED": str(tmp_path / "programs")}
+  result = _run("device_quality", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  assert "compile probe skipped" in result.stdout and result.stdout.count("loaded the program compiled ahead") == 3
+  with tarfile.open(tmp_path / "out" / "device_quality.tar.gz") as tar:
+    summary_file = tar.extractfile("./run/summary.json")
+    assert summary_file is not None
+    summary = json.load(summary_file)
+  recipes = {"int8_sr", "s3r", "s3r_ec_dx"}
+  if "no summary from the run with the programs compiled ahead" in result.stdout:
+    # XLA:CPU has failed to run a deserialized program here ("Function <fusion> not found") when this test
+    # ran after other tests, never in a process of its own; the cause (in the CPU runtime) is not known.
+    # Then the script's second run, compiling everything, must have finished the job
+    assert re.search(r"NOT_FOUND: Function \S+ not found", result.stdout), result.stdout[-6000:]
+    assert summary["complete"] and set(summary["compile_s_by_recipe"]) == recipes and not summary["loaded_s_by_recipe"]
+  else:
+    assert summary["complete"] and set(summary["loaded_s_by_recipe"]) == recipes and not summary["compile_s_by_recipe"]

@@ -80,11 +80,12 @@ def test_a_gradient_format_without_grouped_gemms_is_refused_up_front_for_a_model
   assert TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r@int4").recipe == "s3r@int4"
 
 
-def test_the_e4m3_forward_is_refused_up_front_for_a_model_with_experts():
+def test_the_e4m3_forward_is_taken_for_a_model_with_experts_but_not_with_fp4_gradients():
+  cfg = TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@e5m2+fwd_e4m3")
+  assert cfg.model_config(cfg.vocab_size).recipe == "s3r_ec_dx@e5m2+fwd_e4m3"
   with pytest.raises(ConfigError) as e:
-    TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@e5m2+fwd_e4m3")
-  assert str(e.value).startswith("--recipe ") and "e4m3 forward" in str(e.value) and "dense models" in str(e.value)
-  assert TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@e5m2").recipe == "s3r_ec_dx@e5m2"
+    TrainConfig(out="run", steps=20, preset="moe-tiny", recipe="s3r_ec_dx@nvfp4+fwd_e4m3")
+  assert str(e.value).startswith("--recipe ") and "nvfp4" in str(e.value) and "dense models" in str(e.value)
 
 
 def test_resume_may_extend_steps_but_not_shorten_below_the_checkpoint_or_change_the_numbers():

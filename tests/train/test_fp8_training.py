@@ -1,5 +1,5 @@
 """The FP8 gradient recipes, and the all-FP8 one (E4M3 forward), train end to end through `s3r train` (on `tiny`,
-a few steps)."""
+a few steps; the all-FP8 one on `moe-tiny` too, slow)."""
 
 import json
 import math
@@ -8,12 +8,17 @@ import pytest
 
 from s3r import cli
 
-RECIPES = ["s3r_ec_dx@e5m2", "s3r_ec_dx@e5m2+fwd_e4m3", pytest.param("s3r@e4m3", marks=pytest.mark.slow)]
+RECIPES = [
+  ("tiny", "s3r_ec_dx@e5m2"),
+  ("tiny", "s3r_ec_dx@e5m2+fwd_e4m3"),
+  pytest.param("tiny", "s3r@e4m3", marks=pytest.mark.slow),
+  pytest.param("moe-tiny", "s3r_ec_dx@e5m2+fwd_e4m3", marks=pytest.mark.slow),  # all-FP8 expert GEMMs too
+]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_an_fp8_gradient_recipe_trains_through_s3r_train(recipe, tmp_path, corpus_dir, cache_dir):
-  argv = ["train", "--preset", "tiny", "--recipe", recipe, "--steps", "8", "--warmup", "2", "--lr", "3e-3"]
+@pytest.mark.parametrize("preset, recipe", RECIPES)
+def test_an_fp8_gradient_recipe_trains_through_s3r_train(preset, recipe, tmp_path, corpus_dir, cache_dir):
+  argv = ["train", "--preset", preset, "--recipe", recipe, "--steps", "8", "--warmup", "2", "--lr", "3e-3"]
   argv += ["--batch", "4", "--seq", "32", "--vocab", "300", "--data", str(corpus_dir), "--cache-dir", str(cache_dir)]
   argv += ["--out", str(tmp_path / "run"), "--eval-every", "8", "--eval-batches", "2", "--ckpt-every", "8"]
   assert cli.main(argv + ["--no-progress"]) == 0
