@@ -204,7 +204,8 @@ def _fwd(
   if tp is not None and tp.kind == "row":
     y_TxN = tensor_parallel.split_contraction(xq_TxK, wq_KxN, tp, b_transposed=False, rescale=rescale, dtype=x_dtype)
   else:
-    y_TxN = rescale(numerics.code_matmul(xq_TxK, wq_KxN).astype(jnp.float32)).astype(x_dtype)
+    acc_TxN = numerics.code_matmul(xq_TxK, wq_KxN).astype(jnp.float32)
+    y_TxN = numerics.rescaled(acc_TxN, sx_BxS.reshape(-1, 1), sw_N, x_dtype)
   y_BxSxN = y_TxN.reshape(batch, seq, -1)
   # X̂ is saved transposed so that dW = X̂ᵀ Q contracts the tokens in the fast GEMM layout.
   xqT_KxT = numerics.materialized_transpose(xq_TxK, sx_BxS[0, 0])

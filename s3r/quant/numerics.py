@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import DTypeLike
 
 from s3r.quant.formats import FORWARD_FORMAT, Format
 from s3r.quant.reductions import abs_max
@@ -84,3 +85,28 @@ def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Arra
     return lax.cond(take, lambda a: a.T, lambda a: jnp.zeros_like(a.T), a)
 
   return lax.platform_dependent(a_MxN, cpu=cpu, default=lambda a: a.T)
+
+
+def rescaled(acc_TxN: jax.Array, sx_Tx1: jax.Array, sw_N: jax.Array, dtype: DTypeLike) -> jax.Array:
+  """dtype(acc · s_x · s_w): the forward GEMM's f32 product rescaled by the per-token scales [T, 1]
+  and the per-output-channel scales [N], in this order on every backend.
+
+  On GPU the rescale reads its operands through an optimization barrier and its result passes
+  through another. XLA's Triton GEMM fusion takes a rescale into the GEMM's epilogue only when the
+  scales are parameters of the computation, which scales computed in the program are not, so the
+  GEMM writes the f32 product [T, N]. Without the barriers XLA merges the rescales of two
+  projections of one input (an FFN's gate and up) into one fusion, which keeps both f32 products
+  live together, and recomputes the output from the f32 product inside the backward pass's
+  fusions, which keeps an f32 product live until then. With them the output is written once and
+  each f32 product dies at its rescale. The barriers are identities around the same multiplies
+  and cast in the same order, so the values are the same bit for bit; only fusion boundaries move
+  (docs/performance.md has the memory). Other backends get the plain expression.
+  """
+
+  def plain(acc_TxN, sx_Tx1, sw_N):
+    return (acc_TxN * sx_Tx1 * sw_N).astype(dtype)
+
+  def fenced(acc_TxN, sx_Tx1, sw_N):
+    return lax.optimization_barrier(plain(*lax.optimization_barrier((acc_TxN, sx_Tx1, sw_N))))
+
+  return lax.platform_dependent(acc_TxN, sx_Tx1, sw_N, cuda=fenced, rocm=fenced, default=plain)
