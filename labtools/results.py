@@ -139,6 +139,7 @@ def run_metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
     "cpu_affinity": affinity,
     "hostname": _platform.node(),
     "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),  # e.g. GEMMs on cuBLAS instead of Triton
     "loadavg_before": loadavg(),
   }
 

@@ -14,14 +14,18 @@
 # does not exhaust GPU memory at Gemma's size. The attention is cuDNN's flash attention where it
 # compiles at the family's shapes (checked in seconds before the family's steps are compiled;
 # Gemma 3's head dim 256 may be refused), else XLA's, and the results file says which.
-# Brings back device_step.tar.gz (smoke/ and bench_step_<preset>_gpu.{json,md} per family, written
+# Then, if at least CUBLAS_MIN_S (150) seconds are left, the families of CUBLAS_PRESETS
+# ("llama3.1-8b:2,4"; "" skips it) again with XLA's GEMMs on cuBLAS instead of Triton
+# (XLA_FLAGS += --xla_gpu_enable_triton_gemm=false), into cublas/: the GEMM code generation changes
+# speed as well as compile time and memory (docs/performance.md), so both are timed.
+# Brings back device_step.tar.gz (smoke/, cublas/ and bench_step_<preset>_gpu.{json,md} per family, written
 # after every depth) and device_step.log; `bash scripts/device_unpack.sh FILES_AT` puts them in results/.
 # Memory per device: f32 params + 2 Adam moments + f32 grads = 16 B per parameter; Llama 3.1-8B at
 # 4 layers about 45 GB, Gemma 3-12B at 12 layers about 110 GB (logits 17 GB each for values and
 # gradient): the depths below fit.
 # Env: PRESETS ("llama3.1-8b:2,4 qwen3-8b:2,4 gemma3-12b:6,12"), BATCH (4), SEQ (4096), REPEATS (6),
 #   WARMUP (2), WIDTH, VOCAB (default: the preset's), RECIPES (all six), COMPILE_THREADS (2),
-#   TOTAL_S (560), FIRST_S (150), SMOKE_S (120), PY (python3), OUT, WORK.
+#   TOTAL_S (560), FIRST_S (150), SMOKE_S (120), CUBLAS_PRESETS, CUBLAS_MIN_S (150), PY (python3), OUT, WORK.
 source "$(dirname "$0")/device_common.sh"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 export PRESETS=${PRESETS:-"llama3.1-8b:2,4 qwen3-8b:2,4 gemma3-12b:6,12"}
@@ -39,6 +43,15 @@ mkdir -p "$DEST" "$WORK"
   timeout $(( budget + 20 )) $PY scripts/device_step_families.py --budget "$budget" --out-dir "$WORK" 2>&1
   code=$?
   echo "bench exit $code"
+  left=$(seconds_left "${TOTAL_S:-560}")
+  if [ -n "${CUBLAS_PRESETS-llama3.1-8b:2,4}" ] && [ "$left" -ge "${CUBLAS_MIN_S:-150}" ]; then
+    echo "cuBLAS GEMMs: ${CUBLAS_PRESETS-llama3.1-8b:2,4}, budget ${left}s"
+    PRESETS="${CUBLAS_PRESETS-llama3.1-8b:2,4}" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" \
+      timeout $(( left + 20 )) $PY scripts/device_step_families.py --budget "$left" --out-dir "$WORK/cublas" 2>&1
+    echo "cublas bench exit $?"
+  else
+    echo "cuBLAS GEMMs skipped (${left}s left, CUBLAS_PRESETS '${CUBLAS_PRESETS-llama3.1-8b:2,4}')"
+  fi
   exit "$code"
 } 2>&1 | tee "$DEST/device_step.log"
 status=${PIPESTATUS[0]}

@@ -101,10 +101,12 @@ def test_device_quality_dry_run(tmp_path, tokens):
 def test_device_step_dry_run_keeps_every_family_it_starts(tmp_path):
   env = {"PRESETS": "llama3.1-8b:1 gemma3-12b:1", "RECIPES": "bf16,s3r_ec_dx", "WIDTH": "64", "VOCAB": "512"}
   env |= {"BATCH": "2", "SEQ": "32", "REPEATS": "1", "WARMUP": "0", "TOTAL_S": "900", "FIRST_S": "1", **QUICK_SMOKE}
+  env |= {"CUBLAS_PRESETS": "llama3.1-8b:1", "CUBLAS_MIN_S": "1"}  # the second pass, GEMMs off Triton (a GPU flag)
   result = _run("device_step", tmp_path / "out", env)
   assert result.returncode == 0, result.stdout[-4000:]
   files = _brought_back(tmp_path / "out", "device_step")
   assert {"bench_step_llama3.1-8b_cpu.json", "bench_step_gemma3-12b_cpu.json", "skipped.json"} <= files
+  assert "cublas/bench_step_llama3.1-8b_cpu.json" in files and "cublas bench exit 0" in result.stdout
 
 
 @pytest.mark.slow
