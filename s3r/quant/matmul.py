@@ -198,10 +198,8 @@ def _fwd(
   xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None], fmt).reshape(batch * seq, k)
   wq_KxN = numerics.quantize_rtne(w_KxN, sw_N[None, :], fmt)
 
-  def rescale(acc_TxN: jax.Array) -> jax.Array:
-    return acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
-
-  if tp is not None and tp.kind == "row":
+  if tp is not None and tp.kind == "row":  # each shard's partial product rescaled and rounded on its own
+    rescale = lambda acc_TxN: acc_TxN * sx_BxS.reshape(-1, 1) * sw_N
     y_TxN = tensor_parallel.split_contraction(xq_TxK, wq_KxN, tp, b_transposed=False, rescale=rescale, dtype=x_dtype)
   else:
     acc_TxN = numerics.code_matmul(xq_TxK, wq_KxN).astype(jnp.float32)
