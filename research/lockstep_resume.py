@@ -34,10 +34,6 @@ def _settings(cfg) -> dict[str, Any]:
   return json.loads(json.dumps(fields))
 
 
-def _leaves(state) -> list:
-  return jax.tree.leaves(state)
-
-
 def save(
   out: pathlib.Path,
   cfg,
@@ -51,7 +47,7 @@ def save(
   segments: list[dict],
 ) -> None:
   """Writes the resume point of `step` (the npz first, then the json that names it)."""
-  arrays = {f"{r}/{i}": np.asarray(x) for r, s in states.items() for i, x in enumerate(_leaves(s))}
+  arrays = {f"{r}/{i}": np.asarray(x) for r, s in states.items() for i, x in enumerate(jax.tree.leaves(s))}
   arrays["step"] = np.asarray(step, np.int64)
   tmp = out / "resume.npz.tmp"
   with tmp.open("wb") as f:
