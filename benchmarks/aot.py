@@ -60,6 +60,7 @@ from typing import Any
 
 from benchmarks import aot_report, options
 from benchmarks.aot_programs import lower_ffn, lower_lockstep, lower_moe, lower_step
+from labtools import executables
 from labtools.results import RESULTS_DIR, Run, loadavg, log, parse_list
 
 TARGETS_DIR = pathlib.Path(__file__).parent / "targets"
@@ -206,10 +207,12 @@ def stderr_captured(enabled: bool):
 
 def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None, tpu: bool = False) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
-  XLA's own compile timers. `keep(lowered, compiled)`, if given, gets the program."""
+  XLA's own compile timers. `keep(lowered, compiled)`, if given, gets the program, which is then compiled
+  here and never read back from the persistent cache (`executables.fresh_compiles`)."""
   t0, cpu0 = time.perf_counter(), cpu_seconds()
   lowered = lower()
-  with stderr_captured(xla_timers) as logged:
+  fresh = executables.fresh_compiles() if keep is not None else contextlib.nullcontext()
+  with fresh, stderr_captured(xla_timers) as logged:
     t1, cpu1 = time.perf_counter(), cpu_seconds()
     compiled = lowered.compile(compiler_options=options_)
     t2, cpu2 = time.perf_counter(), cpu_seconds()
@@ -434,12 +437,6 @@ def _executable_writer(args: argparse.Namespace, device, opts: dict):
     return None
   if "lockstep" not in args.program.split(",") or len(_depths(args.layers)) != 1 or "," in args.layout:
     raise SystemExit("--save-executables needs --program lockstep at one --layers depth and one --layout")
-  import jax
-
-  from labtools import executables
-
-  # a program to be saved is compiled here, never read back from the persistent cache (see fresh_compiles)
-  jax.config.update("jax_enable_compilation_cache", False)
   info = {"target": args.target, "device_kind": device.device_kind, "compiler_options": opts}
   info["compute_capability"] = getattr(device, "compute_capability", None)
 
