@@ -45,3 +45,22 @@ def tiny_sweep_config(tmp_path: pathlib.Path, corpus: pathlib.Path, **kw):
     results_dir=str(tmp_path / "results"),
   )
   return protocol.SweepConfig(**{**base, **kw})
+
+
+def precompile_lockstep_here(folder: pathlib.Path, recipes, *, seq: int, steps: int = 4) -> None:
+  """What `benchmarks aot --program lockstep --save-executables` writes for a GPU, here for this CPU:
+  the `tiny` lockstep train steps (2 layers, vocabulary 512, batch 2) of `recipes`, for a schedule of `steps`."""
+  import argparse
+
+  import jax
+
+  from benchmarks import aot_programs
+  from labtools import executables
+
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("d",))
+  args = argparse.Namespace(vocab=512, seq=seq, batch=2, attention="xla", schedule_steps=steps)
+  for r in recipes:
+    lowered = aot_programs.lower_lockstep(mesh, recipe=r, preset="tiny", layers=2, args=args)
+    with executables.fresh_compiles():
+      compiled = lowered.compile()
+    executables.save(folder, r, lowered, compiled, {"target": "cpu"})

@@ -5,16 +5,15 @@ and a program of other settings is not loaded but compiled, with the reason in t
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
 
-from benchmarks import aot_programs
 from labtools import executables
 from research import lockstep
+from tests.research.conftest import precompile_lockstep_here
 
 RECIPES = ("int8_sr", "s3r")
 
@@ -25,20 +24,9 @@ def _cfg(token_folder, out, **kw) -> lockstep.LockstepConfig:
   return lockstep.LockstepConfig(**{**base, **kw})
 
 
-def _precompile(folder, recipes=RECIPES, seq=16):
-  """What `benchmarks aot --program lockstep --save-executables` does, for this CPU instead of a GPU."""
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("d",))
-  args = argparse.Namespace(vocab=512, seq=seq, batch=2, attention="xla", schedule_steps=4)
-  for r in recipes:
-    lowered = aot_programs.lower_lockstep(mesh, recipe=r, preset="tiny", layers=2, args=args)
-    with executables.fresh_compiles():
-      compiled = lowered.compile()
-    executables.save(folder, r, lowered, compiled, {"target": "cpu"})
-
-
 @pytest.mark.slow
 def test_a_run_loads_the_programs_compiled_ahead_and_trains_to_the_same_losses(token_folder, tmp_path):
-  _precompile(tmp_path / "programs")
+  precompile_lockstep_here(tmp_path / "programs", RECIPES, seq=16)
   compiled_here = lockstep.run(_cfg(token_folder, tmp_path / "a"), log=lambda _: None)
   lines = []
   loaded = lockstep.run(_cfg(token_folder, tmp_path / "b", precompiled=str(tmp_path / "programs")), log=lines.append)
@@ -51,7 +39,7 @@ def test_a_run_loads_the_programs_compiled_ahead_and_trains_to_the_same_losses(t
 
 @pytest.mark.slow
 def test_a_program_of_other_settings_is_compiled_not_loaded_and_the_log_says_why(token_folder, tmp_path):
-  _precompile(tmp_path / "programs", recipes=("int8_sr",), seq=32)
+  precompile_lockstep_here(tmp_path / "programs", ("int8_sr",), seq=32)
   lines = []
   summary = lockstep.run(_cfg(token_folder, tmp_path / "b", precompiled=str(tmp_path / "programs")), log=lines.append)
   assert any("int8_sr: compiling here" in x and "different program" in x for x in lines), lines

@@ -77,6 +77,7 @@ def test_device_quality_dry_run(tmp_path, tokens):
   env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
   env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
   env["PROBE"] = "always"  # the suite sets XLA_FLAGS, which would skip the probe
+  env["PRECOMPILED"] = "none"  # programs a developer saved for a GPU call in .cache/ would skip it too
   # the probe at tiny's full depth compiles the run's own s3r_ec_dx step: the run then reads it
   # from the suite's compilation cache, so the probe adds little to this test
   env["PROBE_LAYERS"] = "2"
@@ -163,21 +164,9 @@ def test_device_unpack_puts_archives_under_results_gpu_never_overwrites_and_take
 
 @pytest.mark.slow
 def test_device_quality_loads_the_programs_compiled_ahead_and_skips_the_probe(tmp_path, tokens):
-  import argparse
+  from tests.research.conftest import precompile_lockstep_here
 
-  import jax
-
-  from benchmarks import aot_programs
-  from labtools import executables
-
-  # what `benchmarks aot --program lockstep --save-executables` writes for a GPU, here for this CPU
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("d",))
-  args = argparse.Namespace(vocab=512, seq=32, batch=2, attention="xla", schedule_steps=4)
-  for r in ("int8_sr", "s3r", "s3r_ec_dx"):
-    lowered = aot_programs.lower_lockstep(mesh, recipe=r, preset="tiny", layers=2, args=args)
-    with executables.fresh_compiles():
-      compiled = lowered.compile()
-    executables.save(tmp_path / "programs", r, lowered, compiled, {"target": "cpu"})
+  precompile_lockstep_here(tmp_path / "programs", ("int8_sr", "s3r", "s3r_ec_dx"), seq=32, steps=4)
   env = {"PRESET": "tiny", "BATCH": "2", "SEQ": "32", "STEPS": "4", "WARMUP": "1", "EVAL_EVERY": "2"}
   env |= {"EVAL_BATCHES": "1", "DOSE_KEYS": "1", "TOKENS": str(tokens), "TOTAL_S": "900", **QUICK_SMOKE}
   env |= {"PROBE": "always", "PRECOMPILED": str(tmp_path / "programs")}
