@@ -61,9 +61,8 @@ mkdir -p "$DEST" "$WORK"
   if [ "$PRECOMPILED" != none ] && [ -f "$PRECOMPILED/manifest.json" ]; then
     precompiled="--precompiled $PRECOMPILED"
     echo "programs compiled ahead of time: $PRECOMPILED (compile probe skipped)"
-    if [ -z "${XLA_FLAGS:-}" ] && [ "$($PY -c 'import jax; print(jax.default_backend())')" = gpu ]; then
-      export XLA_FLAGS="--xla_gpu_autotune_level=0"
-    fi
+    # a GPU option (other backends parse and ignore it): no Python start-up just to ask for the backend
+    export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
   elif [ "${PROBE:-auto}" = never ] || { [ "${PROBE:-auto}" = auto ] && [ -n "${XLA_FLAGS:-}" ]; }; then
     echo "compile probe skipped (PROBE=${PROBE:-auto}, XLA_FLAGS ${XLA_FLAGS:-unset})"
   else

@@ -44,13 +44,14 @@ mkdir -p "$DEST" "$WORK"
   code=$?
   echo "bench exit $code"
   left=$(seconds_left "${TOTAL_S:-560}")
-  if [ -n "${CUBLAS_PRESETS-llama3.1-8b:2,4}" ] && [ "$left" -ge "${CUBLAS_MIN_S:-150}" ]; then
-    echo "cuBLAS GEMMs: ${CUBLAS_PRESETS-llama3.1-8b:2,4}, budget ${left}s"
-    PRESETS="${CUBLAS_PRESETS-llama3.1-8b:2,4}" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" \
+  cublas_presets=${CUBLAS_PRESETS-llama3.1-8b:2,4}  # set but empty: skipped
+  if [ -n "$cublas_presets" ] && [ "$left" -ge "${CUBLAS_MIN_S:-150}" ]; then
+    echo "cuBLAS GEMMs: $cublas_presets, budget ${left}s"
+    PRESETS="$cublas_presets" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" \
       timeout $(( left + 20 )) $PY scripts/device_step_families.py --budget "$left" --out-dir "$WORK/cublas" 2>&1
     echo "cublas bench exit $?"
   else
-    echo "cuBLAS GEMMs skipped (${left}s left, CUBLAS_PRESETS '${CUBLAS_PRESETS-llama3.1-8b:2,4}')"
+    echo "cuBLAS GEMMs skipped (${left}s left, CUBLAS_PRESETS '$cublas_presets')"
   fi
   exit "$code"
 } 2>&1 | tee "$DEST/device_step.log"
