@@ -39,12 +39,18 @@ FP8_TYPES = ("f8e4m3fn", "f8e5m2")  # the element types of the FP8 tensor-core G
 
 
 def memory(compiled) -> dict[str, int]:
-  """memory_analysis() of one device in bytes: temp, argument, output, alias, generated code."""
+  """memory_analysis() of one device in bytes: temp, argument, output, alias, generated code, and where the
+  backend reports them, the peak of live bytes (`peak_memory_in_bytes`, arguments and outputs included) and
+  the bytes of all allocations (`total_allocation_bytes`)."""
   m = compiled.memory_analysis()
   if m is None:
     return {}
   keys = ("temp", "argument", "output", "alias", "generated_code")
-  return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in keys if hasattr(m, f"{k}_size_in_bytes")}
+  out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in keys if hasattr(m, f"{k}_size_in_bytes")}
+  for key, attr in (("peak", "peak_memory_in_bytes"), ("total_allocation", "total_allocation_bytes")):
+    if isinstance(getattr(m, attr, None), int):
+      out[key] = int(getattr(m, attr))
+  return out
 
 
 def _dot_operands(comps: dict, name: str, depth: int = 0) -> str | None:
@@ -360,4 +366,35 @@ def _breakdown(group: list[dict]) -> list[str]:
     op = lambda p: p["op_name"].split("/", 1)[-1] if p["op_name"] else p["opcode"]
     table.append([r, "<br>".join(f"{_mib(p['bytes'])} {p['dtype']}{p['dims']} `{op(p)}`" for p in temps)])
   out += [markdown_table(["recipe", "buffers"], table, align=["l", "l"]), ""]
-  return out
+  return out + _heap(found)
+
+
+def _heap(found: dict[str, dict]) -> list[str]:
+  """Per recipe, the largest temp allocation laid out over offset and program step (`s3r.analysis.heap`)."""
+  rows = {r: b["heap"][0] for r, b in found.items() if b.get("heap")}
+  if not rows:
+    return []
+  block = lambda x: f"{x['type']} {_mib(x['bytes'])} at {_mib(x['offset'])}, steps {x['start']}-{x['end']}"
+  table = []
+  for r, h in rows.items():
+    top = h["top"]
+    table.append(
+      [
+        r,
+        _mib(h["bytes"]),
+        f"{_mib(h['live_peak_bytes'])} (step {h['live_peak_step']})",
+        _mib(h["bytes"] - h["live_peak_bytes"]),
+        block(top) if top else "",
+        _mib(h["live_most_during_top_bytes"]),
+        "<br>".join(block(u) for u in h["under_top"]),
+      ]
+    )
+  head = ["recipe", "allocation", "live at most", "unfilled", "buffer ending highest", "live during it"]
+  head.append("below it then")
+  return [
+    "The largest temp allocation over offset and time (MiB; steps of XLA's program order; a buffer of at least",
+    "1/64 of the allocation that ends highest sets its size, above it only smaller ones):",
+    "",
+    markdown_table(head, table, align=["l", "r", "r", "r", "l", "r", "l"]),
+    "",
+  ]

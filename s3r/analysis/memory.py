@@ -14,7 +14,9 @@ directory) and reads three of the files XLA writes for the optimized module:
 
 `buffer_breakdown` returns, per buffer live at the peak (or, where a backend writes no live-range
 dump, per buffer of the temp allocation): its size, type, where it sits
-(parameter, output, temp) and what produced it; `by_dtype` sums them per element type.
+(parameter, output, temp) and what produced it; `by_dtype` sums them per element type; "heap"
+lays out each temp allocation over offset and time (`s3r.analysis.heap`: why an allocation is
+larger than what is live in it at once).
 Works on every backend that dumps buffer assignments (CPU and GPU do).
 """
 
@@ -167,7 +169,15 @@ def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
     "peak": rows,
     "by_kind_dtype": {k: dict(sorted(d.items())) for k, d in sorted(by_dtype.items())},
     "temp_values": [dataclasses.asdict(v) for v in values if allocs[v.allocation].kind == "temp"],
+    "heap": _heap_layout(assignment, live_range),
   }
+
+
+def _heap_layout(assignment: str, live_range: str | None) -> list[dict]:
+  """`s3r.analysis.heap.heap_layout` where XLA wrote a live-range dump (else [])."""
+  from s3r.analysis import heap  # heap reads this module's parsers
+
+  return heap.heap_layout(assignment, live_range) if live_range is not None else []
 
 
 @contextlib.contextmanager

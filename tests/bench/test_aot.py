@@ -158,7 +158,7 @@ def test_a_tiny_train_step_compiles_for_the_h100_with_int8_triton_gemms_and_cudn
   by = {r["recipe"]: r for r in rows}
   for r in by.values():
     assert "error" not in r, r.get("error")
-    assert r["compile_s"] > 0 and r["memory"]["temp"] > 0 and r["breakdown"]["peak"]
+    assert r["compile_s"] > 0 and r["memory"]["temp"] > 0 and r["breakdown"]["peak"] and r["breakdown"]["heap"]
     assert r["hlo"]["gemms"].get("cudnn_attention", 0) >= 2  # forward and backward
   assert by["s3r_ec_dx"]["hlo"]["gemms"].get("triton_gemm s8 x s8", 0) >= 9  # 3 int8 GEMMs per projection
   assert not any("s8" in k for k in by["bf16"]["hlo"]["gemms"])

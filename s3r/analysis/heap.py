@@ -1,0 +1,125 @@
+"""Why a temp allocation is larger than what is live in it at once: its layout over offset and time.
+
+XLA places every temporary of a program in one preallocated block per memory space, at an offset
+its heap simulator chooses, and buffers whose lifetimes do not overlap share bytes. The block's
+size is the highest offset + size of any buffer in it; what is live at once never exceeds it,
+and the difference is space the packing could not fill (buffers of different sizes and lifetimes
+leave holes below the one that ends highest).
+
+`heap_layout` reads the buffer-assignment dump (offset and size of every value) and the
+live-range dump (the program step at which each value is defined and its last use) that
+`s3r.analysis.memory.buffer_breakdown` already compiles for, and returns per temp allocation:
+its size, the most bytes live in it at one step and where (with the large buffers live then), and
+the buffer that sets the size, with the large buffers below it during its lifetime ("large": at
+least 1/TOP_FRACTION of the allocation). A value's live range `a-b` is inclusive of both
+steps, as XLA prints it; values that XLA keeps at the same offset and size at the same step
+(a tuple element and its get-tuple-element, a loop's parameter and its update) count once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from s3r.analysis import memory
+
+_RANGE_RE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}):(\d+)-(\d+)\s*$")
+_COLOR_RE = re.compile(r"color (\d+)")
+TOP_FRACTION = 64
+
+
+def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
+  """{value name with shape index: (first step, last step)} from the BufferLiveRange section."""
+  out: dict[str, tuple[int, int]] = {}
+  inside = False
+  for line in text.splitlines():
+    if line.strip() == "BufferLiveRange:":
+      inside = True
+      continue
+    if inside:
+      m = _RANGE_RE.match(line)
+      if not m:
+        break
+      out[m.group(1) + m.group(2)] = (int(m.group(3)), int(m.group(4)))
+  return out
+
+
+def _blocks(values: list[memory.Value], ranges: dict[str, tuple[int, int]]) -> list[dict]:
+  """One entry per (offset, size) slot and lifetime: values sharing a slot with overlapping lifetimes
+  are one block (their lifetimes merged); the names of the values it holds are kept."""
+  by_slot: dict[tuple[int, int], list[tuple[int, int, str, str]]] = defaultdict(list)
+  for v in values:
+    if v.size and v.name in ranges:
+      by_slot[(v.offset, v.size)].append((*ranges[v.name], v.name, v.type_text))
+  blocks = []
+  for (offset, size), spans in by_slot.items():
+    spans.sort()
+    cur = None
+    for start, end, name, type_text in spans:
+      if cur is not None and start <= cur["end"]:
+        cur["end"] = max(cur["end"], end)
+        cur["values"].append(name)
+        continue
+      cur = {"offset": offset, "bytes": size, "start": start, "end": end, "values": [name], "type": type_text}
+      blocks.append(cur)
+  return blocks
+
+
+def _live_curve(blocks: list[dict], steps: int) -> list[int]:
+  delta = [0] * (steps + 2)
+  for b in blocks:
+    delta[b["start"]] += b["bytes"]
+    delta[b["end"] + 1] -= b["bytes"]
+  curve, live = [], 0
+  for d in delta[: steps + 1]:
+    live += d
+    curve.append(live)
+  return curve
+
+
+def _short(block: dict) -> dict:
+  type_text = block["type"].split("{")[0]
+  return {k: block[k] for k in ("offset", "bytes", "start", "end")} | {"buffer": block["values"][0], "type": type_text}
+
+
+def allocation_layout(allocation: memory.Allocation, values: list[memory.Value], ranges: dict) -> dict:
+  """Size, live peak and the buffer that sets the size of one allocation (see the module docstring)."""
+  blocks = _blocks([v for v in values if v.allocation == allocation.index], ranges)
+  steps = max((b["end"] for b in blocks), default=0)
+  curve = _live_curve(blocks, steps)
+  peak_step = max(range(len(curve)), key=curve.__getitem__) if curve else None
+  # the buffer that sets the size: the highest-ending one among those of at least 1/64 of the allocation
+  # (tiny buffers stacked above it add their bytes to `above_top_bytes`)
+  large = [b for b in blocks if b["bytes"] * TOP_FRACTION >= allocation.size] or blocks
+  top = max(large, key=lambda b: (b["offset"] + b["bytes"], b["bytes"]), default=None)
+  under = []
+  if top is not None:
+    under = [
+      _short(b)
+      for b in large
+      if b is not top and b["offset"] < top["offset"] and b["start"] <= top["end"] and b["end"] >= top["start"]
+    ]
+    under.sort(key=lambda b: b["offset"])
+  during = curve[top["start"] : top["end"] + 1] if top is not None else []
+  return {
+    "allocation": allocation.index,
+    "color": int(m.group(1)) if (m := _COLOR_RE.search(allocation.flags)) else 0,
+    "bytes": allocation.size,
+    "live_peak_bytes": curve[peak_step] if peak_step is not None else 0,
+    "live_peak_step": peak_step,
+    "live_at_peak": sorted(
+      (_short(b) for b in large if b["start"] <= (peak_step or 0) <= b["end"]), key=lambda b: -b["bytes"]
+    ),
+    "top": _short(top) if top is not None else None,
+    "above_top_bytes": allocation.size - (top["offset"] + top["bytes"]) if top is not None else 0,
+    "live_most_during_top_bytes": max(during, default=0),
+    "under_top": under,
+  }
+
+
+def heap_layout(assignment: str, live_range: str) -> list[dict]:
+  """`allocation_layout` of every temp allocation holding at least one value, largest first."""
+  allocs, values = memory.parse_assignment(assignment)
+  ranges = parse_live_ranges(live_range)
+  temps = [a for a in allocs.values() if a.kind == "temp" and a.size]
+  return sorted((allocation_layout(a, values, ranges) for a in temps), key=lambda r: -r["bytes"])
