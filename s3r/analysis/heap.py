@@ -18,6 +18,7 @@ steps, as XLA prints it; values that XLA keeps at the same offset and size at th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 
@@ -44,32 +45,48 @@ def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
   return out
 
 
-def _blocks(values: list[memory.Value], ranges: dict[str, tuple[int, int]]) -> list[dict]:
-  """One entry per (offset, size) slot and lifetime: values sharing a slot with overlapping lifetimes
-  are one block (their lifetimes merged); the names of the values it holds are kept."""
+@dataclasses.dataclass
+class Block:
+  """Bytes [offset, offset + size) of one allocation, held from step `start` to step `end` (inclusive)
+  by the values named (one value, or several that XLA keeps there at overlapping steps)."""
+
+  offset: int
+  size: int
+  start: int
+  end: int
+  values: list[str]
+  type_text: str
+
+  def short(self) -> dict:
+    fields = {"offset": self.offset, "bytes": self.size, "start": self.start, "end": self.end}
+    return fields | {"buffer": self.values[0], "type": self.type_text.split("{")[0]}
+
+
+def _blocks(values: list[memory.Value], ranges: dict[str, tuple[int, int]]) -> list[Block]:
+  """One block per (offset, size) slot and lifetime: values sharing a slot with overlapping lifetimes
+  are one block (their lifetimes merged)."""
   by_slot: dict[tuple[int, int], list[tuple[int, int, str, str]]] = defaultdict(list)
   for v in values:
     if v.size and v.name in ranges:
       by_slot[(v.offset, v.size)].append((*ranges[v.name], v.name, v.type_text))
-  blocks = []
+  blocks: list[Block] = []
   for (offset, size), spans in by_slot.items():
-    spans.sort()
     cur = None
-    for start, end, name, type_text in spans:
-      if cur is not None and start <= cur["end"]:
-        cur["end"] = max(cur["end"], end)
-        cur["values"].append(name)
+    for start, end, name, type_text in sorted(spans):
+      if cur is not None and start <= cur.end:
+        cur.end = max(cur.end, end)
+        cur.values.append(name)
         continue
-      cur = {"offset": offset, "bytes": size, "start": start, "end": end, "values": [name], "type": type_text}
+      cur = Block(offset, size, start, end, [name], type_text)
       blocks.append(cur)
   return blocks
 
 
-def _live_curve(blocks: list[dict], steps: int) -> list[int]:
+def _live_curve(blocks: list[Block], steps: int) -> list[int]:
   delta = [0] * (steps + 2)
   for b in blocks:
-    delta[b["start"]] += b["bytes"]
-    delta[b["end"] + 1] -= b["bytes"]
+    delta[b.start] += b.size
+    delta[b.end + 1] -= b.size
   curve, live = [], 0
   for d in delta[: steps + 1]:
     live += d
@@ -77,49 +94,36 @@ def _live_curve(blocks: list[dict], steps: int) -> list[int]:
   return curve
 
 
-def _short(block: dict) -> dict:
-  type_text = block["type"].split("{")[0]
-  return {k: block[k] for k in ("offset", "bytes", "start", "end")} | {"buffer": block["values"][0], "type": type_text}
-
-
-def allocation_layout(allocation: memory.Allocation, values: list[memory.Value], ranges: dict) -> dict:
-  """Size, live peak and the buffer that sets the size of one allocation (see the module docstring)."""
+def allocation_layout(allocation: memory.Allocation, values: list[memory.Value], ranges: dict) -> dict | None:
+  """Size, live peak and the buffer that sets the size of one allocation (see the module docstring); None
+  where no value of it has a live range."""
   blocks = _blocks([v for v in values if v.allocation == allocation.index], ranges)
-  steps = max((b["end"] for b in blocks), default=0)
-  curve = _live_curve(blocks, steps)
-  peak_step = max(range(len(curve)), key=curve.__getitem__) if curve else None
-  # the buffer that sets the size: the highest-ending one among those of at least 1/64 of the allocation
-  # (tiny buffers stacked above it add their bytes to `above_top_bytes`)
-  large = [b for b in blocks if b["bytes"] * TOP_FRACTION >= allocation.size] or blocks
-  top = max(large, key=lambda b: (b["offset"] + b["bytes"], b["bytes"]), default=None)
-  under = []
-  if top is not None:
-    under = [
-      _short(b)
-      for b in large
-      if b is not top and b["offset"] < top["offset"] and b["start"] <= top["end"] and b["end"] >= top["start"]
-    ]
-    under.sort(key=lambda b: b["offset"])
-  during = curve[top["start"] : top["end"] + 1] if top is not None else []
+  if not blocks:
+    return None
+  curve = _live_curve(blocks, max((b.end for b in blocks), default=0))
+  peak_step = max(range(len(curve)), key=curve.__getitem__)
+  # the buffer that sets the size: the highest-ending one among those of at least 1/TOP_FRACTION of the
+  # allocation (tiny buffers stacked above it add their bytes to `above_top_bytes`)
+  large = [b for b in blocks if b.size * TOP_FRACTION >= allocation.size] or blocks
+  top = max(large, key=lambda b: (b.offset + b.size, b.size))
+  under = [b for b in large if b is not top and b.offset < top.offset and b.start <= top.end and b.end >= top.start]
   return {
     "allocation": allocation.index,
     "color": int(m.group(1)) if (m := _COLOR_RE.search(allocation.flags)) else 0,
     "bytes": allocation.size,
-    "live_peak_bytes": curve[peak_step] if peak_step is not None else 0,
+    "live_peak_bytes": curve[peak_step],
     "live_peak_step": peak_step,
-    "live_at_peak": sorted(
-      (_short(b) for b in large if b["start"] <= (peak_step or 0) <= b["end"]), key=lambda b: -b["bytes"]
-    ),
-    "top": _short(top) if top is not None else None,
-    "above_top_bytes": allocation.size - (top["offset"] + top["bytes"]) if top is not None else 0,
-    "live_most_during_top_bytes": max(during, default=0),
-    "under_top": under,
+    "live_at_peak": [b.short() for b in sorted(large, key=lambda b: -b.size) if b.start <= peak_step <= b.end],
+    "top": top.short(),
+    "above_top_bytes": allocation.size - (top.offset + top.size),
+    "live_most_during_top_bytes": max(curve[top.start : top.end + 1]),
+    "under_top": [b.short() for b in sorted(under, key=lambda b: b.offset)],
   }
 
 
 def heap_layout(assignment: str, live_range: str) -> list[dict]:
-  """`allocation_layout` of every temp allocation holding at least one value, largest first."""
+  """`allocation_layout` of every temp allocation holding a value with a live range, largest first."""
   allocs, values = memory.parse_assignment(assignment)
   ranges = parse_live_ranges(live_range)
-  temps = [a for a in allocs.values() if a.kind == "temp" and a.size]
-  return sorted((allocation_layout(a, values, ranges) for a in temps), key=lambda r: -r["bytes"])
+  layouts = [allocation_layout(a, values, ranges) for a in allocs.values() if a.kind == "temp" and a.size]
+  return sorted((x for x in layouts if x is not None), key=lambda r: -r["bytes"])
