@@ -193,6 +193,7 @@ def _fwd(
   del w_dtype
   batch, seq, k = x_BxSxK.shape
   fmt = formats.get_format(recipe.forward_format)  # int8, or E4M3 (an all-FP8 recipe)
+  w_KxN = numerics.own_layout(w_KxN)  # on GPU: no transposed copy of a scanned weight stack
   sx_BxS = numerics.absmax_scale(x_BxSxK, axis=2, fmt=fmt)
   sw_N = numerics.absmax_scale(w_KxN, axis=0, fmt=fmt)
   xq_TxK = numerics.quantize_rtne(x_BxSxK, sx_BxS[:, :, None], fmt).reshape(batch * seq, k)

@@ -87,6 +87,25 @@ def materialized_transpose(a_MxN: jax.Array, nonnegative: jax.Array) -> jax.Arra
   return lax.platform_dependent(a_MxN, cpu=cpu, default=lambda a: a.T)
 
 
+def own_layout(w: jax.Array) -> jax.Array:
+  """w with its row-major layout pinned on GPU (an identity on the values; other backends get w).
+
+  XLA:GPU runs an int8 GEMM with both operands' contracting dimension minor-most, so the forward
+  GEMM X̂ Ŵ wants Ŵ [K, N] laid out K-minor, and layout assignment carries that layout back
+  through the quantizer to the weight itself. In a scanned decoder the weight is a slice of the
+  stacked layer weights, so the loop's state takes the transposed layout, and XLA transposes
+  every stacked f32 weight once before the loop and keeps the copies for the whole step (the
+  Llama 3.1-8B step at 32 layers, compiled for an H100: 19 GB more temporaries than bf16;
+  docs/performance.md). With the weight's own layout pinned where the layer reads it, XLA
+  transposes per layer instead, inside the quantizer's fusion. bf16 GEMMs take either layout and
+  need none of this.
+  """
+  from jax.experimental.layout import Layout, with_layout_constraint
+
+  pin = lambda a: with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
+  return lax.platform_dependent(w, cuda=pin, rocm=pin, default=lambda a: a)
+
+
 def rescaled(acc_TxN: jax.Array, sx_Tx1: jax.Array, sw_N: jax.Array, dtype: DTypeLike) -> jax.Array:
   """dtype(acc · s_x · s_w): the forward GEMM's f32 product rescaled by the per-token scales [T, 1]
   and the per-output-channel scales [N], in this order on every backend.

@@ -408,3 +408,42 @@ def test_each_forward_int8_gemm_product_of_the_h100_ffn_is_read_once_by_its_own_
       assert re.search(
         rf"%{re.escape(scale)} = f32\[16384,2048\]\{{1,0\}} broadcast\(.*dimensions=\{{{dim}\}}", body
       ), body
+
+
+_STEP_TEMPS = """
+import json, sys
+from benchmarks import aot, aot_programs
+aot.use_cpu_host()
+import argparse
+from s3r.analysis import memory
+p = argparse.ArgumentParser(); aot.add_arguments(p)
+args = p.parse_args(["--target", "h100", "--program", "step", "--preset", "paper-12l", "--layers", "2", "--batch", "1",
+                     "--seq", "2048", "--vocab", "512", "--attention", "xla"])
+mesh = aot.target_mesh(aot.target_devices("h100"))
+lowered, _ = aot_programs.lower_step(mesh, sys.argv[1], "paper-12l", 2, args)
+found, compiled = memory.buffer_breakdown(lowered, compiler_options=aot.compiler_options(None))
+params = [a.shape for a in __import__("jax").tree.leaves(lowered.args_info[0]) if len(a.shape) == 3]
+print(json.dumps({"params": params, "temps": [v["type_text"] for v in found["temp_values"]]}))
+"""
+
+
+@pytest.mark.slow
+@needs_plugin
+@pytest.mark.parametrize("recipe", ["int8_rtne", "s3r_ec_dx"])
+def test_a_scanned_int8_step_for_the_h100_keeps_no_transposed_copy_of_a_stacked_weight(recipe):
+  # XLA:GPU wants int8 GEMM operands contracting-dim-minor; without the weight's own layout pinned
+  # (numerics.own_layout) the scan's state took that layout and XLA kept a transposed f32 copy of each
+  # stacked weight [L, K, N] as [N, L, K] for the whole step.
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  proc = subprocess.run(
+    [sys.executable, "-c", _STEP_TEMPS, recipe], capture_output=True, text=True, cwd=REPO, env=env, timeout=900
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  found = json.loads(proc.stdout.strip().splitlines()[-1])
+  stacked = {tuple(s) for s in found["params"]}
+  assert stacked, "the tiny model's scanned layers have stacked [L, K, N] weights"
+  permuted = {tuple(sorted(s)) for s in stacked}
+  shapes = [t[4 : t.index("]")].split(",") for t in found["temps"] if t.startswith("f32[")]
+  dims = [tuple(int(d) for d in s) for s in shapes if len(s) == 3]
+  copies = [d for d in dims if tuple(sorted(d)) in permuted and d not in stacked]
+  assert not copies, copies
