@@ -369,6 +369,13 @@ def _breakdown(group: list[dict]) -> list[str]:
   return out + _heap(found)
 
 
+def _gap(gap: dict | None) -> str:
+  if not gap:
+    return ""
+  above = ", ".join(f"{x['type']} {_mib(x['bytes'])}, steps {x['start']}-{x['end']}" for x in gap["above"])
+  return f"{_mib(gap['bytes'])} at {_mib(gap['offset'])} ({above})"
+
+
 def _heap(found: dict[str, dict]) -> list[str]:
   """Per recipe, the largest temp allocation laid out over offset and program step (`s3r.analysis.heap`)."""
   rows = {r: b["heap"][0] for r, b in found.items() if b.get("heap")}
@@ -387,14 +394,15 @@ def _heap(found: dict[str, dict]) -> list[str]:
         block(top) if top else "",
         _mib(h["live_most_during_top_bytes"]),
         "<br>".join(block(u) for u in h["under_top"]),
+        _gap(h.get("largest_gap_below_top")),
       ]
     )
   head = ["recipe", "allocation", "live at most", "unfilled", "buffer ending highest", "live during it"]
-  head.append("below it then")
+  head += ["below it then", "largest span free all that time (bounded above by)"]
   return [
     "The largest temp allocation over offset and time (MiB; steps of XLA's program order; a buffer of at least",
     "1/64 of the allocation that ends highest sets its size, above it only smaller ones):",
     "",
-    markdown_table(head, table, align=["l", "r", "r", "r", "l", "r", "l"]),
+    markdown_table(head, table, align=["l", "r", "r", "r", "l", "r", "l", "l"]),
     "",
   ]

@@ -11,7 +11,9 @@ live-range dump (the program step at which each value is defined and its last us
 `s3r.analysis.memory.buffer_breakdown` already compiles for, and returns per temp allocation:
 its size, the most bytes live in it at one step and where (with the large buffers live then), and
 the buffer that sets the size, with the large buffers below it during its lifetime ("large": at
-least 1/TOP_FRACTION of the allocation). A value's live range `a-b` is inclusive of both
+least 1/TOP_FRACTION of the allocation) and the largest span below it that stays free for its
+whole lifetime (when that span is smaller than the buffer, the buffers bounding it are why the
+buffer sits where it does). A value's live range `a-b` is inclusive of both
 steps, as XLA prints it; values that XLA keeps at the same offset and size at the same step
 (a tuple element and its get-tuple-element, a loop's parameter and its update) count once.
 """
@@ -94,6 +96,33 @@ def _live_curve(blocks: list[Block], steps: int) -> list[int]:
   return curve
 
 
+def _largest_gap_below(top: Block, blocks: list[Block]) -> dict:
+  """The largest span of [0, top.offset) that no block occupies at any step of top's lifetime, and the
+  blocks that bound it from above and below (buffers of every size count here)."""
+  busy = sorted(
+    ((b.offset, b.offset + b.size, b) for b in blocks if b is not top and b.offset < top.offset),
+    key=lambda t: t[:2],
+  )
+  busy = [t for t in busy if t[2].start <= top.end and t[2].end >= top.start]
+  gap_offset, gap_bytes, gap_start = 0, 0, top.offset
+  gap_below: list[Block] = []
+  reach, below = 0, []
+  for start, end, b in [*busy, (top.offset, top.offset, top)]:
+    if start - reach > gap_bytes:
+      gap_offset, gap_bytes, gap_start, gap_below = reach, start - reach, start, below
+    if end > reach:
+      reach, below = end, [b]
+    elif end == reach:
+      below = [*below, b]
+  above = [x for s, _, x in busy if s == gap_start] or [top]
+  return {
+    "offset": gap_offset,
+    "bytes": gap_bytes,
+    "below": [x.short() for x in gap_below],
+    "above": [x.short() for x in above],
+  }
+
+
 def allocation_layout(allocation: memory.Allocation, values: list[memory.Value], ranges: dict) -> dict | None:
   """Size, live peak and the buffer that sets the size of one allocation (see the module docstring); None
   where no value of it has a live range."""
@@ -118,6 +147,7 @@ def allocation_layout(allocation: memory.Allocation, values: list[memory.Value],
     "above_top_bytes": allocation.size - (top.offset + top.size),
     "live_most_during_top_bytes": max(curve[top.start : top.end + 1]),
     "under_top": [b.short() for b in sorted(under, key=lambda b: b.offset)],
+    "largest_gap_below_top": _largest_gap_below(top, blocks),
   }
 
 

@@ -34,6 +34,8 @@ def test_live_bytes_never_exceed_the_allocation_and_its_size_is_set_by_the_top_b
     assert top["offset"] + top["bytes"] + h["above_top_bytes"] == h["bytes"]
     assert all(u["offset"] < top["offset"] and u["start"] <= top["end"] and u["end"] >= top["start"]
                for u in h["under_top"])  # fmt: skip
+    gap = h["largest_gap_below_top"]
+    assert 0 <= gap["offset"] and gap["offset"] + gap["bytes"] <= top["offset"]
 
 
 def test_temporaries_xla_lists_at_its_peak_are_live_together_in_the_layout(found):
@@ -61,6 +63,20 @@ LIVE_RANGE = (
 )
 
 
+def test_the_largest_free_span_below_the_top_buffer_is_found_with_its_bounds():
+  assignment = (
+    "allocation 1: size 512, preallocated-temp:\n"
+    " value: <2 a @0> (size=64,offset=0): f32[16]{0}\n"
+    " value: <3 b @0> (size=64,offset=192): f32[16]{0}\n"
+    " value: <4 c @0> (size=256,offset=256): f32[64]{0}\n"
+  )
+  live_range = "  BufferLiveRange:\n    a{}:0-4\n    b{}:3-9\n    c{}:4-8\n"
+  (h,) = heap.heap_layout(assignment, live_range)
+  gap = h["largest_gap_below_top"]
+  assert h["top"]["buffer"] == "c{}" and (gap["offset"], gap["bytes"]) == (64, 128)  # c needs 256: no fit
+  assert [x["buffer"] for x in gap["above"]] == ["b{}"] and [x["buffer"] for x in gap["below"]] == ["a{}"]
+
+
 def test_parse_live_ranges_reads_the_buffer_live_range_section():
   ranges = heap.parse_live_ranges(LIVE_RANGE)
   assert ranges == {"x.1{}": (0, 6), "a{}": (0, 2), "b{}": (1, 3), "tuple.1{0}": (3, 4), "c{}": (3, 5), "d{}": (5, 6)}
@@ -72,3 +88,4 @@ def test_a_fragmented_layout_names_its_top_buffer_and_what_was_below_it():
   assert [b["buffer"] for b in h["live_at_peak"]] == ["c{}", "b{}"]  # b and its alias count once
   assert h["top"]["buffer"] == "c{}" and h["above_top_bytes"] == 0
   assert [u["buffer"] for u in h["under_top"]] == ["d{}", "b{}"]  # by offset
+  assert h["largest_gap_below_top"]["bytes"] == 0  # below c, every byte is taken at some step of its life
