@@ -95,10 +95,10 @@ def own_layout(w: jax.Array) -> jax.Array:
   through the quantizer to the weight itself. In a scanned decoder the weight is a slice of the
   stacked layer weights, so the loop's state takes the transposed layout, and XLA transposes
   every stacked f32 weight once before the loop and keeps the copies for the whole step (the
-  Llama 3.1-8B step at 32 layers, compiled for an H100: 19 GB more temporaries than bf16;
-  docs/performance.md). With the weight's own layout pinned where the layer reads it, XLA
-  transposes per layer instead, inside the quantizer's fusion. bf16 GEMMs take either layout and
-  need none of this.
+  Llama 3.1-8B step at 32 layers, compiled for an H100: 19 GiB more temporaries than bf16;
+  docs/performance.md). With the weight's own layout pinned where the layer reads it, XLA gives
+  the int8 codes the GEMM's layout inside the loop, layer by layer. bf16 GEMMs take either
+  layout and need none of this.
   """
   from jax.experimental.layout import Layout, with_layout_constraint
 
