@@ -9,7 +9,8 @@ leave holes below the one that ends highest).
 `heap_layout` reads the buffer-assignment dump (offset and size of every value) and the
 live-range dump (the program step at which each value is defined and its last use) that
 `s3r.analysis.memory.buffer_breakdown` already compiles for, and returns per temp allocation:
-its size, the most bytes live in it at one step and where (with the large buffers live then), and
+its size, the most bytes live in it at one step and where (the large buffers live then, and every
+buffer live then summed by array type), and
 the buffer that sets the size, with the large buffers below it during its lifetime ("large": at
 least 1/TOP_FRACTION of the allocation) and the largest span below it that stays free for its
 whole lifetime (when that span is smaller than the buffer, the buffers bounding it are why the
@@ -96,6 +97,16 @@ def _live_curve(blocks: list[Block], steps: int) -> list[int]:
   return curve
 
 
+def _by_type(blocks: list[Block]) -> dict[str, list[int]]:
+  """{array type: [count, bytes]} of `blocks`, every size included, largest total first."""
+  out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+  for b in blocks:
+    entry = out[b.type_text.split("{")[0]]
+    entry[0] += 1
+    entry[1] += b.size
+  return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
+
+
 def _largest_gap_below(top: Block, blocks: list[Block]) -> dict:
   """The largest span of [0, top.offset) that no block occupies at any step of top's lifetime, and the
   blocks that bound it from above and below (buffers of every size count here)."""
@@ -143,6 +154,7 @@ def allocation_layout(allocation: memory.Allocation, values: list[memory.Value],
     "live_peak_bytes": curve[peak_step],
     "live_peak_step": peak_step,
     "live_at_peak": [b.short() for b in sorted(large, key=lambda b: -b.size) if b.start <= peak_step <= b.end],
+    "live_at_peak_by_type": _by_type([b for b in blocks if b.start <= peak_step <= b.end]),
     "top": top.short(),
     "above_top_bytes": allocation.size - (top.offset + top.size),
     "live_most_during_top_bytes": max(curve[top.start : top.end + 1]),

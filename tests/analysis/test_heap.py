@@ -29,6 +29,7 @@ def test_live_bytes_never_exceed_the_allocation_and_its_size_is_set_by_the_top_b
   assert found["heap"], "XLA:CPU writes a live-range dump, so the layout exists"
   for h in found["heap"]:
     assert 0 < h["live_peak_bytes"] <= h["bytes"]
+    assert sum(n for _, n in h["live_at_peak_by_type"].values()) == h["live_peak_bytes"]
     assert h["live_most_during_top_bytes"] <= h["live_peak_bytes"]
     top = h["top"]
     assert top["offset"] + top["bytes"] + h["above_top_bytes"] == h["bytes"]
@@ -86,6 +87,7 @@ def test_a_fragmented_layout_names_its_top_buffer_and_what_was_below_it():
   (h,) = heap.heap_layout(ASSIGNMENT, LIVE_RANGE)
   assert h["bytes"] == 448 and h["live_peak_bytes"] == 320 and h["live_peak_step"] == 3  # 128 bytes unfilled
   assert [b["buffer"] for b in h["live_at_peak"]] == ["c{}", "b{}"]  # b and its alias count once
+  assert h["live_at_peak_by_type"] == {"f32[48]": [1, 192], "f32[32]": [1, 128]}
   assert h["top"]["buffer"] == "c{}" and h["above_top_bytes"] == 0
   assert [u["buffer"] for u in h["under_top"]] == ["d{}", "b{}"]  # by offset
   assert h["largest_gap_below_top"]["bytes"] == 0  # below c, every byte is taken at some step of its life
