@@ -300,7 +300,10 @@ def test_the_step_programs_are_planned_per_layout_depth_and_recipe():
 
 
 TEMP_TABLE = "FFN block temporary memory, TPU v5p and H100 targets"
-TEMP_FILES = {"v5p": "results/aot/bench_aot_v5p_ffn_breakdown_cpu.json", "H100": "results/aot/bench_aot_h100_ffn_cpu.json"}
+TEMP_FILES = {
+  "v5p": "results/aot/bench_aot_v5p_ffn_breakdown_cpu.json",
+  "H100": "results/aot/bench_aot_h100_ffn_cpu.json",
+}
 RECIPE_ORDER = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
 # what a table row reports of one compiled program: memory_analysis()'s temp bytes; the temp block XLA's buffer
 # assignment allocates in device memory (its largest temp allocation); the most bytes live in that block at once
@@ -322,7 +325,9 @@ def _measure_rows(path: str, recipes: tuple[str, ...], measures: list[str], pref
     for measure in measures:
       value = {k: MEASURES[measure](r) for k, r in group.items()}
       base = value["bf16"]
-      cells = [f"{value[k] / aot_report.MIB:,.0f}" + ("" if k == "bf16" else f" ({value[k] / base:.2f}x)") for k in recipes]
+      cells = [
+        f"{value[k] / aot_report.MIB:,.0f}" + ("" if k == "bf16" else f" ({value[k] / base:.2f}x)") for k in recipes
+      ]
       rows.append([*prefix(group["bf16"]), measure, *cells])
   return rows
 
@@ -371,7 +376,9 @@ def test_the_v5p_train_step_tables_of_the_docs_are_the_committed_results():
 
 
 def test_the_h100_train_step_memory_table_of_the_docs_is_the_committed_results():
-  want = _measure_rows("results/aot/bench_aot_h100_step2_breakdown_cpu.json", RECIPE_ORDER, ["allocated", "live at most"])
+  want = _measure_rows(
+    "results/aot/bench_aot_h100_step2_breakdown_cpu.json", RECIPE_ORDER, ["allocated", "live at most"]
+  )
   assert _docs_table(STEP2_TABLE) == want
 
 
