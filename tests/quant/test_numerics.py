@@ -4,6 +4,7 @@ import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,3 +79,27 @@ def test_exact_backward_reference_recipe_matches_float64_gradient_of_the_int8_fo
   dx, dw = grads("int8_exact_bwd", jnp.asarray(x), jnp.asarray(w), g, None)
   np.testing.assert_allclose(np.asarray(dx), ref.dx, rtol=1e-5, atol=1e-6 * np.abs(ref.dx).max())
   np.testing.assert_allclose(np.asarray(dw), ref.dw, rtol=1e-5, atol=1e-6 * np.abs(ref.dw).max())
+
+
+@pytest.mark.parametrize("recipe", ["int8_rtne", "int8_sr", "s3r_ec_dx"])
+def test_the_weight_layout_changes_no_gradient_bit(recipe, monkeypatch):
+  """numerics.own_layout pins a weight's layout on GPU; a layout is not arithmetic. Forced here to the
+  transposed (column-major) layout, which XLA:CPU honours, the program changes and no output bit does."""
+  from jax.experimental.layout import Layout, with_layout_constraint
+
+  def loss(x, w, key):
+    return jnp.sum(s3r.qmatmul(x, w, key=key, recipe=recipe).astype(jnp.float32) ** 2)
+
+  x = jax.random.normal(jax.random.key(0), (2, 64, 32), jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(1), (32, 48)) * 0.1
+  key = jax.random.key(2)
+  column_major = "f32[32,48]{0,1}"
+  runs = []
+  for pin in (False, True):
+    if pin:
+      monkeypatch.setattr(numerics, "own_layout", lambda a: with_layout_constraint(a, Layout(major_to_minor=(1, 0))))
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w, key).compile()
+    assert (column_major in compiled.as_text()) == pin
+    runs.append(compiled(x, w, key))
+  for a, b in zip(*runs):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
