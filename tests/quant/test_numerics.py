@@ -99,7 +99,7 @@ def test_the_weight_layout_changes_no_gradient_bit(recipe, monkeypatch):
     if pin:
       monkeypatch.setattr(numerics, "own_layout", lambda a: with_layout_constraint(a, Layout(major_to_minor=(1, 0))))
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w, key).compile()
-    assert (column_major in compiled.as_text()) == pin
+    assert (column_major in (compiled.as_text() or "")) == pin
     runs.append(compiled(x, w, key))
   for a, b in zip(*runs):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
