@@ -61,6 +61,19 @@ def performance_sentence(doc: dict) -> str:
   )
 
 
+def memory_sentence(doc: dict) -> str:
+  """The README's memory sentence from the deepest scanned step of results/aot/bench_aot_h100_step_depth_scan_cpu.json:
+  the INT8 recipes' temporary MiB against `bf16`'s."""
+  layers = max(r["layers"] for r in doc["results"])
+  temp = {r["recipe"]: r["memory"]["temp"] / 2**20 for r in doc["results"] if r["layers"] == layers}
+  int8 = [v for k, v in temp.items() if k != "bf16"]
+  return (
+    f"Compiled for an H100 on a machine without a GPU, the scanned Llama 3.1-8B train step ({layers} layers) "
+    f"plans {min(int8):,.0f}-{max(int8):,.0f} MiB of temporaries with the INT8 recipes against "
+    f"{temp['bf16']:,.0f} MiB with `bf16` (`results/aot/bench_aot_h100_step_depth_scan_cpu.md`)."
+  )
+
+
 def _contrast(doc: dict, a: str, b: str, lr: float | None = None) -> dict | None:
   for c in doc["contrasts"]:
     if c["a"] == a and c["b"] == b and (lr is None or (c["lr_a"] == lr and c["lr_b"] == lr)):
@@ -141,6 +154,14 @@ def test_readme_performance_sentence_matches_the_committed_gpu_results():
   assert performance_sentence(doc) in readme, performance_sentence(doc)
   doc["results"][1]["recipes"]["s3r_ec_dx"]["speedup_vs_bf16"] = 0.5
   assert performance_sentence(doc) not in readme  # the check can fail
+
+
+def test_readme_memory_sentence_matches_the_committed_aot_results():
+  readme = " ".join(README.read_text().split())
+  doc = _load("results/aot/bench_aot_h100_step_depth_scan_cpu.json")
+  assert memory_sentence(doc) in readme, memory_sentence(doc)
+  doc["results"][-1]["memory"]["temp"] *= 2
+  assert memory_sentence(doc) not in readme  # the check can fail
 
 
 def test_results_doc_contrast_table_matches_results_files():
