@@ -3,20 +3,11 @@ peak, and names the buffer that sets the allocation's size."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 from benchmarks import ffn
 from s3r.analysis import heap, memory
-
-T, H, D = 64, 32, 96
-
-
-def _args():
-  f32, bf16 = jnp.float32, jnp.bfloat16
-  shapes = [((T, H), bf16), ((H, D), f32), ((H, D), f32), ((D, H), f32), ((T, H), bf16)]
-  return (*[jax.ShapeDtypeStruct(s, d) for s, d in shapes], jax.random.key(0))
+from tests.analysis.test_memory import _args  # the FFN block's abstract arguments, T = 64, H = 32, D = 96
 
 
 @pytest.fixture(scope="module", params=["bf16", "s3r_ec_dx"])
