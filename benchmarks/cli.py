@@ -1,8 +1,8 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
 Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx, aot,
-maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models, peers) only
-when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
+heapplot, maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models,
+peers) only when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ COMMANDS = {
   "aot": (
     "benchmarks.aot",
     "compile the FFN, MoE and train-step programs for an H100/H200 on this CPU (extra gpu-aot): seconds, memory, GEMMs",
+  ),
+  "heapplot": (
+    "benchmarks.heapplot",
+    "draw a program's temp allocation over offset and program step from an `aot --breakdown` results file",
   ),
   "maxtext": (
     "benchmarks.maxtext",

@@ -14,7 +14,8 @@ buffer live then summed by array type), and
 the buffer that sets the size, with the large buffers below it during its lifetime ("large": at
 least 1/TOP_FRACTION of the allocation) and the largest span below it that stays free for its
 whole lifetime (when that span is smaller than the buffer, the buffers bounding it are why the
-buffer sits where it does). A value's live range `a-b` is inclusive of both
+buffer sits where it does), and every large buffer's place and lifetime ("blocks", what
+`python -m benchmarks heapplot` draws). A value's live range `a-b` is inclusive of both
 steps, as XLA prints it; values that XLA keeps at the same offset and size at the same step
 (a tuple element and its get-tuple-element, a loop's parameter and its update) count once.
 """
@@ -160,6 +161,7 @@ def allocation_layout(allocation: memory.Allocation, values: list[memory.Value],
     "live_most_during_top_bytes": max(curve[top.start : top.end + 1]),
     "under_top": [b.short() for b in sorted(under, key=lambda b: b.offset)],
     "largest_gap_below_top": _largest_gap_below(top, blocks),
+    "blocks": [b.short() for b in sorted(large, key=lambda b: (b.offset, b.start))],
   }
 
 
