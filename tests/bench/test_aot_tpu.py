@@ -16,7 +16,7 @@ import functools
 import pytest
 
 import s3r
-from benchmarks import aot, ffn
+from benchmarks import aot, aot_programs, ffn
 from s3r.analysis import hlo
 
 pytestmark = [
@@ -36,14 +36,10 @@ def _program(recipe: str) -> str:
   """Optimized TPU HLO of the FFN block's forward (output kept) and backward, for one v5p chip."""
   import jax
   import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
   aot.use_cpu_host()
   mesh = aot.target_mesh(aot.target_devices("v5p"))
-  replicated = NamedSharding(mesh, P())
-  array = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
-  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+  array, key = aot_programs._abstract(mesh)  # abstract arguments on the target, as the aot benchmark makes them
   block = ffn.make_ffn(recipe)
 
   def fwd_bwd(x, wg, wu, wd, dy, key):
