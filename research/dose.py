@@ -41,8 +41,9 @@ from s3r.quant import formats
 
 ARM_TIME_BUDGET = 1e9  # seconds: an arm is never stopped by lockstep's time budget
 # LockstepConfig fields that may differ between the run of an arm and a later call without making
-# it another experiment (where files are, how many threads compile)
-_UNCOMPARED = ("data", "out", "compile_threads")
+# it another experiment (where files are, how many threads compile, whether the train steps were
+# compiled ahead of time: such a program is loaded only when its lowering is the one compiled now)
+_UNCOMPARED = ("data", "out", "compile_threads", "precompiled")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

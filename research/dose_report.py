@@ -33,7 +33,10 @@ GRID_COLOURS = {
   "int4": "tab:red",
   "nvfp4": "tab:purple",
   "mxfp4": "tab:green",
+  "e4m3": "tab:brown",
+  "e5m2": "tab:olive",
 }
+REFERENCE_GRID = "int8"  # equal-bits comparisons: each recipe at another grid against itself at int8
 
 
 def base_name(recipe: str) -> str:
@@ -123,6 +126,28 @@ def by_grid(arms: list[dict], baseline: str = BASELINE) -> dict:
     for row in rows.values():
       row["gap_mean"], row["gap_sd"] = mean_sd(row["gap"])
       row["excess_mean"], row["excess_sd"] = mean_sd(row["excess"])
+  return out
+
+
+def against_grid(arms: list[dict], reference: str = REFERENCE_GRID) -> dict:
+  """{grid: {recipe: per-seed and mean ± sd of final validation loss at `grid` minus the same recipe's
+  at `reference`}}, seed by seed over the seeds with an arm at both grids (same initialization, batches
+  and quantizer keys; only the gradient grid differs). Empty without arms of `reference`."""
+  ref = {a["seed"]: a for a in arms if a["grid"] == reference}
+  out: dict = {}
+  for arm in arms:
+    base = ref.get(arm["seed"])
+    if arm["grid"] == reference or base is None:
+      continue
+    for recipe, v in arm["val"].items():
+      if base["val"].get(recipe) is None or v is None:
+        continue
+      row = out.setdefault(arm["grid"], {}).setdefault(recipe, {"seeds": [], "diff": []})
+      row["seeds"].append(arm["seed"])
+      row["diff"].append(v - base["val"][recipe])
+  for rows in out.values():
+    for row in rows.values():
+      row["diff_mean"], row["diff_sd"] = mean_sd(row["diff"])
   return out
 
 
@@ -330,6 +355,7 @@ def summarize(config: dict, arms: list[dict], *, missing: list[str], meta: dict,
     "arms": arms,
     "missing_arms": missing,
     "grids": by_grid(arms, baseline),
+    "against_grid": {"reference": REFERENCE_GRID, "grids": against_grid(arms)},
     "points": pts,
     "slope": slope_through_origin(pts),
     "reference_points": reference_points() + long_arm_points(),
@@ -362,6 +388,34 @@ def grid_table(grid: str, rows: dict, arms: list[dict], baseline: str) -> list[s
     lines.append(f"| {seed} | " + " | ".join(cells) + f" | {_fmt(e2_base.get(seed), '.4f')} |")
   means = [f"{_mean_cell(rows[r], 'gap', '+.3f')} | {_mean_cell(rows[r], 'excess', '+.4f')}" for r in recipes]
   return lines + ["| mean ± sd | " + " | ".join(means) + " | |", ""]
+
+
+def against_grid_table(summary: dict) -> list[str]:
+  """Each recipe at each grid against itself at the reference grid, seed by seed and mean ± sd."""
+  cross = summary.get("against_grid") or {}
+  if not cross.get("grids"):
+    return []
+  ref = cross["reference"]
+  lines = [
+    f"## Against `{ref}`, recipe by recipe",
+    "",
+    f"Final validation loss at each grid minus the same recipe's at `{ref}`, in the `{ref}` arm of the same "
+    "seed (same initialization, batches and quantizer keys; only the gradient grid differs). The arms may "
+    "come from different revisions (table of arms).",
+    "",
+  ]
+  for grid, rows in cross["grids"].items():
+    recipes = list(rows)
+    seeds = sorted({s for r in rows.values() for s in r["seeds"]})
+    lines += [f"| `{grid}` − `{ref}` | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± sd |"]
+    lines.append("| --- |" + " --: |" * (len(seeds) + 1))
+    for r in recipes:
+      by_seed = dict(zip(rows[r]["seeds"], rows[r]["diff"]))
+      cells = " | ".join(_fmt(by_seed.get(s)) for s in seeds)
+      mean = _fmt(rows[r]["diff_mean"]) + ("" if rows[r]["diff_sd"] is None else f" ± {rows[r]['diff_sd']:.3f}")
+      lines.append(f"| `{r}` | {cells} | {mean} |")
+    lines.append("")
+  return lines
 
 
 def arms_table(arms: list[dict]) -> list[str]:
@@ -409,6 +463,7 @@ def markdown(summary: dict) -> str:
     lines += ["## Gap and excess by grid", ""]
     for grid, rows in summary["grids"].items():
       lines += grid_table(grid, rows, summary["arms"], baseline)
+    lines += against_grid_table(summary)
     lines += ["## Arms", "", *arms_table(summary["arms"])]
   slope = summary["slope"]
   if slope:

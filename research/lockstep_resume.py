@@ -25,7 +25,8 @@ import jax
 import numpy as np
 
 FILES = ("resume.json", "resume.npz")
-IGNORED = ("out", "time_budget", "margin", "compile_threads")  # where and how long, not what
+# where and how long, not what (a program compiled ahead of time is loaded only for the same lowering)
+IGNORED = ("out", "time_budget", "margin", "compile_threads", "precompiled")
 
 
 def _settings(cfg) -> dict[str, Any]:

@@ -211,6 +211,7 @@ def _hand_made_summary() -> dict:
     "arms": arms,
     "missing_arms": ["int6-s1"],
     "grids": dose_report.by_grid(arms),
+    "against_grid": {"reference": "int8", "grids": dose_report.against_grid(arms)},
     "points": pts,
     "slope": dose_report.slope_through_origin(pts),
     "reference_points": [{"recipe": "s3r", "source": "paper (Tables I and II)", "excess": 0.27, "gap": 0.126}],
@@ -228,8 +229,27 @@ def test_the_report_builds_its_tables_and_plot_from_a_summary(tmp_path):
   assert "### int8 (Q = 127)" in md and "### int6 (Q = 31)" in md and "Not finished yet: int6-s1" in md
   assert "| 0 | +0.004 | +0.0100 | 0.0300 |" in md and "| mean ± sd | +0.001 ± 0.004 | +0.0110 ± 0.001 | |" in md
   assert "| `s3r` | paper (Tables I and II) | 0.270 | +0.126 |" in md
+  assert "| `int6` − `int8` | seed 0 | mean ± sd |" in md and "| `s3r` | +0.086 | +0.086 |" in md
   pytest.importorskip("matplotlib")
   assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_recipe_at_a_grid_is_paired_with_itself_at_int8_in_the_arm_of_the_same_seed():
+  arm = lambda grid, seed, val: {"grid": grid, "seed": seed, "val": val}
+  arms = [
+    arm("int8", 0, {"int8_sr": 5.0, "s3r": 5.02}),
+    arm("int8", 1, {"int8_sr": 5.1, "s3r": 5.11}),
+    arm("e4m3", 0, {"int8_sr": 4.99, "s3r": 5.0}),
+    arm("e4m3", 1, {"int8_sr": 5.13, "s3r": None}),  # unfinished curve: no pair
+    arm("e5m2", 2, {"int8_sr": 5.0, "s3r": 5.0}),  # no int8 arm of seed 2: no pair
+  ]
+  cross = dose_report.against_grid(arms)
+  assert set(cross) == {"e4m3"}
+  assert cross["e4m3"]["int8_sr"]["seeds"] == [0, 1]
+  assert cross["e4m3"]["int8_sr"]["diff"] == pytest.approx([-0.01, 0.03])
+  assert cross["e4m3"]["int8_sr"]["diff_mean"] == pytest.approx(0.01)
+  assert cross["e4m3"]["s3r"]["seeds"] == [0] and cross["e4m3"]["s3r"]["diff"] == pytest.approx([-0.02])
+  assert dose_report.against_grid([a for a in arms if a["grid"] != "int8"]) == {}
 
 
 def test_the_reference_points_come_from_the_paper_and_the_committed_sweep():
