@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import ClassVar
@@ -104,10 +105,17 @@ class RMSNorm(nnx.Module):
     self.eps, self.offset, self.dtype = eps, offset, dtype
 
   def __call__(self, x_BxSxD):
-    x = x_BxSxD.astype(jnp.float32)
-    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-    scale = 1.0 + self.scale[...] if self.offset else self.scale[...]
-    return (x * scale).astype(self.dtype)
+    return _rms_norm(x_BxSxD, self.scale[...], self.eps, self.offset, self.dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(2, 3, 4))
+def _rms_norm(x_BxSxD, scale_D, eps: float, offset: bool, dtype: str):
+  """RMSNorm's f32 arithmetic, recomputed in the backward pass from its input (kept in the activation
+  dtype) instead of saving its f32 intermediates for every layer."""
+  x = x_BxSxD.astype(jnp.float32)
+  x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+  scale = 1.0 + scale_D if offset else scale_D
+  return (x * scale).astype(dtype)
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -258,7 +266,9 @@ class Block[C: ModelConfig](nnx.Module):
   def _ffn(self, h_BxSxD, layer_key):
     gate_BxSxF = self._proj("gate", h_BxSxD, layer_key)
     up_BxSxF = self._proj("up", h_BxSxD, layer_key)
-    hidden_BxSxF = constrain(self._act(gate_BxSxF) * up_BxSxF, ("batch", "seq", "act_mlp"))
+    # the gated product is recomputed in the backward pass from the two projections' outputs
+    hidden_BxSxF = jax.checkpoint(lambda g, u: self._act(g) * u)(gate_BxSxF, up_BxSxF)
+    hidden_BxSxF = constrain(hidden_BxSxF, ("batch", "seq", "act_mlp"))
     return self._proj("down", hidden_BxSxF, layer_key), {}
 
   def __call__(self, x_BxSxD, layer_key, cache=None, *, layer=None):
