@@ -118,6 +118,12 @@ def _rms_norm(x_BxSxD, scale_D, eps: float, offset: bool, dtype: str):
   return (x * scale).astype(dtype)
 
 
+def gated(act: Callable, gate, up):
+  """act(gate) * up, recomputed in the backward pass from `gate` and `up` (the two projections' outputs,
+  which the backward pass needs anyway) instead of saving the activation's intermediates per layer."""
+  return jax.checkpoint(lambda g, u: act(g) * u)(gate, up)
+
+
 def yarn_mscale(factor: float, mscale: float) -> float:
   return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
@@ -266,9 +272,7 @@ class Block[C: ModelConfig](nnx.Module):
   def _ffn(self, h_BxSxD, layer_key):
     gate_BxSxF = self._proj("gate", h_BxSxD, layer_key)
     up_BxSxF = self._proj("up", h_BxSxD, layer_key)
-    # the gated product is recomputed in the backward pass from the two projections' outputs
-    hidden_BxSxF = jax.checkpoint(lambda g, u: self._act(g) * u)(gate_BxSxF, up_BxSxF)
-    hidden_BxSxF = constrain(hidden_BxSxF, ("batch", "seq", "act_mlp"))
+    hidden_BxSxF = constrain(gated(self._act, gate_BxSxF, up_BxSxF), ("batch", "seq", "act_mlp"))
     return self._proj("down", hidden_BxSxF, layer_key), {}
 
   def __call__(self, x_BxSxD, layer_key, cache=None, *, layer=None):

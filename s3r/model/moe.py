@@ -33,7 +33,7 @@ from flax import nnx
 
 from s3r.model import moe_ep
 from s3r.model.config import AUX_LOSS_WEIGHT, check_dispatch
-from s3r.model.layers import folded_keys, param
+from s3r.model.layers import folded_keys, gated, param
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
@@ -184,7 +184,7 @@ class MoEFeedForward(nnx.Module):
       impl=self.impl,
       compute_dtype=self.compute_dtype,
     )
-    h_RxF = _ACTS[self.act](gq(x_RxD, "gate")) * gq(x_RxD, "up")
+    h_RxF = gated(_ACTS[self.act], gq(x_RxD, "gate"), gq(x_RxD, "up"))
     out_RxD = gq(h_RxF, "down")  # rows past sum(group_sizes) are exactly zero
     y_TxD = jnp.zeros((t, d), jnp.float32).at[token_R].add(out_RxD.astype(jnp.float32) * weight_R[:, None])
     return y_TxD, jnp.sum(group_sizes).astype(jnp.float32)
@@ -193,5 +193,5 @@ class MoEFeedForward(nnx.Module):
     q = lambda a, name: qmatmul(
       a, getattr(self, name)[...], key=self._key(key, name), recipe=self.recipe, compute_dtype=self.compute_dtype
     )
-    h = _ACTS[self.act](q(x_BxSxD, "shared_gate")) * q(x_BxSxD, "shared_up")
+    h = gated(_ACTS[self.act], q(x_BxSxD, "shared_gate"), q(x_BxSxD, "shared_up"))
     return q(h, "shared_down")

@@ -47,6 +47,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from s3r.model.layers import gated
 from s3r.quant import grouped_qmatmul
 from s3r.quant.grouped import GlobalRows
 
@@ -202,7 +203,7 @@ class _Body:
         h, w, group_sizes, key=key, recipe=self.recipe, impl=self.impl, rows=rows, compute_dtype=self.compute_dtype
       )
 
-    h_RxF = self.act(gq(x_RxD, w_gate, keys[0])) * gq(x_RxD, w_up, keys[1])
+    h_RxF = gated(self.act, gq(x_RxD, w_gate, keys[0]), gq(x_RxD, w_up, keys[1]))
     out_RxD = gq(h_RxF, w_down, keys[2])
 
     # Back to the sending devices, then the weighted combine in (expert, slot, token) order
