@@ -309,9 +309,14 @@ def long_arm_sentence(doc: dict) -> str:
     counts = sorted(set(seeds.values()))
     at = " and ".join(map(str, counts))
     tail = f"smaller in size; interim, at {at} of {total} seeds: the pre-registered rules decide at {total}"
-  else:
+  else:  # the registered rules' verdicts (research/results/dose_long/PREDICTIONS_six_seeds.md), in words
     verdict = {r: doc["paired_tests"][f"{r} − int8_sr"]["verdict"] for r in gaps}
-    tail = f"smaller in size; by the pre-registered rules: {verdict['s3r']}, and {verdict['s3r_ec_dx']}"
+    cost = {"above 0": "shown", "below 0": "refuted", "below +0.01": "refuted"}.get(verdict["s3r"], "open")
+    ec = {"equivalent within ±0.01": "shown", "above 0": "refuted"}.get(verdict["s3r_ec_dx"], "open")
+    tail = (
+      f"smaller in size; by the rules registered before the last three seeds, the cost of sharing is {cost} "
+      f"and S3R-EC's equivalence to `int8_sr` within ±0.01 is {ec}"
+    )
   return (
     f"(`research/results/dose_long.md`) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval "
     f"{ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} "
