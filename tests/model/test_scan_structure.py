@@ -87,3 +87,33 @@ def test_no_full_size_threshold_tensor_and_no_weight_sized_dw_temporary_inside_t
   assert _buffers(_cfg("s3r_ec", 2), weight) == _buffers(cfg, weight)
   contrast = _buffers(_cfg("int8_sr", 2), B * S * cfg.d_ff)  # independent SR writes full-size random bits
   assert [b for b in contrast if b[0] == "u32"]
+
+
+def _saved_for_backward(cfg):
+  """(shape, dtype) of every array the scanned forward keeps for the backward pass (the residuals of
+  `jax.vjp`, traced abstractly)."""
+  graphdef = M.graphdef(cfg)
+  params = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
+  tokens = jax.ShapeDtypeStruct((B, S), jnp.int32)
+
+  def residuals(p, t, k):
+    return jax.tree.leaves(jax.vjp(lambda p: jnp.mean(M.apply(graphdef, p, t, key=k)), p)[1])
+
+  out = jax.eval_shape(residuals, params, tokens, jax.random.key(0))
+  return collections.Counter((tuple(a.shape), str(a.dtype)) for a in out)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "s3r_ec_dx"])
+def test_the_scan_keeps_gate_and_up_but_no_norm_or_activation_intermediates(recipe):
+  """RMSNorm's f32 arithmetic and the gated product are recomputed in the backward pass: per layer the
+  scan keeps the gate and up outputs at FFN width (and `bf16` the down projection's input) and nothing in
+  f32 at model or FFN width (without the recomputation: three more bf16 stacks at FFN width and four f32
+  ones at model width)."""
+  cfg = _cfg(recipe, 3)
+  saved = _saved_for_backward(cfg)
+  lay = (cfg.n_layers, B, S)
+  down_input = recipe == "bf16"  # bf16's down projection keeps its input for dW; INT8 keeps its int8 codes
+  assert saved[(lay + (cfg.d_ff,), "bfloat16")] == 2 + down_input, saved
+  assert saved[(lay + (cfg.d_model,), "float32")] == 0, saved
+  assert not any(shape[:3] == lay and dtype == "float32" and shape[3:] in ((cfg.d_ff,), (cfg.d_model,))
+                 for shape, dtype in saved)  # fmt: skip
