@@ -412,8 +412,7 @@ def against_grid_table(summary: dict) -> list[str]:
     for r in recipes:
       by_seed = dict(zip(rows[r]["seeds"], rows[r]["diff"]))
       cells = " | ".join(_fmt(by_seed.get(s)) for s in seeds)
-      mean = _fmt(rows[r]["diff_mean"]) + ("" if rows[r]["diff_sd"] is None else f" ± {rows[r]['diff_sd']:.3f}")
-      lines.append(f"| `{r}` | {cells} | {mean} |")
+      lines.append(f"| `{r}` | {cells} | {_mean_cell(rows[r], 'diff', '+.3f')} |")
     lines.append("")
   return lines
 

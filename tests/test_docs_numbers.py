@@ -285,10 +285,6 @@ def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
     assert table in _tables(body), "the section does not quote research/results/dose_long.md's paired table"
 
 
-def _signed(x: float) -> str:
-  return f"{x:+.3f}".replace("-", "−")
-
-
 def long_arm_sentence(doc: dict) -> str:
   """The README's per-seed gaps of the long INT8 arm, their 95% intervals (research/results/dose_long.json)
   and the paper's difference beside each (labtools/paper.py)."""
