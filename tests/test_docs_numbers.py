@@ -388,3 +388,31 @@ def test_docs_scanned_decoder_step_time_table_matches_the_scan_results():
   assert _performance_section("Step time: scanned against unrolled") == expected
   step["cpu-small"]["bf16"]["wall"]["paired"] += 0.01  # the check can fail
   assert scan_step_rows(step) != expected
+
+
+def fp8_rows(dose: dict) -> list[list[str]]:
+  """The results doc's FP8 table rebuilt from research/results/dose_fp8/dose.json: per FP8 arm the gaps to
+  `int8_sr`, e²(`int8_sr`) and `s3r`'s excess."""
+  rows = []
+  for arm in sorted((a for a in dose["arms"] if a["grid"] in ("e4m3", "e5m2")), key=lambda a: (a["grid"], a["seed"])):
+    gap = arm["gap"]
+    rows.append(
+      [
+        f"{arm['grid']}, {arm['seed']}",
+        *(_signed(gap[r]) for r in ("int8_rtne", "s3r", "s3r_ec_dx")),
+        f"{arm['e2_baseline']:.4f}",
+        f"{arm['excess']['s3r']:+.4f}".replace("-", "−"),
+      ]
+    )
+  return rows
+
+
+def test_results_doc_fp8_table_matches_the_committed_fp8_arms():
+  body = RESULTS_DOC.read_text().split("### FP8 gradient grids", 1)[1].split("\n### ", 1)[0]
+  cells = [[[c.strip() for c in line.strip("|").split("|")] for line in t] for t in _tables(body)]
+  table = [t for t in cells if t[0][:2] == ["grid, seed", "`int8_rtne`"]]
+  assert len(table) == 1, "the FP8 section has no gap table"
+  dose = _load("research/results/dose_fp8/dose.json")
+  assert table[0][2:] == fp8_rows(dose)
+  dose["arms"][-1]["gap"]["s3r"] += 0.01
+  assert table[0][2:] != fp8_rows(dose)  # the check can fail
