@@ -233,8 +233,8 @@ def test_scaling_doc_communication_tables_are_those_of_the_committed_comm_result
 DOSE_GRIDS = ("int8", "int6", "int4", "nvfp4")
 
 
-def _signed(x: float) -> str:
-  return f"{x:+.3f}".replace("-", "−")  # the README's minus sign
+def _signed(x: float, digits: int = 3) -> str:
+  return f"{x:+.{digits}f}".replace("-", "−")  # the README's minus sign
 
 
 def dose_sentence(dose: dict) -> str:
@@ -401,18 +401,15 @@ def fp8_rows(dose: dict) -> list[list[str]]:
         f"{arm['grid']}, {arm['seed']}",
         *(_signed(gap[r]) for r in ("int8_rtne", "s3r", "s3r_ec_dx")),
         f"{arm['e2_baseline']:.4f}",
-        f"{arm['excess']['s3r']:+.4f}".replace("-", "−"),
+        _signed(arm["excess"]["s3r"], 4),
       ]
     )
   return rows
 
 
 def test_results_doc_fp8_table_matches_the_committed_fp8_arms():
-  body = RESULTS_DOC.read_text().split("### FP8 gradient grids", 1)[1].split("\n### ", 1)[0]
-  cells = [[[c.strip() for c in line.strip("|").split("|")] for line in t] for t in _tables(body)]
-  table = [t for t in cells if t[0][:2] == ["grid, seed", "`int8_rtne`"]]
-  assert len(table) == 1, "the FP8 section has no gap table"
+  rows = _section_table(RESULTS_DOC.read_text(), "FP8 gradient grids")  # its first table: the gaps
   dose = _load("research/results/dose_fp8/dose.json")
-  assert table[0][2:] == fp8_rows(dose)
+  assert rows == fp8_rows(dose)
   dose["arms"][-1]["gap"]["s3r"] += 0.01
-  assert table[0][2:] != fp8_rows(dose)  # the check can fail
+  assert rows != fp8_rows(dose)  # the check can fail

@@ -1,5 +1,6 @@
 """docs/fp8.md stays true: its Linen example runs, and its step's GEMMs are the FP8 ones the page counts."""
 
+import functools
 import pathlib
 import re
 
@@ -9,6 +10,7 @@ DOC = (pathlib.Path(__file__).parents[1] / "docs" / "fp8.md").read_text()
 _DOT = re.compile(r"stablehlo\.dot_general .*: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)")
 
 
+@functools.cache  # one run of the example (a jit compile) for every test that reads it
 def _example():
   blocks = re.findall(r"```python\n(.*?)```", DOC, flags=re.S)
   assert len(blocks) == 1, "docs/fp8.md should hold exactly one Python example"
