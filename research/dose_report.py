@@ -161,14 +161,23 @@ def points(arms: list[dict]) -> list[dict]:
   ]
 
 
+def _standard_error(se: float | None) -> str:
+  return "" if se is None else f", standard error {se:.2f}"
+
+
 def slope_through_origin(pts: list[dict], recipes: tuple[str, ...] = SLOPE_RECIPES) -> dict | None:
-  """Least-squares gap = k x excess over the stochastic recipes' points (None without any)."""
+  """Least-squares gap = k x excess over the stochastic recipes' points (None without any), with
+  its standard error from the residuals (None from a single point): points whose excesses sit near
+  zero leave k undetermined, and the error says so."""
   used = [p for p in pts if p["recipe"] in recipes]
   sxx = sum(p["excess"] ** 2 for p in used)
   if not used or sxx == 0:
     return None
   k = sum(p["excess"] * p["gap"] for p in used) / sxx
-  return {"k": k, "n": len(used), "recipes": list(dict.fromkeys(p["recipe"] for p in used)), "hypothesis": SLOPE_BAND}
+  n = len(used)
+  se = None if n < 2 else math.sqrt(sum((p["gap"] - k * p["excess"]) ** 2 for p in used) / (n - 1) / sxx)
+  recipes_used = list(dict.fromkeys(p["recipe"] for p in used))
+  return {"k": k, "se": se, "n": n, "recipes": recipes_used, "hypothesis": SLOPE_BAND}
 
 
 def reference_points(results_root: pathlib.Path = provenance.REPO_ROOT / "research" / "results") -> list[dict]:
@@ -468,8 +477,8 @@ def markdown(summary: dict) -> str:
   if slope:
     lines += [
       f"Least-squares slope through the origin over the {slope['n']} points of "
-      f"{', '.join(f'`{r}`' for r in slope['recipes'])}: {slope['k']:.2f} loss per unit excess "
-      f"(hypothesis {slope['hypothesis'][0]}-{slope['hypothesis'][1]}).",
+      f"{', '.join(f'`{r}`' for r in slope['recipes'])}: {slope['k']:.2f} loss per unit excess"
+      f"{_standard_error(slope.get('se'))} (hypothesis {slope['hypothesis'][0]}-{slope['hypothesis'][1]}).",
       "",
     ]
   if summary["reference_points"]:
@@ -506,7 +515,8 @@ def _draw(ax, summary: dict, *, annotate: bool, legend: bool) -> None:
   if summary["slope"]:  # drawn over the measured excesses only, not extrapolated to the references
     fitted = [p["excess"] for p in summary["points"] if p["recipe"] in summary["slope"]["recipes"]]
     xf = np.linspace(min(0.0, min(fitted)), max(fitted), 200)
-    fit = f"fit through 0: {summary['slope']['k']:.2f} x excess" if legend else None
+    fit = f"fit through 0: {summary['slope']['k']:.2f} x excess{_standard_error(summary['slope'].get('se'))}"
+    fit = fit if legend else None
     ax.plot(xf, summary["slope"]["k"] * xf, "k--", lw=1, label=fit)
   ax.axhline(0, color="0.3", lw=0.6)
   ax.axvline(0, color="0.3", lw=0.6)

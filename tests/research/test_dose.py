@@ -221,14 +221,16 @@ def _hand_made_summary() -> dict:
 def test_the_report_builds_its_tables_and_plot_from_a_summary(tmp_path):
   summary = _hand_made_summary()
   assert summary["grids"]["int8"]["s3r"]["gap_mean"] == pytest.approx(0.001)
-  assert summary["slope"]["k"] == pytest.approx(
-    (0.004 * 0.01 - 0.002 * 0.012 + 0.09 * 0.15) / (0.01**2 + 0.012**2 + 0.15**2)
-  )
+  xs, ys = [0.01, 0.012, 0.15], [0.004, -0.002, 0.09]
+  k = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+  se = (sum((y - k * x) ** 2 for x, y in zip(xs, ys)) / 2 / sum(x * x for x in xs)) ** 0.5
+  assert summary["slope"]["k"] == pytest.approx(k) and summary["slope"]["se"] == pytest.approx(se)
   paths = dose_report.write(tmp_path, summary, log=lambda _: None)
   md = paths["md"].read_text()
   assert "### int8 (Q = 127)" in md and "### int6 (Q = 31)" in md and "Not finished yet: int6-s1" in md
   assert "| 0 | +0.004 | +0.0100 | 0.0300 |" in md and "| mean ± sd | +0.001 ± 0.004 | +0.0110 ± 0.001 | |" in md
   assert "| `s3r` | paper (Tables I and II) | 0.270 | +0.126 |" in md
+  assert f"{k:.2f} loss per unit excess, standard error {se:.2f}" in md
   assert "| `int6` − `int8` | seed 0 | mean ± sd |" in md and "| `s3r` | +0.086 | +0.086 |" in md
   pytest.importorskip("matplotlib")
   assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -307,3 +309,13 @@ def test_paired_dose_reports_each_seed_and_the_sign_count_per_recipe():
   line = "`s3r` − `int8_sr`: +0.010 ± 0.042 over 2 seed(s), positive on 1 of 2, paired t +0.33 (p 0.795); excess"
   assert line + " +0.0400 ± 0.0141" in md
   assert dose_report.paired_dose_markdown([]) == []
+
+
+def test_the_slope_error_says_when_points_near_zero_excess_leave_the_slope_undetermined():
+  point = lambda excess, gap: {"recipe": "s3r", "excess": excess, "gap": gap}
+  on_a_line = [point(x, 0.6 * x + d) for x, d in ((0.1, 0.001), (0.2, -0.001), (0.4, 0.0005))]
+  near_zero = [point(x, g) for x, g in ((1e-4, 0.03), (3e-4, -0.05), (2e-4, 0.01))]
+  determined, undetermined = (dose_report.slope_through_origin(p) for p in (on_a_line, near_zero))
+  assert determined["k"] == pytest.approx(0.6, abs=0.01) and determined["se"] < 0.01
+  assert undetermined["se"] > abs(undetermined["k"])
+  assert dose_report.slope_through_origin([point(0.1, 0.05)])["se"] is None
