@@ -413,3 +413,15 @@ def test_results_doc_fp8_table_matches_the_committed_fp8_arms():
   assert rows == fp8_rows(dose)
   dose["arms"][-1]["gap"]["s3r"] += 0.01
   assert rows != fp8_rows(dose)  # the check can fail
+
+
+def slope_phrase(dose: dict) -> str:
+  """How the results doc quotes a dose report's slope through the origin and its standard error."""
+  return f"{dose['slope']['k']:.2f} (standard error {dose['slope']['se']:.2f}) over the {dose['slope']['n']} points"
+
+
+def test_results_doc_quotes_the_dose_slope_and_its_standard_error_from_the_report():
+  dose = _load("research/results/dose.json")
+  assert slope_phrase(dose) in RESULTS_DOC.read_text()
+  dose["slope"]["se"] += 0.01
+  assert slope_phrase(dose) not in RESULTS_DOC.read_text()  # the check can fail
