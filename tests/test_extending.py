@@ -51,6 +51,32 @@ def test_a_new_format_on_an_existing_grid_is_one_registry_line(monkeypatch):
   assert all(bool(jnp.isfinite(d).all()) for d in vjp(g))
 
 
+def test_a_block_scaled_fp8_format_is_one_registry_line_that_the_reference_reads(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import s3r
+  from s3r.quant import formats
+  from tests.quant import format_reference as ref
+
+  e5m2_b64 = formats.BlockFloatFormat(
+    name="e5m2_b64", qmax=57344, element_dtype=np.dtype(jnp.float8_e5m2), block=64, block_scale="e8m0"
+  )
+  registry = formats._registry(formats._FORMATS + (e5m2_b64,))[0]
+  monkeypatch.setattr(formats, "FORMATS", registry)
+  monkeypatch.setattr(ref, "FORMATS", registry)
+  x, w, g = _problem()
+  q, _, delta = s3r.gradient_codes(x, w, g, recipe="int8_rtne@e5m2_b64")
+  v = np.asarray(s3r.quant.matmul.quantize_gradient(s3r.recipe("int8_rtne@e5m2_b64"), *_scales(x, w), g, None)[1])
+  assert float(delta) == ref.step("e5m2_b64", np.abs(v).max()) == 1
+  np.testing.assert_array_equal(
+    np.asarray(q, np.float64).reshape(-1, 12), ref.rtne_codes("e5m2_b64", v.reshape(-1, 12))
+  )
+  _, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=jax.random.key(0), recipe="s3r_ec_dx@e5m2_b64"), x, w)
+  assert all(bool(jnp.isfinite(d).all()) for d in vjp(g))
+
+
 def test_a_new_topology_is_one_class_and_its_registry_entry(monkeypatch):
   import dataclasses
   import math

@@ -23,6 +23,11 @@ into `FORWARD_FORMAT` (int8) or, for an all-FP8 recipe, E4M3 (`Recipe.forward_fo
 - `FloatFormat`, the values of an FP8 dtype with one per-tensor step Δ = max|G'| / (its largest
   finite value): `e4m3` (float8_e4m3fn, 448) and `e5m2` (float8_e5m2, 57344). Codes stored in that
   dtype (exactly: they are its values).
+- `BlockFloatFormat`, block-scaled FP8: the values of an FP8 dtype times one power-of-two (E8M0)
+  scale per square block, no tensor step (Δ = 1): `mxfp8` (E4M3 elements, 32 x 32 blocks: the MX
+  scale, on square blocks) and `e4m3_b128` (E4M3, 128 x 128: DeepSeek-V3's tile, with power-of-two
+  scales). Square for the same reason as FP4's; codes held as f32 code · s_blk (exact: a 4-bit
+  significand times a power of two), and their GEMMs emulated: no GEMM here takes a scale per block.
 The GEMM on two code tensors is chosen by their dtypes (`code_dot_general`): integer x integer is an
 int32-accumulated integer GEMM; FP8 x FP8 (float8_e4m3fn, float8_e5m2) a dot on the FP8 operands
 with f32 results, which XLA:GPU lowers to an FP8 tensor-core GEMM on Hopper (cuBLASLt's FP8 matmul
@@ -32,7 +37,8 @@ runs, emulated exactly in f32 on every platform. So FP8 gradients are native GEM
 E4M3 forward (an all-FP8 recipe, e.g. `s3r_ec_dx@e5m2+fwd_e4m3`).
 
 A new format is one instance in `_FORMATS` (a new kind of grid: one more subclass of `Format`,
-with its `grid`, `capabilities`, `tensor_max`, `round` and, if its GEMM differs, `dot_general`).
+with its `grid`, `capabilities`, `tensor_max`, `round` and, if its GEMM differs, `dot_general`; a
+new block-scaled element grid: a subclass of `BlockScaledFormat` with its `element_gap`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from jax import lax
 
 from s3r.quant.grids import E2M1_MAX, E4M3_MAX, block_amax, e2m1_gap, e4m3_ceil, e8m0_ceil, expand_blocks, float_gap
 
-GRIDS = ("uniform", "e2m1", "float")  # the `grid` of each Format subclass
+GRIDS = ("uniform", "e2m1", "float", "block_float")  # the `grid` of each Format subclass
 BLOCK_SCALES = ("none", "e4m3", "e8m0")  # the per-block scale of a block-scaled grid: E4M3, or a power of two
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.default_backend() names that `Capabilities.native_gemm` lists
 __all__ = ["E2M1_MAX", "E4M3_MAX", "block_amax", "expand_blocks"]  # grid helpers, re-exported
@@ -209,14 +215,13 @@ class UniformFormat(Format):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class E2M1Format(Format):
-  """Block-scaled FP4: E2M1 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} times a per-block scale (and the
-  per-tensor step, with E4M3 block scales); codes held as f32 code · s_blk (nvfp4, mxfp4)."""
+class BlockScaledFormat(Format):
+  """Element values (a small grid up to `qmax`) times one scale per square `block` x `block` block
+  (and the per-tensor step, with E4M3 block scales); codes held as f32 code · s_blk, exact, so the
+  GEMMs on them are f32 emulations. One subclass per element grid (`element_gap`)."""
 
-  grid: ClassVar[str] = "e2m1"
   capabilities: ClassVar[Capabilities] = _EMULATED
 
-  qmax: int = E2M1_MAX
   code_dtype: np.dtype = np.dtype(np.float32)
   acc_dtype: np.dtype = np.dtype(np.float32)
   block: int  # side of the square blocks that share one scale
@@ -224,41 +229,111 @@ class E2M1Format(Format):
 
   def __post_init__(self):
     super().__post_init__()
+    owner = type(self).__name__
     if self.block_scale not in BLOCK_SCALES[1:]:
-      raise ValueError(f"E2M1Format.block_scale must be one of {BLOCK_SCALES[1:]}, got {self.block_scale!r}")
-    _check_int("E2M1Format", "block", self.block, 1)
-    if self.qmax != E2M1_MAX:
-      raise ValueError(f"E2M1Format.qmax must be {E2M1_MAX} (the largest E2M1 value), got {self.qmax}")
+      raise ValueError(f"{owner}.block_scale must be one of {BLOCK_SCALES[1:]}, got {self.block_scale!r}")
+    _check_int(owner, "block", self.block, 1)
+    if self.qmax != self.element_max:
+      raise ValueError(
+        f"{owner}.qmax must be {self.element_max} (the largest {self.element_name} value), got {self.qmax}"
+      )
     if self.code_dtype != np.float32:
-      raise ValueError(f"E2M1Format.code_dtype must be float32 (emulated codes), got {self.code_dtype}")
+      raise ValueError(f"{owner}.code_dtype must be float32 (emulated codes), got {self.code_dtype}")
+
+  @property
+  @abc.abstractmethod
+  def element_max(self) -> int:
+    """The largest element value."""
+
+  @property
+  @abc.abstractmethod
+  def element_name(self) -> str:
+    """The element grid's name, for messages."""
+
+  @abc.abstractmethod
+  def element_gap(self, w: jax.Array) -> jax.Array:
+    """The width hi - lo of the element grid's gap [lo, hi) that holds w in [-qmax, qmax] (a power of
+    two, so w / gap is exact)."""
 
   @property
   def tensor_max(self) -> int | None:
-    """6 · 448 for E4M3 block scales (the largest code times the largest block scale); None for E8M0."""
+    """qmax · 448 for E4M3 block scales (the largest code times the largest block scale); None for E8M0."""
     return self.qmax * E4M3_MAX if self.block_scale == "e4m3" else None
 
   def round(self, v: jax.Array, threshold: jax.Array | None = None) -> jax.Array:
-    """v divided by its block's scale (`block_scales`) and clipped to [-6, 6]; then in the gap
-    [lo, hi) of the grid that holds w = v / s_blk, with width d = hi - lo, the code is d · RTNE(w / d)
-    (ties to the even code), or d · floor(w / d + u): hi exactly when p + u >= 1 for
+    """v divided by its block's scale (`block_scales`) and clipped to [-qmax, qmax]; then in the gap
+    [lo, hi) of the element grid that holds w = v / s_blk, with width d = hi - lo, the code is
+    d · RTNE(w / d) (ties to the even code), or d · floor(w / d + u): hi exactly when p + u >= 1 for
     p = (w - lo) / d. Returned as code · s_blk (exact in f32), in units of the step."""
     s_blk = expand_blocks(self.block_scales(v), v.shape, self.block)
     w = jnp.clip(v * (jnp.float32(1) / s_blk), -self.qmax, self.qmax)
-    gap = e2m1_gap(w)
-    k = w * (jnp.float32(1) / gap)  # exact: the gap is 0.5, 1 or 2
+    gap = self.element_gap(w)
+    k = w * (jnp.float32(1) / gap)  # exact: the gap is a power of two
     code = self.clip(gap * (jnp.round(k) if threshold is None else jnp.floor(k + threshold)))
     return code * s_blk
 
   def block_scales(self, v: jax.Array) -> jax.Array:
     """The scales s_blk [ceil(T/b), ceil(N/b)] of the square b x b blocks of v [..., N] (leading dims
-    flattened into T): the smallest E4M3 value (or power of two, E8M0) >= max_blk |v| / 6, so that
-    no element of a block exceeds 6 · s_blk; an all-zero block gets 1, a block holding a NaN or an Inf
-    NaN. A partial last block (a dim
-    b does not divide) takes the max over the elements it has."""
+    flattened into T): the smallest E4M3 value (or power of two, E8M0) >= max_blk |v| / qmax, so that
+    no element of a block exceeds qmax · s_blk; an all-zero block gets 1, a block holding a NaN or an
+    Inf NaN. A partial last block (a dim b does not divide) takes the max over the elements it has."""
     x = block_amax(v, self.block) * np.float32(1.0 / self.qmax)
     s = e4m3_ceil(x) if self.block_scale == "e4m3" else e8m0_ceil(x)
     s = jnp.where(x == 0, jnp.ones_like(s), s)
     return jnp.where(jnp.isfinite(x), s, x)  # NaN for a non-finite block: its codes (code · s_blk) are NaN
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class E2M1Format(BlockScaledFormat):
+  """Block-scaled FP4: E2M1 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} times a per-block scale (nvfp4, mxfp4)."""
+
+  grid: ClassVar[str] = "e2m1"
+
+  qmax: int = E2M1_MAX
+
+  @property
+  def element_max(self) -> int:
+    return E2M1_MAX
+
+  @property
+  def element_name(self) -> str:
+    return "E2M1"
+
+  def element_gap(self, w: jax.Array) -> jax.Array:
+    return e2m1_gap(w)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockFloatFormat(BlockScaledFormat):
+  """Block-scaled FP8: the finite values of an FP8 dtype (`element_dtype`) times a per-block scale
+  (mxfp8, e4m3_b128). The codes are f32 (code · s_blk), not FP8: no platform's GEMM here takes a
+  scale per square block, so the GEMMs are emulated."""
+
+  grid: ClassVar[str] = "block_float"
+
+  element_dtype: np.dtype  # the FP8 dtype whose values are the elements (float8_e4m3fn, float8_e5m2)
+
+  def __post_init__(self):
+    try:
+      dtype = np.dtype(self.element_dtype)
+    except TypeError:
+      dtype = None
+    if dtype is None or dtype.itemsize != 1 or not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f"BlockFloatFormat.element_dtype must be an FP8 dtype, got {self.element_dtype!r}")
+    object.__setattr__(self, "element_dtype", dtype)
+    super().__post_init__()
+
+  @property
+  def element_max(self) -> int:
+    return int(jnp.finfo(self.element_dtype).max)
+
+  @property
+  def element_name(self) -> str:
+    return self.element_dtype.name
+
+  def element_gap(self, w: jax.Array) -> jax.Array:
+    finfo = jnp.finfo(self.element_dtype)
+    return float_gap(w, finfo.nmant, finfo.minexp)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -321,6 +396,12 @@ def _fp8(name: str, dtype) -> FloatFormat:
   return FloatFormat(name=name, qmax=int(jnp.finfo(dtype).max), code_dtype=np.dtype(dtype))
 
 
+def _block_fp8(name: str, dtype, *, block: int) -> BlockFloatFormat:
+  """FP8 elements with a power-of-two (E8M0) scale per square block, no tensor step."""
+  qmax = int(jnp.finfo(dtype).max)
+  return BlockFloatFormat(name=name, qmax=qmax, element_dtype=np.dtype(dtype), block=block, block_scale="e8m0")
+
+
 INT8 = _uniform("int8", 127)
 FORWARD_FORMAT = INT8  # the forward's activation and weight codes (the default `Recipe.forward_format`)
 FORWARD_FORMATS = ("int8", "e4m3")  # the formats a recipe's forward may quantize into (`Recipe.forward_format`)
@@ -333,6 +414,8 @@ _FORMATS: tuple[Format, ...] = (
   E2M1Format(name="mxfp4", block=32, block_scale="e8m0"),
   _fp8("e4m3", jnp.float8_e4m3fn),
   _fp8("e5m2", jnp.float8_e5m2),
+  _block_fp8("mxfp8", jnp.float8_e4m3fn, block=32),
+  _block_fp8("e4m3_b128", jnp.float8_e4m3fn, block=128),
 )
 
 

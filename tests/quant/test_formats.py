@@ -10,7 +10,16 @@ import pytest
 
 import s3r
 from s3r.quant import formats, numerics
-from s3r.quant.formats import FORMATS, FORWARD_FORMAT, E2M1Format, FloatFormat, Format, UniformFormat, get_format
+from s3r.quant.formats import (
+  FORMATS,
+  FORWARD_FORMAT,
+  BlockFloatFormat,
+  E2M1Format,
+  FloatFormat,
+  Format,
+  UniformFormat,
+  get_format,
+)
 from s3r.quant.recipes import Recipe
 
 # dtypes as users spell them (NumPy types, names): the constructor normalizes them to np.dtype
@@ -96,6 +105,11 @@ def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
     (FloatFormat, dict(qmax=440, code_dtype="float8_e4m3fn"), "qmax"),
     (FloatFormat, dict(qmax=127, code_dtype=np.int8, acc_dtype=np.int32), "code_dtype"),
     (FloatFormat, dict(qmax=57344, code_dtype="float8_e5m2", acc_dtype="float8_e5m2"), "acc_dtype"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype=np.int8, block=32, block_scale="e8m0"), "element_dtype"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype="bfloat16", block=32, block_scale="e8m0"), "element_dtype"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e5m2", block=32, block_scale="e8m0"), "qmax"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e4m3fn", block=0, block_scale="e8m0"), "block"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e4m3fn", block=32, block_scale="f32"), "block_scale"),
   ],
 )
 def test_invalid_grid_fields_raise_errors_naming_the_field(cls, kwargs, field):

@@ -11,12 +11,13 @@ from scipy import stats
 
 import s3r
 from s3r.quant import formats, thresholds
-from s3r.quant.formats import FORMATS, E2M1Format
+from s3r.quant.formats import FORMATS, BlockScaledFormat
 from tests.quant import format_reference as ref
 from tests.quant.reference import heavy_tailed, np_scale
 
 NEW = [n for n in FORMATS if n != "int8"]  # every gradient format beyond the forward's int8
 FP4 = [n for n, f in FORMATS.items() if f.grid == "e2m1"]
+BLOCK_SCALED = [n for n, f in FORMATS.items() if isinstance(f, BlockScaledFormat)]  # FP4 and block-scaled FP8
 FP8 = [n for n, f in FORMATS.items() if f.grid == "float"]
 NOT_GROUPED = [n for n, f in FORMATS.items() if not f.capabilities.grouped]
 NOT_COLUMN_TP = [n for n, f in FORMATS.items() if not f.capabilities.column_tp]
@@ -59,26 +60,26 @@ def test_fp4_rtne_rounds_each_tie_to_the_even_code(fmt):
   np.testing.assert_array_equal(np.asarray(f.round(jnp.asarray(w))), expected)  # block max 6: s_blk = 1
 
 
-@pytest.mark.parametrize("fmt", FP4)
-def test_block_scales_bound_every_element_by_six_and_are_e4m3_or_powers_of_two(fmt, rng):
+@pytest.mark.parametrize("fmt", BLOCK_SCALED)
+def test_block_scales_bound_every_element_by_the_largest_element_and_are_e4m3_or_powers_of_two(fmt, rng):
   f = FORMATS[fmt]
-  assert isinstance(f, E2M1Format)
-  v = heavy_tailed(rng, (37, 45), decades=6)  # partial last blocks along both dims
+  assert isinstance(f, BlockScaledFormat)
+  v = heavy_tailed(rng, (37, 45) if f.block < 37 else (150, 133), decades=6)  # partial last blocks along both dims
   v = _in_units_of_the_step(f, v)
   s = np.asarray(formats.expand_blocks(f.block_scales(jnp.asarray(v)), v.shape, f.block))
   np.testing.assert_array_equal(s, ref.block_scales(fmt, v))
-  # nothing is clipped (up to the f32 rounding of max/6), so SR stays unbiased
-  assert (np.abs(v) <= 6 * s * (1 + 2.0**-21)).all()
+  # nothing is clipped (up to the f32 rounding of max/qmax), so SR stays unbiased
+  assert (np.abs(v) <= f.qmax * s * (1 + 2.0**-21)).all()
   if f.block_scale == "e8m0":
     assert (np.log2(s) == np.round(np.log2(s))).all()
   else:
     assert (s.astype(jnp.float8_e4m3fn).astype(np.float32) == s).all()
 
 
-@pytest.mark.parametrize("fmt", FP4)
+@pytest.mark.parametrize("fmt", BLOCK_SCALED)
 def test_a_partial_last_block_quantizes_as_the_zero_padded_tensor_does(fmt, rng):
   f = FORMATS[fmt]
-  assert isinstance(f, E2M1Format)
+  assert isinstance(f, BlockScaledFormat)
   v = heavy_tailed(rng, (21, 40), decades=4)
   rows, cols = (-(-d // f.block) * f.block for d in v.shape)
   padded = np.zeros((rows, cols), np.float32)
@@ -193,7 +194,7 @@ def test_grouped_path_refuses_the_formats_without_the_grouped_capability_and_tak
   x = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((2, 8, 6)), jnp.float32)
   sizes = jnp.asarray([5, 7], jnp.int32)
-  assert set(NOT_GROUPED) == set(FP4)  # FP8 codes: exact f32 emulations on the tiled and ragged GEMMs
+  assert set(NOT_GROUPED) == set(BLOCK_SCALED)  # FP8 codes: exact f32 emulations on the tiled and ragged GEMMs
   for fmt in NOT_GROUPED:
     with pytest.raises(ValueError, match=f"grouped_qmatmul: gradient format '{fmt}'.*grouped \\(expert\\) path"):
       s3r.grouped_qmatmul(x, w, sizes, key=jax.random.key(0), recipe=f"s3r@{fmt}")
@@ -226,3 +227,22 @@ def test_a_non_finite_gradient_gives_non_finite_gradients_at_the_float_code_form
   _, vjp = jax.vjp(lambda a, b: s3r.qmatmul(a, b, key=jax.random.key(0), recipe=f"s3r_ec@{fmt}"), x, w)
   dx, dw = vjp(g)
   assert not bool(jnp.isfinite(dx).all()) and not bool(jnp.isfinite(dw).all())
+
+
+@pytest.mark.parametrize("fmt", [n for n, f in FORMATS.items() if f.grid == "block_float"])
+def test_a_block_of_small_gradients_keeps_its_relative_precision_with_block_scales_and_not_with_a_tensor_step(fmt, rng):
+  # One block of G' holds gradients 1e-6 of the tensor's max: the per-tensor E4M3 step puts them
+  # among E4M3's subnormals (or at zero); their own block's power-of-two scale puts them in its
+  # normal range, where round to nearest errs by at most 2^-4 of each value.
+  f = FORMATS[fmt]
+  assert isinstance(f, BlockScaledFormat)
+  b = f.block
+  g = rng.uniform(0.5, 1.0, (2 * b, 2 * b)).astype(np.float32) * rng.choice([-1, 1], (2 * b, 2 * b))
+  g[:b, :b] *= np.float32(1e-6)
+  small = g[:b, :b].astype(np.float64)
+  blocked = np.asarray(f.dequantize(f.round(jnp.asarray(g), None)), np.float64)[:b, :b]  # Δ = 1
+  assert (np.abs(blocked - small) <= 2.0**-4 * np.abs(small)).all()
+  tensor = FORMATS["e4m3"]
+  delta = tensor.scale(jnp.max(jnp.abs(jnp.asarray(g))))
+  per_tensor = np.asarray(tensor.dequantize(tensor.round(jnp.asarray(g) / delta, None), delta), np.float64)[:b, :b]
+  assert np.median(np.abs(per_tensor - small) / np.abs(small)) > 0.25

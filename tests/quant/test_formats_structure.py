@@ -1,5 +1,5 @@
 """Program structure at the gradient formats beyond INT8: the uniform grids keep the int8 program
-(three int8 GEMMs, one int8 quantization of G'); the block-scaled FP4 grids round G' once, with one
+(three int8 GEMMs, one int8 quantization of G'); the block-scaled grids (FP4, FP8 elements) round G' once, with one
 square-block scale computation, and that one tensor of codes feeds both backward GEMMs (f32
 emulations), with the same compact thresholds as INT8."""
 
@@ -13,13 +13,13 @@ import pytest
 import s3r
 from s3r.analysis import jaxpr as jaxpr_analysis
 from s3r.analysis.jaxpr import shaped
-from s3r.quant.formats import FORMATS, E2M1Format
+from s3r.quant.formats import FORMATS, BlockScaledFormat
 
 B, S, K, N = 4, 20, 96, 72  # T = 80 and N = 72: partial blocks of 16 and 32 along N, of 32 along T
 SHARED = ["int8_rtne", "s3r", "s3r_bcast", "s3r_ec", "s3r_ec_dx"]
 SPLIT = ["int8_sr", "s3r_split_dx2d_dwbcast"]
 UNIFORM = [n for n, f in FORMATS.items() if f.grid == "uniform" and n != "int8"]
-FP4 = [n for n, f in FORMATS.items() if f.grid == "e2m1"]
+BLOCK_SCALED = [n for n, f in FORMATS.items() if isinstance(f, BlockScaledFormat)]  # FP4 and block-scaled FP8
 FP8 = [n for n, f in FORMATS.items() if f.grid == "float"]
 
 
@@ -77,14 +77,14 @@ def test_uniform_formats_keep_three_int8_gemms_and_one_int8_quantization(recipe,
   assert len(_roundings(jaxpr)) == (2 if recipe in SPLIT else 1)
 
 
-@pytest.mark.parametrize("fmt", FP4)
+@pytest.mark.parametrize("fmt", BLOCK_SCALED)
 @pytest.mark.parametrize("recipe", SHARED + SPLIT)
 def test_block_formats_round_the_gradient_once_and_feed_both_gemms_with_it(recipe, fmt):
   jaxpr = _jaxpr(f"{recipe}@{fmt}")
   quantizations = 2 if recipe in SPLIT else 1
   assert len(_roundings(jaxpr)) == quantizations
   f = FORMATS[fmt]
-  assert isinstance(f, E2M1Format)
+  assert isinstance(f, BlockScaledFormat)
   assert len(_block_maxima(jaxpr, f.block)) == quantizations  # square blocks: one set of scales each
   roots = _code_roots(jaxpr)
   assert len(roots) == 2 and all(r is not None for r in roots)  # dX and dW

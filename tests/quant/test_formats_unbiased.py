@@ -1,12 +1,12 @@
 """Every stochastic recipe stays an unbiased estimate of the executed forward graph's gradient at
-every gradient format (int6, int4, nvfp4, mxfp4, e4m3, e5m2: every registered one beyond int8), as
+every gradient format (int6, int4, nvfp4, mxfp4, e4m3, e5m2, mxfp8, e4m3_b128: every registered one beyond int8), as
 tests/quant/test_unbiased.py checks for int8.
 
 Per element of dX and dW: |mean over n keys - exact| <= t · sd/sqrt(n) + bias bound + f32 slack,
 t the Bonferroni-corrected Student-t quantile (family-wise false-alarm rate 1e-3). The bias bound
 is the 7-bit threshold bias of each code, (hi - lo)/256 in units of Δ (1/256 on a uniform grid,
-(hi - lo) · s_blk/256 on E2M1, (hi - lo)/256 on FP8), summed through the product; after S3R-EC's projection 4x the
-largest per-code bias.
+(hi - lo) · s_blk/256 on the block-scaled grids, (hi - lo)/256 on FP8), summed through the product;
+after S3R-EC's projection 4x the largest per-code bias.
 """
 
 import jax.numpy as jnp
@@ -19,7 +19,9 @@ from s3r.quant.formats import FORMATS as REGISTRY
 from tests.quant import format_reference
 from tests.quant.reference import gradient_problem, gradient_samples, grads
 
-B, S, K, N = 2, 16, 24, 40  # T = 32, N = 40: the 32 x 32 mxfp4 blocks and 16 x 16 nvfp4 blocks end partial along N
+# T = 32, N = 40: the 32 x 32 blocks (mxfp4, mxfp8) and 16 x 16 ones (nvfp4) end partial along N;
+# e4m3_b128 has one partial 128 x 128 block
+B, S, K, N = 2, 16, 24, 40
 DRAWS = 512
 FAMILY_ALPHA = 1e-3
 FORMATS = [n for n in REGISTRY if n != "int8"]

@@ -315,7 +315,10 @@ def test_the_slope_error_says_when_points_near_zero_excess_leave_the_slope_undet
   point = lambda excess, gap: {"recipe": "s3r", "excess": excess, "gap": gap}
   on_a_line = [point(x, 0.6 * x + d) for x, d in ((0.1, 0.001), (0.2, -0.001), (0.4, 0.0005))]
   near_zero = [point(x, g) for x, g in ((1e-4, 0.03), (3e-4, -0.05), (2e-4, 0.01))]
-  determined, undetermined = (dose_report.slope_through_origin(p) for p in (on_a_line, near_zero))
+  determined, undetermined, single = (
+    dose_report.slope_through_origin(p) for p in (on_a_line, near_zero, [point(0.1, 0.05)])
+  )
+  assert determined is not None and undetermined is not None and single is not None
   assert determined["k"] == pytest.approx(0.6, abs=0.01) and determined["se"] < 0.01
   assert undetermined["se"] > abs(undetermined["k"])
-  assert dose_report.slope_through_origin([point(0.1, 0.05)])["se"] is None
+  assert single["se"] is None
