@@ -425,3 +425,72 @@ def test_results_doc_quotes_the_dose_slope_and_its_standard_error_from_the_repor
   assert slope_phrase(dose) in RESULTS_DOC.read_text()
   dose["slope"]["se"] += 0.01
   assert slope_phrase(dose) not in RESULTS_DOC.read_text()  # the check can fail
+
+
+def _table_after(text: str, marker: str) -> list[list[str]]:
+  """Rows (header and separator excluded) of the first Markdown table after `marker`."""
+  lines = text[text.index(marker) :].splitlines()
+  start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+  rows = []
+  for ln in lines[start + 2 :]:
+    if not ln.startswith("|"):
+      break
+    rows.append([cell.strip() for cell in ln.strip().strip("|").split("|")])
+  return rows
+
+
+def equal_bits_rows(dose: dict) -> list[list[str]]:
+  """The results doc's equal-bits table rebuilt from research/results/dose_fp8/dose.json: per recipe the
+  final loss at E4M3 and E5M2 minus the same recipe's at int8, seeds 0 and 1."""
+  grids = dose["against_grid"]["grids"]
+  return [
+    [f"`{r}`", *(_signed(grids[g][r]["diff"][s]) for g in ("e4m3", "e5m2") for s in (0, 1))]
+    for r in ("int8_rtne", "int8_sr", "s3r", "s3r_ec_dx")
+  ]
+
+
+def test_results_doc_equal_bits_table_matches_the_fp8_report():
+  dose = _load("research/results/dose_fp8/dose.json")
+  rows = _table_after(RESULTS_DOC.read_text(), "**At equal bits.**")
+  assert rows == equal_bits_rows(dose)
+  dose["against_grid"]["grids"]["e5m2"]["s3r"]["diff"][1] += 0.01
+  assert rows != equal_bits_rows(dose)  # the check can fail
+  fp8_slope = f"({dose['slope']['k']:.2f} loss per unit excess, standard error {dose['slope']['se']:.2f})"
+  assert fp8_slope in RESULTS_DOC.read_text()
+
+
+def rerun_rows(root: pathlib.Path) -> tuple[str, str]:
+  """The verdict table's two added rows' outcomes, from the final validation losses of the int8 arms:
+  rerun (research/results/dose_fp8/arms) against committed (research/results/dose/arms)."""
+  final = {}
+  for which, folder in (("rerun", "dose_fp8/arms"), ("committed", "dose/arms")):
+    for seed in (0, 1):
+      lines = (root / "research" / "results" / folder / f"int8-s{seed}" / "curves.jsonl").read_text().splitlines()
+      final[which, seed] = json.loads(lines[-1])["val"]
+  diffs = {(r, s): final["rerun", s][r] - final["committed", s][r] for s in (0, 1) for r in final["rerun", s]}
+  (recipe, seed), largest = max(diffs.items(), key=lambda kv: abs(kv[1]))
+  first = f"largest \\|difference\\| {abs(largest):.3f} (`{recipe}`, seed {seed})"
+  gaps = {s: [diffs[r, s] - diffs["int8_sr", s] for r in ("int8_rtne", "s3r", "s3r_ec_dx")] for s in (0, 1)}
+  second = (
+    f"seed 0: `int8_rtne` {_signed(gaps[0][0])}, `s3r` {_signed(gaps[0][1])}, `s3r_ec_dx` {_signed(gaps[0][2])}; "
+    f"seed 1: {', '.join(_signed(g) for g in gaps[1])}"
+  )
+  return first, second
+
+
+def test_results_doc_rerun_rows_match_the_int8_arms_curves(tmp_path):
+  text = RESULTS_DOC.read_text()
+  first, second = rerun_rows(ROOT)
+  assert f"| {first} |" in text and f"| {second} |" in text
+  for folder in ("dose_fp8/arms", "dose/arms"):  # a copy whose rerun seed 1 ends 0.01 higher: the check can fail
+    for seed in (0, 1):
+      src = ROOT / "research" / "results" / folder / f"int8-s{seed}" / "curves.jsonl"
+      dst = tmp_path / "research" / "results" / folder / f"int8-s{seed}" / "curves.jsonl"
+      dst.parent.mkdir(parents=True)
+      lines = src.read_text().splitlines()
+      if folder == "dose_fp8/arms" and seed == 1:
+        last = json.loads(lines[-1])
+        last["val"]["s3r"] += 0.01
+        lines[-1] = json.dumps(last)
+      dst.write_text("\n".join(lines) + "\n")
+  assert rerun_rows(tmp_path)[1] != second
