@@ -27,9 +27,16 @@ def _section_table(text: str, heading: str) -> list[list[str]]:
   """Rows (header and separator excluded) of the first Markdown table under `## heading` (or `### heading`)."""
   match = re.search(rf"^###? {re.escape(heading)}\n(.*?)(?=^##|\Z)", text, flags=re.S | re.M)
   assert match, f"no '## {heading}' section"
-  lines = [ln for ln in match.group(1).splitlines()]
+  rows = _first_table(match.group(1).splitlines())
+  assert rows is not None, f"'## {heading}' has no table"
+  return rows
+
+
+def _first_table(lines: list[str]) -> list[list[str]] | None:
+  """Rows (header and separator excluded) of the first Markdown table in `lines`; None without one."""
   start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
-  assert start is not None, f"'## {heading}' has no table"
+  if start is None:
+    return None
   rows = []
   for ln in lines[start + 2 :]:
     if not ln.startswith("|"):
@@ -429,13 +436,8 @@ def test_results_doc_quotes_the_dose_slope_and_its_standard_error_from_the_repor
 
 def _table_after(text: str, marker: str) -> list[list[str]]:
   """Rows (header and separator excluded) of the first Markdown table after `marker`."""
-  lines = text[text.index(marker) :].splitlines()
-  start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
-  rows = []
-  for ln in lines[start + 2 :]:
-    if not ln.startswith("|"):
-      break
-    rows.append([cell.strip() for cell in ln.strip().strip("|").split("|")])
+  rows = _first_table(text[text.index(marker) :].splitlines())
+  assert rows is not None, f"no table after {marker!r}"
   return rows
 
 
