@@ -318,8 +318,9 @@ class BlockFloatFormat(BlockScaledFormat):
       dtype = np.dtype(self.element_dtype)
     except TypeError:
       dtype = None
-    if dtype is None or dtype.itemsize != 1 or not jnp.issubdtype(dtype, jnp.floating):
-      raise ValueError(f"BlockFloatFormat.element_dtype must be an FP8 dtype, got {self.element_dtype!r}")
+    signed_fp8 = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits == 8
+    if not signed_fp8 or float(jnp.finfo(dtype).min) >= 0:  # E8M0 (unsigned scales) is no element grid
+      raise ValueError(f"BlockFloatFormat.element_dtype must be a signed FP8 dtype, got {self.element_dtype!r}")
     object.__setattr__(self, "element_dtype", dtype)
     super().__post_init__()
 

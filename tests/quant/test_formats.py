@@ -107,6 +107,8 @@ def test_invalid_format_fields_raise_errors_naming_the_field(kwargs, field):
     (FloatFormat, dict(qmax=57344, code_dtype="float8_e5m2", acc_dtype="float8_e5m2"), "acc_dtype"),
     (BlockFloatFormat, dict(qmax=448, element_dtype=np.int8, block=32, block_scale="e8m0"), "element_dtype"),
     (BlockFloatFormat, dict(qmax=448, element_dtype="bfloat16", block=32, block_scale="e8m0"), "element_dtype"),
+    (BlockFloatFormat, dict(qmax=6, element_dtype="float4_e2m1fn", block=32, block_scale="e8m0"), "element_dtype"),
+    (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e8m0fnu", block=32, block_scale="e8m0"), "element_dtype"),
     (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e5m2", block=32, block_scale="e8m0"), "qmax"),
     (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e4m3fn", block=0, block_scale="e8m0"), "block"),
     (BlockFloatFormat, dict(qmax=448, element_dtype="float8_e4m3fn", block=32, block_scale="f32"), "block_scale"),
