@@ -318,8 +318,8 @@ class BlockFloatFormat(BlockScaledFormat):
       dtype = np.dtype(self.element_dtype)
     except TypeError:
       dtype = None
-    signed_fp8 = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits == 8
-    if not signed_fp8 or float(jnp.finfo(dtype).min) >= 0:  # E8M0 (unsigned scales) is no element grid
+    finfo = jnp.finfo(dtype) if dtype is not None and jnp.issubdtype(dtype, jnp.floating) else None
+    if finfo is None or finfo.bits != 8 or float(finfo.min) >= 0:  # E8M0 (unsigned scales) is no element grid
       raise ValueError(f"BlockFloatFormat.element_dtype must be a signed FP8 dtype, got {self.element_dtype!r}")
     object.__setattr__(self, "element_dtype", dtype)
     super().__post_init__()
