@@ -4,7 +4,10 @@ header of {name: {dtype, shape, data_offsets}}, then the raw little-endian tenso
 Reading a tensor maps its bytes without copying them (`numpy.memmap`); bfloat16 and the float8
 types are JAX's numpy dtypes, so a bf16 checkpoint is read on the host as is (no `safetensors`
 package needed).
-A file whose header or data ends early is refused when it is opened, naming the file and tensor.
+A file whose header or data ends early is refused when it is opened, naming the file and tensor, and so is
+one whose header the `safetensors` package refuses: a shape or offset that is not a list of integers >= 0, an
+unknown dtype, offsets that do not hold the shape, and byte ranges that overlap, leave a gap or do not
+end at the end of the file.
 `SafetensorsWriter` lays a file out as the `safetensors` package does (names sorted, the same header
 bytes) and writes it one tensor at a time.
 """
@@ -77,26 +80,53 @@ def _read_header(path: pathlib.Path) -> tuple[dict, int]:
       raise HFError(f"{path}: truncated or not a safetensors file (header of {n} bytes in a {size}-byte file)")
     try:
       header = json.loads(f.read(n))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise HFError(f"{path}: unreadable safetensors header ({e})") from None
+    except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors; nesting too deep
+      raise HFError(f"{path}: unreadable safetensors header ({type(e).__name__}: {e})"[:300]) from None
   if not isinstance(header, dict):
     raise HFError(f"{path}: unreadable safetensors header (not a JSON object)")
-  header.pop("__metadata__", None)
+  metadata = header.pop("__metadata__", None)
+  if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+    raise HFError(f"{path}: unreadable safetensors header (__metadata__ is not a map of strings)")
   data = size - 8 - n
-  for name, entry in header.items():
-    _check_entry(path, name, entry, data)
+  ranges = sorted((*_check_entry(path, name, entry, data), name) for name, entry in header.items())
+  _check_layout(path, ranges, data)
   return header, 8 + n
 
 
-def _check_entry(path: pathlib.Path, name: str, entry, data: int) -> None:
-  try:
-    dtype, shape, (begin, end) = DTYPES[entry["dtype"]], [int(d) for d in entry["shape"]], entry["data_offsets"]
-  except (KeyError, TypeError, ValueError):
-    raise HFError(f"{path}: tensor {name} has an unreadable header entry {entry!r}") from None
-  if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
-    raise HFError(f"{path}: tensor {name}: data offsets {begin}..{end} do not hold shape {shape} of {entry['dtype']}")
+def _check_entry(path: pathlib.Path, name: str, entry, data: int) -> tuple[int, int]:
+  """(begin, end) of tensor `name`'s bytes; HFError unless `entry` names a known dtype, a shape of integers
+  >= 0 and two integer offsets that hold exactly that shape within the `data` bytes of the file."""
+  dtype, shape, offsets = (
+    (entry.get(k) for k in ("dtype", "shape", "data_offsets")) if isinstance(entry, dict) else 3 * [None]
+  )
+  if not (isinstance(dtype, str) and dtype in DTYPES and _integers(shape) and _integers(offsets) and len(offsets) == 2):
+    raise HFError(f"{path}: tensor {name} has an unreadable header entry {entry!r}"[:300])
+  begin, end = offsets
+  if end - begin != math.prod(shape) * DTYPES[dtype].itemsize or begin < 0:
+    raise HFError(f"{path}: tensor {name}: data offsets {begin}..{end} do not hold shape {shape} of {dtype}")
   if end > data:
     raise HFError(f"{path}: truncated: tensor {name} ends at byte {end} of the data, the file holds {data}")
+  return begin, end
+
+
+def _integers(value) -> bool:
+  """A JSON list of integers >= 0 (not booleans, not floats)."""
+  return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+
+
+def _check_layout(path: pathlib.Path, ranges: list[tuple[int, int, str]], data: int) -> None:
+  """HFError unless the tensors' byte ranges (sorted (begin, end, name)) tile the data bytes from 0 to `data`
+  without overlap or gap, as the format requires."""
+  position, previous = 0, None
+  for begin, end, name in ranges:
+    if begin < position:
+      raise HFError(f"{path}: tensors {previous} and {name} overlap (bytes {begin}..{position} of the data)")
+    if begin > position:
+      where = f"after tensor {previous}" if previous else "before the first tensor"
+      raise HFError(f"{path}: {begin - position} unused bytes of data {where} (at byte {position})")
+    position, previous = end, name
+  if position != data:
+    raise HFError(f"{path}: {data - position} bytes of data after the last tensor (the tensors end at byte {position})")
 
 
 CODES = {dtype: code for code, dtype in DTYPES.items()}
