@@ -21,6 +21,7 @@ from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant import recipe as get_recipe
 from s3r.train.optimizer import OptimizerConfig
+from s3r.train.profiling import ProfileError, parse_steps
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,7 @@ RESUMABLE_CHANGES = (
   "cache_dir",
   "compile_cache",
   "mesh",
+  "profile",
 )
 # Fields that may also change on `--resume` but change the numbers from then on: `steps` may grow (extending a
 # run stretches the cosine schedule to the new total; see `TrainConfig.resume_mismatches`).
@@ -159,6 +161,12 @@ class TrainConfig:
   )
   progress: bool = _flag(True, "no progress bar")
   verbose: bool = _flag(False, "library logs (Orbax, JAX) on the console too (they always go to <out>/train.log)")
+  profile: str | None = _flag(
+    None,
+    "trace the steps START to STOP (both included) with jax.profiler into <out>/profile, for XProf or "
+    "TensorBoard's profile plugin (docs/training.md)",
+    metavar="START:STOP",
+  )
 
   def __post_init__(self):
     for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):
@@ -198,6 +206,11 @@ class TrainConfig:
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
     object.__setattr__(self, "lr_changes", _lr_changes(self.lr_changes, self.steps))
+    if self.profile is not None:
+      try:
+        parse_steps(self.profile, flag=flag("profile"), last_step=self.steps)
+      except ProfileError as e:
+        raise ConfigError(f"{e} (TrainConfig.profile)") from None
 
   def _check_model_recipe(self, base: ModelConfig) -> None:
     """ConfigError naming --recipe unless the model runs it (an MoE model refuses FP4 gradient formats): the

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, compile_cache, logs, placement, recovery, report, resume
+from s3r.train import checkpoint, compile_cache, logs, placement, profiling, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -261,15 +261,18 @@ class _Run:
     cfg, val_losses, last_ckpt, step = self.cfg, {}, None, start
     good = recovery.GoodCheckpoints(self.ckpt, resumed_from=start)
     good.saw_validation(self.initial_val)
+    profiler = self.profiler(start)
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )
-    with bar, Interrupts() as interrupts:
+    with bar, Interrupts() as interrupts, contextlib.closing(profiler):
       try:
         for step in range(start + 1, cfg.steps + 1):
           t0 = time.time()
-          state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
-          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          with profiler.step(step):
+            state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            profiler.done(state)
           bad_grad = param_name(state.params, int(metrics.pop(FIRST_NONFINITE_GRAD, -1)))
           step_time = time.time() - t0
           level = monitor.level
@@ -305,6 +308,16 @@ class _Run:
           f"{recovery.latest_intact(self.ckpt, last_ckpt)}; continue with s3r train --out {cfg.out} --resume"
         ) from None
     return val_losses, last_ckpt
+
+  def profiler(self, start: int) -> profiling.StepProfiler:
+    """The --profile steps' tracer (every process traces its own host into <out>/profile)."""
+    steps = profiling.parse_steps(self.cfg.profile) if self.cfg.profile else None
+    profiler = profiling.StepProfiler(
+      pathlib.Path(self.cfg.out) / profiling.PROFILE_DIR, steps, resumed_at=start, log=self.log
+    )
+    if steps:
+      self.log(profiler.describe())
+    return profiler
 
   def _validate(self, bar, step: int, state, metrics: dict, record: dict) -> dict:
     """The validation losses of `state` (added to `record`, and printed)."""
