@@ -83,7 +83,7 @@ def test_train_on_tiny_runs_end_to_end_resumes_alone_and_eval_finds_the_cache_fr
   assert cli.main(argv) == 0
   out = tmp_path / "run"
   printed = capsys.readouterr().out
-  assert "final validation loss: val_loss" in printed and "run/loss.png" in printed
+  assert "final validation loss (step 6): val_loss" in printed and "run/loss.png" in printed
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == list(range(0, 7)) and "val_loss" in records[-1]
   assert (out / "loss.png").stat().st_size > 0 and (out / "checkpoints" / "6").is_dir()

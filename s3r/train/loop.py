@@ -199,6 +199,9 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       history = placement.loss_history(out, start, main)
     run = _Run(cfg, setup, ckpt, batches, loader, val_sets, eval_step, writer, meta, wall, main, log, initial_val)
     val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor.following(history))
+    if start >= cfg.steps:  # nothing left to train: the final losses are the restored state's, computed now
+      log(f"resume: the run is at step {start} of {cfg.steps} already; no step to run (raise --steps to train on)")
+      val_losses = evaluate(setup, state.params, val_sets, eval_step=eval_step)
   except (TrainingDiverged, TrainingInterrupted):
     if main:
       _plot(cfg, out)
@@ -406,15 +409,8 @@ def _finish(
 ) -> dict:
   records = report.read_metrics(out / report.METRICS_FILE)
   plot = _plot(cfg, out)
-  if not val_losses:  # nothing left to train: report the last validation losses on file
-    val_losses = {
-      k.removeprefix("val_loss_") if k != "val_loss" else "val": v
-      for r in records
-      for k, v in r.items()
-      if k.startswith("val_loss")
-    }
   final = ", ".join(f"{report.val_key(k)} {v:.4f}" for k, v in val_losses.items())
-  log(f"final validation loss: {final or 'n/a'}")
+  log(f"final validation loss (step {cfg.steps}): {final or 'n/a'}")
   log(f"loss curve: {plot}" if plot else "loss curve: not drawn (needs matplotlib: pip install 's3r[plots]')")
   return {
     "val_losses": val_losses,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -47,6 +48,22 @@ def test_resume_of_a_run_without_checkpoints_starts_over_with_the_runs_settings(
   assert "resume: no checkpoint in" in proc.stdout and "steps 0->6, batch 2 x seq 32" in proc.stdout
   assert (run_copy / "checkpoints" / "6").is_dir()
   assert [json.loads(line)["step"] for line in metrics_lines(run_copy)] == list(range(7))  # each step once
+
+
+def test_a_resume_with_no_step_left_says_so_and_reports_the_final_steps_own_validation_loss(cli, run_copy):
+  """Resumed at step 4 (its newest checkpoint) with --steps 4: no step runs; the loss printed as final is
+  the step-4 state's, the number `s3r eval` gives for that checkpoint, not the last one on file (step 3's)."""
+  shutil.rmtree(run_copy / "checkpoints" / "6")
+  proc = cli("train", "--out", run_copy, "--resume", "--steps", "4", in_process=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "the run is at step 4 of 4 already; no step to run" in proc.stdout
+  final = re.search(r"final validation loss \(step 4\): val_loss (\S+)", proc.stdout)
+  evaluated = cli("eval", run_copy, in_process=True)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert final and f"val: loss {final[1]}," in evaluated.stdout, (proc.stdout, evaluated.stdout)
+  on_file = [json.loads(line) for line in metrics_lines(run_copy)]
+  assert [r["step"] for r in on_file] == list(range(5))
+  assert f"{on_file[3]['val_loss']:.4f}" != final[1]
 
 
 def test_restarts_before_the_first_checkpoint_leave_one_record_per_step(cli, tmp_path):
