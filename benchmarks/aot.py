@@ -49,10 +49,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gzip
 import hashlib
 import importlib.util
 import os
 import pathlib
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -205,10 +207,13 @@ def stderr_captured(enabled: bool):
       os.close(saved)
 
 
-def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None, tpu: bool = False) -> dict:
+def measure(
+  lower, options_: dict, breakdown: bool, xla_timers: bool = False, keep=None, tpu: bool = False, hlo_to=None
+) -> dict:
   """Lowers and compiles one program; its seconds, memory, GEMM kinds and (optionally) peak buffers and
   XLA's own compile timers. `keep(lowered, compiled)`, if given, gets the program, which is then compiled
-  here and never read back from the persistent cache (`executables.fresh_compiles`)."""
+  here and never read back from the persistent cache (`executables.fresh_compiles`). `hlo_to`: a path
+  that gets the optimized HLO text, gzip-compressed (what `python -m benchmarks perfmodel` reads)."""
   t0, cpu0 = time.perf_counter(), cpu_seconds()
   lowered = lower()
   fresh = executables.fresh_compiles() if keep is not None else contextlib.nullcontext()
@@ -220,6 +225,9 @@ def measure(lower, options_: dict, breakdown: bool, xla_timers: bool = False, ke
   if keep is not None:
     keep(lowered, compiled)
   text = compiled.as_text()
+  if hlo_to is not None:
+    hlo_to.parent.mkdir(parents=True, exist_ok=True)
+    hlo_to.write_bytes(gzip.compress(text.encode(), mtime=0))
   row = {
     "lower_s": t1 - t0,
     "lower_cpu_s": cpu1 - cpu0,
@@ -303,6 +311,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     metavar="DIR",
     help="lockstep: also write each recipe's compiled train step to DIR, for `python -m research.lockstep run "
     "--precompiled DIR` on the target GPU (labtools/executables.py; one depth and layout)",
+  )
+  p.add_argument(
+    "--save-hlo",
+    default=None,
+    metavar="DIR",
+    help="also write each program's optimized HLO to DIR/<program label>.hlo.gz (for `python -m benchmarks perfmodel`)",
   )
   p.add_argument("--tag", default=None, help="results go to bench_aot_<target>_<tag>_cpu.* (default: no tag)")
   p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the results files go (default %(default)s)")
@@ -417,7 +431,8 @@ def run(args: argparse.Namespace) -> dict:
     try:
       save = functools.partial(keep, labels) if keep and labels["program"] == "lockstep" else None
       lower_ = functools.partial(lower, mesh)
-      row = {**labels, **measure(lower_, opts, args.breakdown, args.xla_timers, save, tpu)}
+      hlo_to = pathlib.Path(args.save_hlo) / f"{hlo_name(args.target, labels)}.hlo.gz" if args.save_hlo else None
+      row = {**labels, **measure(lower_, opts, args.breakdown, args.xla_timers, save, tpu, hlo_to)}
     except Exception as e:  # a program that does not compile for the target is a result too
       row = {**labels, "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:400]}
       log(f"[aot]   FAILED: {row['error']}")
@@ -472,6 +487,18 @@ def _settings(args: argparse.Namespace) -> list[str]:
     keys += ["preset", "layers", "layout", "batch", "seq", "remat", "attention", "vocab", "width", "seed"]
     keys += ["schedule_steps"]
   return keys
+
+
+def hlo_name(target: str, labels: dict) -> str:
+  """The file stem of a program's saved HLO: target, program, shape or model, recipe (no spaces or slashes)."""
+  if labels["program"] == "ffn":
+    what = f"ffn_{labels['shape']}_T{labels['tokens']}"
+  elif labels["program"] == "moe":
+    what = f"moe_{labels['impl']}_T{labels['tokens']}_{labels['k']}x{labels['n']}x{labels['experts']}"
+  else:
+    what = f"{labels['program']}_{labels['preset']}_L{labels['layers']}_{labels['batch']}x{labels['seq']}_{labels['layout']}"
+  name = f"{pathlib.Path(target).stem}_{what}_{labels['recipe']}"
+  return re.sub(r"[^\w.@+-]", "_", name)
 
 
 def _label(labels: dict) -> str:
