@@ -4,7 +4,8 @@
   config.json      the run config, the model config and the corpus summary
   metrics.jsonl    one line per step from step 0 (the initial loss on the first batch and the
                    validation losses before any update): step, loss, lr, grad_norm, tokens_per_s,
-                   step_time_s, wall_s (wall-clock seconds of the run, carried across --resume),
+                   tflops_per_s_per_device and mfu (model FLOPs, s3r.train.flops; mfu where the device's
+                   peak is known), step_time_s, wall_s (wall-clock seconds of the run, carried across --resume),
                    plus val_loss (and val_loss_c4, ...) on validation steps; MoE models add
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
@@ -54,7 +55,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, compile_cache, logs, placement, profiling, recovery, report, resume
+from s3r.train import checkpoint, compile_cache, flops, logs, placement, profiling, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -188,7 +189,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       _write_config(out, cfg, setup, corpus)
       # a start from step 0 (a fresh run, or one stopped before its first checkpoint) writes step 0 anew
       writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start if start else -1)
-    _log_start(cfg, setup, start, log)
+    throughput = _log_start(cfg, setup, start, log)
     history, initial_val = [], None
     if start == 0:
       initial_loss, record = _step_zero(setup, state, batches, loader, val_sets, eval_step)
@@ -197,7 +198,8 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
         writer.write({**record, "wall_s": wall()})
     else:
       history = placement.loss_history(out, start, main)
-    run = _Run(cfg, setup, ckpt, batches, loader, val_sets, eval_step, writer, meta, wall, main, log, initial_val)
+    fields = (cfg, setup, ckpt, batches, loader, val_sets, eval_step, writer, meta, wall, main, log, initial_val)
+    run = _Run(*fields, throughput=throughput)
     val_losses, last_ckpt = run.steps(state, start, train_step, DivergenceMonitor.following(history))
     if start >= cfg.steps:  # nothing left to train: the final losses are the restored state's, computed now
       log(f"resume: the run is at step {start} of {cfg.steps} already; no step to run (raise --steps to train on)")
@@ -233,12 +235,16 @@ def _checkpoint_meta(cfg: TrainConfig, setup, loader, corpus, wall_s: float) -> 
   }
 
 
-def _log_start(cfg: TrainConfig, setup, start: int, log) -> None:
+def _log_start(cfg: TrainConfig, setup, start: int, log) -> flops.Throughput:
+  """Logs what the run trains and its model FLOPs; returns the throughput meter of its steps."""
   processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
   log(
     f"model: {cfg.model_name} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
     f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
   )
+  throughput = flops.Throughput.of(setup.model_cfg, cfg.seq_len, setup.mesh.devices.flat)
+  log(throughput.describe())
+  return throughput
 
 
 @dataclasses.dataclass
@@ -258,6 +264,7 @@ class _Run:
   main: bool
   log: Callable[[str], object]
   initial_val: float | None = None  # the step-0 validation loss of this session, if it computed one
+  throughput: flops.Throughput | None = None  # achieved TFLOP/s and MFU of each step
 
   def steps(self, state, start: int, train_step, monitor: DivergenceMonitor):
     """Steps start+1 .. cfg.steps; (last validation losses, last checkpoint path written)."""
@@ -286,6 +293,7 @@ class _Run:
             "step": step,
             **metrics,
             "tokens_per_s": cfg.batch * cfg.seq_len / step_time,
+            **(self.throughput.metrics(cfg.batch * cfg.seq_len / step_time) if self.throughput else {}),
             "step_time_s": step_time,
             "wall_s": self.wall(),
           }
@@ -299,7 +307,9 @@ class _Run:
             with interrupts.deferred():  # a second Ctrl-C waits for the checkpoint
               last_ckpt = self._save(step, state, last_ckpt)
             good.saved(step, monitor.level, record.get("val_loss"))
-          bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+          bar.set_postfix(
+            loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", **flops.Throughput.postfix(record)
+          )
           bar.update(1)
           if stop and step < cfg.steps:
             raise TrainingInterrupted(

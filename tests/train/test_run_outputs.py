@@ -1,12 +1,14 @@
-"""What a run writes beside metrics.jsonl: the --profile trace (once, and across --resume)."""
+"""What a run writes beside its losses: achieved TFLOP/s, the --profile trace (once, and across --resume)."""
 
 import dataclasses
+import json
 import shutil
 from typing import Any
 
 import pytest
 
-from s3r.train import loop, profiling
+from s3r.model import ModelConfig
+from s3r.train import flops, loop, profiling
 from s3r.train.config import ConfigError, TrainConfig
 from tests.faults.conftest import assert_one_line_error, run_in_process
 
@@ -39,6 +41,17 @@ def profiled_run(tmp_path_factory, corpus_dir, cache_dir):
   lines: list[str] = []
   loop.train(cfg, log=lines.append)
   return cfg, lines
+
+
+def test_every_step_records_its_achieved_tflops_from_the_model_flops_and_cpu_has_no_mfu(profiled_run):
+  cfg, lines = profiled_run
+  records = [json.loads(line) for line in open(f"{cfg.out}/metrics.jsonl")]
+  model = ModelConfig.from_dict(json.load(open(f"{cfg.out}/config.json"))["model"])
+  per_token = flops.train_flops_per_token(model, cfg.seq_len)
+  for r in records[1:]:
+    assert r["tflops_per_s_per_device"] == pytest.approx(per_token.per_token * r["tokens_per_s"] / 1e12, rel=1e-12)
+    assert "mfu" not in r  # no bf16 peak for a CPU
+  assert any(line.startswith("model FLOPs: ") and "no MFU" in line for line in lines), lines
 
 
 def test_profile_traces_exactly_the_asked_steps_with_the_train_steps_kernels(profiled_run):
