@@ -51,6 +51,12 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
     sharding.batch_sharding(mesh, cfg.batch_shape)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  per_batch = mesh.shape["data"] * mesh.shape["expert"] * mesh.shape["fsdp"]
+  if cfg.grad_accum > 1 and cfg.batch % (cfg.grad_accum * per_batch):
+    raise ConfigError(
+      f"--batch {cfg.batch} must be divisible by --grad-accum {cfg.grad_accum} x data x expert x fsdp = "
+      f"{cfg.grad_accum * per_batch} of the mesh (every microbatch splits evenly over the data-parallel devices)"
+    )
   return mesh
 
 
@@ -69,7 +75,7 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
   replicated = NamedSharding(mesh, P())
   constrained = lambda fn: sharding.with_activation_sharding(fn, mesh)
   train_step = jax.jit(
-    constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()))),
+    constrained(make_train_step(graphdef, tx, schedule(cfg.optimizer_config()), grad_accum=cfg.grad_accum)),
     in_shardings=(state_sh, batch_sh, replicated),
     out_shardings=(state_sh, replicated),
     donate_argnums=0,
@@ -187,12 +193,12 @@ def _compiled(name: str, lower: Callable[[], jax.stages.Lowered], log):
 
 def attention_scores_bytes(setup: Setup, cfg: TrainConfig) -> int:
   """A lower bound on the per-device memory of the train step with XLA attention: the scores of one
-  layer, [batch / (data x expert x fsdp), heads / tensor, seq, seq] in bf16, exist at once (0 with cuDNN's
+  layer, [batch / (grad_accum x data x expert x fsdp), heads / tensor, seq, seq] in bf16, exist at once (0 with cuDNN's
   fused attention, which never holds them)."""
   model_cfg, mesh = setup.model_cfg, setup.mesh.shape
   if model_cfg.attention_impl != "xla":
     return 0
-  batch = -(-cfg.batch // (mesh["data"] * mesh["expert"] * mesh["fsdp"]))
+  batch = -(-cfg.batch // (cfg.grad_accum * mesh["data"] * mesh["expert"] * mesh["fsdp"]))  # one microbatch's
   heads = model_cfg.n_heads // mesh["tensor"] if model_cfg.n_heads % mesh["tensor"] == 0 else model_cfg.n_heads
   return batch * heads * cfg.seq_len * cfg.seq_len * 2
 

@@ -104,7 +104,14 @@ class TrainConfig:
   # (step, peak) of each --lr lowered on --resume at that step; set by resuming, not by a flag of its own
   lr_changes: tuple[tuple[int, float], ...] = dataclasses.field(default=(), metadata={"flag": False})
   warmup: int | None = _flag(None, "linear warm-up steps", default_help=f"min({DEFAULT_WARMUP}, steps // 10)")
-  batch: int = _flag(8, "sequences per step")
+  batch: int = _flag(8, "sequences per step (the global batch, over all devices and microbatches)")
+  grad_accum: int = _flag(
+    1,
+    "microbatches per optimizer step: the step sums the f32 gradients of N microbatches of --batch / N "
+    "sequences, one at a time (less activation memory, the same global batch); --batch must be divisible by "
+    "N x the data-parallel size of the mesh",
+    metavar="N",
+  )
   seq: int | None = _flag(None, "tokens per sequence", default_help="the preset's maximum sequence length")
   init_from: str | None = _flag(
     None,
@@ -181,10 +188,12 @@ class TrainConfig:
     for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
       if getattr(self, field) is None:
         object.__setattr__(self, field, default)
-    for field in ("steps", "batch", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every", "seed"):
+    for field in ("steps", "batch", "grad_accum", "seq", "vocab", "eval_every", "eval_batches", "ckpt_every", "seed"):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < (0 if field == "seed" else 1):
         raise _error(field, "an integer >= " + ("0" if field == "seed" else "1"), value)
+    if self.batch % self.grad_accum:
+      raise _error("batch", f"divisible by {flag('grad_accum')}={self.grad_accum}", self.batch)
     if self.warmup is None:
       object.__setattr__(self, "warmup", default_warmup(self.steps))
     if not isinstance(self.warmup, int) or not 0 <= self.warmup <= self.steps:

@@ -241,6 +241,7 @@ def _log_start(cfg: TrainConfig, setup, start: int, log) -> flops.Throughput:
   log(
     f"model: {cfg.model_name} ({s3r_model.param_count(setup.model_cfg):,} parameters), recipe {cfg.recipe}, "
     f"mesh {dict(setup.mesh.shape)}{processes}; steps {start}->{cfg.steps}, batch {cfg.batch} x seq {cfg.seq}"
+    + (f" ({cfg.grad_accum} microbatches of {cfg.batch // cfg.grad_accum})" if cfg.grad_accum > 1 else "")
   )
   throughput = flops.Throughput.of(setup.model_cfg, cfg.seq_len, setup.mesh.devices.flat)
   log(throughput.describe())

@@ -12,6 +12,16 @@ stays the cross-entropy, and the eval step is the pure cross-entropy.
 Randomness: the quantizers of step t use `fold_in(train_key, t)`, so a resumed run draws
 exactly the numbers an uninterrupted run would; the model derives per-layer and
 per-projection keys from it.
+
+Gradient accumulation (`grad_accum=N > 1`): the global batch [B, S + 1] is split into N microbatches
+of B / N rows (microbatch m holds rows m, m + N, m + 2N, ..., so each device's rows of the batch
+split evenly over the microbatches and no row moves between devices), and a `lax.scan` over them
+sums their f32 gradients: only one microbatch's activations exist at a time. Microbatch m draws
+its quantizer noise from `microbatch_keys(step_key, N)[m]` = fold_in(fold_in(step_key,
+purpose "microbatch"), m), so no two microbatches of a run share a key. The loss, the gradients
+and the metrics are the means over the microbatches (every microbatch has the same number of
+tokens, so the mean of their token means is the token mean of the batch). With N = 1 the step is
+the plain one (no scan, the step key itself).
 """
 
 from __future__ import annotations
@@ -57,6 +67,48 @@ def training_loss_fn(params: dict, graphdef, batch_BxS1: jax.Array, key: jax.Arr
   return total, (ce, aux)
 
 
+KEY_PURPOSES = ("microbatch",)  # fold_in data of the step key's uses under gradient accumulation
+
+
+def microbatch_keys(step_key: jax.Array, n: int) -> jax.Array:
+  """The keys of the `n` microbatches of one step, [n]: fold_in(fold_in(step_key, purpose "microbatch"), m)."""
+  purpose_key = jax.random.fold_in(step_key, KEY_PURPOSES.index("microbatch"))
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(purpose_key, jnp.arange(n, dtype=jnp.uint32))
+
+
+def microbatches(batch_BxS1: jax.Array, n: int) -> jax.Array:
+  """[B, S + 1] as [n, B / n, S + 1]: microbatch m holds rows m, m + n, m + 2n, ... (each device's block of
+  rows splits evenly over the microbatches, so the split moves no data between devices)."""
+  b, s1 = batch_BxS1.shape
+  micro_NxMxS1 = batch_BxS1.reshape(b // n, n, s1).swapaxes(0, 1)
+  return s3r_model.constrain(micro_NxMxS1, (None, "batch", "seq"))
+
+
+def accumulated_grads(params: dict, graphdef, batch_BxS1: jax.Array, step_key: jax.Array, n: int):
+  """(mean cross-entropy, mean auxiliary terms, mean f32 gradients) over the `n` microbatches of the batch,
+  one microbatch at a time (`lax.scan`), each with its own key (`microbatch_keys`)."""
+  grad_fn = jax.value_and_grad(training_loss_fn, has_aux=True)
+  micro_NxMxS1, keys = microbatches(batch_BxS1, n), microbatch_keys(step_key, n)
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  aux_shapes = jax.eval_shape(
+    lambda p, x, k: training_loss_fn(p, graphdef, x, k)[1][1], params, micro_NxMxS1[0], keys[0]
+  )
+  aux_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shapes)
+
+  def body(carry, xs):
+    grads_sum, loss_sum, aux_sum = carry
+    micro_MxS1, key = xs
+    (_, (loss, aux)), grads = grad_fn(params, graphdef, micro_MxS1, key)
+    grads_sum = jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), grads_sum, grads)
+    aux_sum = jax.tree.map(lambda acc, a: acc + a.astype(jnp.float32), aux_sum, aux)
+    return (grads_sum, loss_sum + loss, aux_sum), None
+
+  (grads_sum, loss_sum, aux_sum), _ = jax.lax.scan(body, (zeros, jnp.float32(0), aux_zeros), (micro_NxMxS1, keys))
+  mean = lambda x: x / n
+  grads = jax.tree.map(lambda g, p: mean(g).astype(p.dtype), grads_sum, params)
+  return mean(loss_sum), jax.tree.map(mean, aux_sum), grads
+
+
 FIRST_NONFINITE_GRAD = "first_nonfinite_grad"  # a metric the loop reads and never logs (see `first_nonfinite`)
 
 
@@ -74,19 +126,27 @@ def first_nonfinite(grads: dict) -> jax.Array:
   return jnp.where(jnp.any(bad), jnp.argmax(bad), -1).astype(jnp.int32)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule | None):
+def make_train_step(
+  graphdef, tx: optax.GradientTransformation, lr_schedule: optax.Schedule | None, *, grad_accum: int = 1
+):
   """Returns train_step(state, batch_BxS1, train_key) -> (new state, metrics): loss (the cross-entropy),
   grad_norm, first_nonfinite_grad (see `first_nonfinite`), lr, and for MoE models load_balance_loss
-  and dropped_fraction.
+  and dropped_fraction. `grad_accum` > 1 accumulates the gradients of that many microbatches of the
+  batch (`accumulated_grads`; the batch size must be a multiple of it).
 
   With `lr_schedule=None` the learning rate is an argument instead, train_step(state, batch_BxS1,
   train_key, lr), and the updates of `tx` (built at a constant rate of 1) are multiplied by it: the
   schedule can then be chosen after the step is compiled."""
+  if not isinstance(grad_accum, int) or grad_accum < 1:
+    raise ValueError(f"grad_accum must be an integer >= 1, got {grad_accum!r}")
 
   def train_step(state: TrainState, batch_BxS1: jax.Array, train_key: jax.Array, lr: jax.Array | None = None):
     step_key = jax.random.fold_in(train_key, state.step)
-    grad_fn = jax.value_and_grad(training_loss_fn, has_aux=True)
-    (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
+    if grad_accum == 1:
+      grad_fn = jax.value_and_grad(training_loss_fn, has_aux=True)
+      (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
+    else:
+      loss, aux, grads = accumulated_grads(state.params, graphdef, batch_BxS1, step_key, grad_accum)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     if lr_schedule is None:
       assert lr is not None  # a step without a schedule takes the rate as an argument
