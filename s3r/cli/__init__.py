@@ -37,7 +37,7 @@ COMMANDS: dict[str, str] = {
 
 
 # `s3r train` flags that are not TrainConfig fields (every field has its flag, `_add_config_flags`).
-TRAIN_ONLY_FLAGS = ("coordinator", "num_processes", "process_id", "distributed")
+TRAIN_ONLY_FLAGS = ("config", "coordinator", "num_processes", "process_id", "distributed")
 
 
 def register_train(subparsers) -> None:
@@ -68,6 +68,12 @@ def register_train(subparsers) -> None:
       "library) needs no data and is the fallback corpus when there is no enwiki.",
       EXIT_HELP + ".",
     ),
+  )
+  p.add_argument(
+    "--config",
+    metavar="FILE",
+    help="read the settings from a .json or .toml file whose keys are the flags below (grad_accum or "
+    "grad-accum = 4); flags given here override it; a run's own config.json is one (docs/training.md)",
   )
   _add_config_flags(p, TrainConfig)
   g = p.add_argument_group("multi-process training (one process per host or GPU; see docs/scaling.md)")
@@ -174,13 +180,13 @@ def start_distributed(args) -> bool:
 def train_config(args, saved=None):
   """The TrainConfig of the flags; with --resume, `saved` (the run in --out, `s3r.train.resume.find_run`) with
   the given flags on top (the loop refuses changes other than RESUMABLE_CHANGES and a larger --steps). A bool
-  flag (--resume, --no-progress) is this command's, never the run's."""
+  flag (--resume, --no-progress) is this command's (or its --config file's, `config_file`), never the run's."""
   import dataclasses
 
   from s3r.train.config import TrainConfig
 
-  fields = [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("flag", True)]
-  given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name) is not None}
+  fields = dataclasses.fields(TrainConfig)  # lr_changes is set only by --config (a run's own config.json)
+  given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name, None) is not None}
   switches = {f.name: given.get(f.name, f.default) for f in fields if isinstance(f.default, bool)}
   saved_fields = saved.config.to_dict() if saved else {}
   return TrainConfig.from_dict({**saved_fields, **given, **switches, "out": train_out(args)})
@@ -198,6 +204,10 @@ def run_train(args) -> int:
   from s3r.train.loop import train
   from s3r.train.placement import is_main_process
 
+  if args.config is not None:
+    from s3r.cli.config_file import apply_config_file
+
+    apply_config_file(args, args.config)
   start_distributed(args)
   saved = resume.find_run(train_out(args)) if args.resume else None
   cfg = train_config(args, saved)
