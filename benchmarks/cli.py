@@ -1,6 +1,7 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
-Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx, aot,
+Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx,
+gemm_sweep, aot,
 heapplot, maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models,
 peers) only when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
 """
@@ -29,6 +30,10 @@ COMMANDS = {
   "eqx": (
     "benchmarks.eqx",
     "time training steps of an Equinox model applied per example (quantize_fn vs qmatmul+vmap)",
+  ),
+  "gemm_sweep": (
+    "benchmarks.gemm_sweep",
+    "the FFN's forward, dX and dW GEMMs alone per operand type (bf16, s8, FP8): time and XLA's GEMM backend",
   ),
   "aot": (
     "benchmarks.aot",
