@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> dict:
   opts, make, timed, kind = _setup(args)
   name = "gemm_sweep" + (f"_{args.tag}" if args.tag else "")
   settings = {k: getattr(args, k) for k in ("shapes", "tokens", "dtypes", "gemms", "repeats", "number", "target")}
-  run_ = Run(name, args.out_dir, device_kind=kind, compiler_options=opts, **settings)
+  title = "python -m benchmarks gemm_sweep"
+  run_ = Run(name, args.out_dir, title=title, device_kind=kind, compiler_options=opts, **settings)
   shapes = options.parse_shapes(args.shapes)
   rows: list[dict] = []
   paths: dict = {}
