@@ -107,8 +107,13 @@ def _contracting_tile(dot) -> str:
 def gemms(text: str) -> list[dict]:
   """The GEMMs of an optimized GPU HLO module (see the module docstring)."""
   comps = hlo.parse_hlo(text)
+  bodies = {
+    c for comp in comps.values() for ins in comp.instrs if ins.opcode == "fusion" for c in _CALLS_RE.findall(ins.attrs)
+  }
   out = []
   for comp in comps.values():
+    if comp.name in bodies:  # a fusion's own computation: its dot belongs to the fusion that calls it
+      continue
     types = {i.name: (i.dtype, i.dims) for i in comp.instrs}
     for ins in comp.instrs:
       row = None
