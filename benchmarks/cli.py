@@ -1,9 +1,9 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
 Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx,
-gemm_sweep, aot,
-heapplot, maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they import JAX-heavy code (models,
-peers) only when a benchmark runs. The benchmarks import the `s3r` library; the library never imports them.
+gemm_sweep, aot, perfmodel, heapplot, maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they
+import JAX-heavy code (models, peers) only when a benchmark runs. The benchmarks import the `s3r` library; the
+library never imports them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ COMMANDS = {
   "aot": (
     "benchmarks.aot",
     "compile the FFN, MoE and train-step programs for an H100/H200 on this CPU (extra gpu-aot): seconds, memory, GEMMs",
+  ),
+  "perfmodel": (
+    "benchmarks.perfmodel_cli",
+    "predicted step time on an H100, H200 or TPU v5p from the compiled HLO (a model fitted on measurements)",
   ),
   "heapplot": (
     "benchmarks.heapplot",

@@ -1,0 +1,198 @@
+"""Tables and figures of `python -m benchmarks perfmodel`: the validation against measurements, and the predicted
+train steps (per recipe, against the bf16 baseline, with the band of the fitted constants and a breakdown by
+kernel group)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections import defaultdict
+
+import numpy as np
+
+from benchmarks import perfmodel as pm
+from benchmarks import perfmodel_validate as pv
+from labtools.paper import PAPER_TABLE_IV_MS
+from labtools.results import markdown_table
+
+GROUP_ORDER = ("gemm bf16", "gemm f32", "gemm s8", "gemm f8", "gemm mixed", "attention", "s3r_quantize", "s3r_threshold",
+               "s3r_ec", "optimizer", "collectives", "other")  # fmt: skip
+GROUP_NAMES = {
+  "gemm bf16": "GEMM bf16", "gemm f32": "GEMM f32 (TF32)", "gemm s8": "GEMM int8", "gemm f8": "GEMM FP8",
+  "gemm mixed": "GEMM mixed types", "attention": "attention", "s3r_quantize": "quantizers",
+  "s3r_threshold": "thresholds", "s3r_ec": "error correction", "optimizer": "optimizer", "collectives": "collectives",
+  "other": "other",
+}  # fmt: skip
+FP8_RECIPE = "s3r_ec_dx@e5m2+fwd_e4m3"
+
+
+def _pct(x: float) -> str:
+  return f"{100 * x:+.1f}%"
+
+
+def validation_line(r: dict) -> str:
+  s = r["summary"]
+  return (f"{r['target']}: held-out median |error| {100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}% "
+          f"over {s['points']} points; passed {r['passed']}")  # fmt: skip
+
+
+def validation_markdown(r: dict) -> str:
+  fit = r["fit"]
+  lines = [f"## Fit ({fit['points']} points, RMS log residual {fit['rms_log_residual']:.3f})", ""]
+  rows = [[k, f"{v:.4g}", f"{fit['standard_errors'][k]:.2g}"] for k, v in fit["constants"].items()]
+  lines += [markdown_table(["constant", "value", "standard error"], rows, ["l", "r", "r"]), ""]
+  s, passed = r["summary"], r["passed"]
+  lines += [f"## Held-out predictions: {validation_line(r)}", ""]
+  lines += [f"- median absolute error of the speedup {100 * s['median_abs']:.1f}% (pass at most "
+            f"{100 * pv.PASS['median']:.0f}%: {'pass' if passed['median'] else 'MISS'})",
+            f"- worst {100 * s['worst_abs']:.1f}% (pass at most {100 * pv.PASS['worst']:.0f}%: "
+            f"{'pass' if passed['worst'] else 'MISS'})",
+            "- order of the recipes at each shape (pairs more than 3% apart): "
+            + ("pass" if passed["order"] else "MISS: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in
+                                                                   r["order_misses"].items() if v)), ""]  # fmt: skip
+  if r["target"] == "h200":
+    lines += _h200_table(r)
+  else:
+    lines += _v5p_table(r)
+  return "\n".join(lines) + "\n"
+
+
+def _h200_table(r: dict) -> list[str]:
+  rows = []
+  for x in r["rows"]:
+    band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]" if "band" in x else ""
+    extra = x.get("extra_vs_int8_rtne")
+    where = ""
+    if extra:
+      top = sorted(extra["by_group_s"].items(), key=lambda kv: -abs(kv[1]))[:2]
+      where = (f"{1e3 * extra['measured_s']:+.2f} / {1e3 * extra['predicted_s']:+.2f} ms ("
+               + ", ".join(f"{GROUP_NAMES.get(g, g)} {1e3 * v:+.2f}" for g, v in top) + ")")
+    rows.append([x["shape"], x["recipe"] + (" (fitted)" if x["fitted"] else ""), f"{1e3 * x['measured_s']:.2f}",
+                 f"{1e3 * x['predicted_s']:.2f}", f"{x['measured_speedup']:.2f}", f"{x['predicted_speedup']:.2f}",
+                 band, _pct(x["error"]), where])  # fmt: skip
+  head = ["shape", "recipe", "measured ms", "predicted ms", "measured x bf16", "predicted x bf16", "90% band",
+          "error", "extra over int8_rtne: measured / predicted (largest groups)"]  # fmt: skip
+  out = ["## Per shape and recipe (bf16: the measured revision's, backward GEMMs in f32)", "",
+         markdown_table(head, rows, ["l", "l"] + ["r"] * 7), ""]  # fmt: skip
+  q = r.get("quantizer")
+  if q and q["rows"]:
+    s = q["summary"]
+    out += [f"## Quantizer programs (nothing fitted on them): median |error| {100 * s['median_abs']:.1f}%, worst "
+            f"{100 * s['worst_abs']:.1f}% over {s['points']} (pass at most 25%: {'pass' if q['passed'] else 'MISS'})", ""]
+    rows = [[x["shape"], x["program"], f"{1e3 * x['measured_s']:.3f}", f"{1e3 * x['predicted_s']:.3f}", _pct(x["error"])]
+            for x in q["rows"]]  # fmt: skip
+    out += [markdown_table(["shape", "program", "measured ms", "predicted ms", "error"], rows, ["l", "l", "r", "r", "r"])]
+  return out
+
+
+def _v5p_table(r: dict) -> list[str]:
+  rows = []
+  for x in r["rows"]:
+    label = x["recipe"] + (" (fitted)" if x["fitted"] else "")
+    if "paper_speedup" in x:
+      band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]"
+      rows.append([x["shape"], label, f"{x['paper_speedup']:.2f}", f"{x['predicted_speedup']:.2f}", band, _pct(x["error"])])
+    else:
+      rows.append([x["shape"], label + " overhead over s3r", f"{x['paper_overhead_pct']:+.1f}%",
+                   f"{x['predicted_overhead_pct']:+.1f}%", "", ""])  # fmt: skip
+  head = ["shape", "recipe", "paper (Table III)", "predicted", "90% band", "error"]
+  return ["## Per shape and recipe (speedup over bf16; S3R-EC rows: time over S3R)", "",
+          markdown_table(head, rows, ["l", "l", "r", "r", "r", "r"])]  # fmt: skip
+
+
+# --- predicted train steps --------------------------------------------------------------------
+
+
+def _split_name(name: str) -> tuple[str, str]:
+  """(model part, recipe) of a saved program name `<target>_<program...>_<recipe>`."""
+  from s3r import recipe
+
+  parts = name.split("_")
+  for i in range(1, len(parts)):
+    candidate = "_".join(parts[i:])
+    try:
+      recipe(candidate)
+    except ValueError:
+      continue
+    return "_".join(parts[1:i]), candidate
+  raise ValueError(f"{name}: no recipe at its end")
+
+
+def _fit_of(path: pathlib.Path) -> pm.Fit:
+  doc = json.loads(path.read_text())["results"]["fit"]
+  return pm.Fit(constants=pm.Constants(**doc["constants"]), covariance=np.array(doc["covariance"]),
+                residuals=np.zeros(doc["points"]), points=doc["points"])  # fmt: skip
+
+
+def predict(kernels: pathlib.Path, fit_file: pathlib.Path, target: str, baseline: str) -> dict:
+  """Predicted seconds per program and recipe, ratios against `baseline` (and the FP8 recipe) with bands."""
+  meta, programs = pv.load_kernels(kernels)
+  t, fit = pm.target(target), _fit_of(fit_file)
+  c, draws = fit.constants, fit.draws()
+  models: dict[str, dict] = defaultdict(dict)
+  for name, ks in programs.items():
+    model, rec = _split_name(name)
+    models[model][rec] = ks
+  out = []
+  for model, recipes in sorted(models.items()):
+    if baseline not in recipes:
+      continue
+    base = recipes[baseline]
+    base_draws = np.array([pm.program_seconds(base, t, d) for d in draws])
+    for rec, ks in recipes.items():
+      secs = pm.program_seconds(ks, t, c)
+      ratio_draws = base_draws / np.array([pm.program_seconds(ks, t, d) for d in draws])
+      row = {"model": model, "recipe": rec, "seconds": secs, "ratio": pm.program_seconds(base, t, c) / secs,
+             "band": [float(np.percentile(ratio_draws, 5)), float(np.percentile(ratio_draws, 95))],
+             "breakdown_s": pm.breakdown(ks, t, c), "gemm_types": sorted({k.dtype for k in ks if k.kind == "gemm"})}  # fmt: skip
+      if FP8_RECIPE in recipes and rec != FP8_RECIPE:
+        row["ratio_vs_fp8"] = pm.program_seconds(recipes[FP8_RECIPE], t, c) / secs
+      out.append(row)
+  return {"target": target, "baseline": baseline, "fit": fit_file.name, "kernels": meta, "rows": out}
+
+
+def _paper_ratio(model: str, rec: str) -> float | None:
+  name = next((m for m in PAPER_TABLE_IV_MS["bf16"] if model.startswith(f"step_{m}_")), None)
+  if name is None or rec not in PAPER_TABLE_IV_MS:
+    return None
+  return PAPER_TABLE_IV_MS["bf16"][name] / PAPER_TABLE_IV_MS[rec][name]
+
+
+def predict_markdown(r: dict) -> str:
+  groups = [g for g in GROUP_ORDER if any(g in x["breakdown_s"] for x in r["rows"])]
+  head = ["program", "recipe", "predicted ms", f"x {r['baseline']}", "90% band"]
+  tpu = r["target"] == "v5p"
+  head += ["paper (v5p, MaxText)"] if tpu else ["x FP8 recipe"]
+  head += [GROUP_NAMES.get(g, g) + " ms" for g in groups]
+  rows = []
+  for x in r["rows"]:
+    extra = _paper_ratio(x["model"], x["recipe"]) if tpu else x.get("ratio_vs_fp8")
+    rows.append([x["model"], x["recipe"], f"{1e3 * x['seconds']:,.0f}", f"{x['ratio']:.2f}",
+                 f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]", "" if extra is None else f"{extra:.2f}"]
+                + [f"{1e3 * x['breakdown_s'].get(g, 0.0):,.0f}" for g in groups])  # fmt: skip
+  return (f"Predicted by the model (not measured) for {pm.target(r['target']).title}, constants fitted in {r['fit']}.\n\n"
+          + markdown_table(head, rows, ["l", "l"] + ["r"] * (len(head) - 2)) + "\n")  # fmt: skip
+
+
+def chart(r: dict, path: pathlib.Path) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = r["rows"]
+  groups = [g for g in GROUP_ORDER if any(g in x["breakdown_s"] for x in rows)]
+  fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 5))
+  bottom = np.zeros(len(rows))
+  cmap = plt.get_cmap("tab20")
+  for i, g in enumerate(groups):
+    v = np.array([1e3 * x["breakdown_s"].get(g, 0.0) for x in rows])
+    ax.bar(range(len(rows)), v, bottom=bottom, label=GROUP_NAMES.get(g, g), color=cmap(i))
+    bottom += v
+  ax.set_xticks(range(len(rows)), [f"{x['model'].split('_')[1]} {x['recipe']}" for x in rows], rotation=75, fontsize=7)
+  ax.set_ylabel("predicted ms per step")
+  ax.set_title(f"Predicted train step on {pm.target(r['target']).title} (model, not measured)")
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
