@@ -61,6 +61,7 @@ def _unsharded_along(x: jax.Array, dim: int) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def error_factors(e_BxSxN: jax.Array) -> Factors:
   """Token means r [B, S], channel means c [B, N] and grand means m [B] of the error."""
   r_BxS = jnp.mean(e_BxSxN, axis=2)
@@ -117,6 +118,7 @@ def from_int8_digits(acc_Bx3xK: jax.Array) -> jax.Array:
   return total * (1.0 / (1 << _FRACTION_BITS))
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def dx_correction(
   r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, wq_KxN: jax.Array, fmt: formats.Format = formats.INT8
 ) -> jax.Array:
@@ -188,6 +190,7 @@ def bf16_parts(c_BxN: jax.Array) -> jax.Array:
   return jnp.stack(parts, axis=1)
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def dw_correction(r_BxS: jax.Array, c_BxN: jax.Array, m_B: jax.Array, xqT_KxT: jax.Array) -> jax.Array:
   """Σ_b X̂_bᵀ e_str_b, shape [K, N] (f32): a rank-(B+1) update from per-example factors.
 

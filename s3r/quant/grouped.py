@@ -308,6 +308,7 @@ def _row_scales(sw_ExN: jax.Array, lay: grouped_gemm.Layout) -> jax.Array:
   return sw_ExN[jnp.minimum(lay.seg_T, sw_ExN.shape[0] - 1)]
 
 
+@jax.named_scope("s3r_quantize")  # names its kernels in profiles and the performance model
 def quantize_grouped_gradient(
   recipe: Recipe,
   gp_TxN: jax.Array,

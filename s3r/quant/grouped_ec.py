@@ -20,6 +20,7 @@ from jax import lax
 from s3r.quant import ec, formats
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array) -> ec.Factors:
   """Row means r [T], segment column means c [E, N] and segment means m [E] of the error."""
   experts = group_sizes.shape[0]
@@ -33,6 +34,7 @@ def segment_factors(e_TxN: jax.Array, seg_T: jax.Array, group_sizes: jax.Array) 
   return r_T, seg_mean(e_TxN), seg_mean(r_T)
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def dx_correction(
   r_T: jax.Array,
   c_ExN: jax.Array,
@@ -75,6 +77,7 @@ def dx_correction(
   return jnp.where(valid_T[:, None], corr_TxK, 0.0)
 
 
+@jax.named_scope("s3r_ec")  # names its kernels in profiles and the performance model
 def dw_correction(r_T: jax.Array, c_ExN: jax.Array, m_E: jax.Array, xq_TxK: jax.Array, seg_T: jax.Array) -> jax.Array:
   """Σ_{t in e} X̂[t]ᵀ e_str[t] per expert, [E, K, N] (f32): a rank-2 update of each dW[e].
 

@@ -319,6 +319,7 @@ def _dx(
   return (dx_TxK.astype(jnp.float32) - correction_TxK * scale_Tx1).astype(x_dtype)
 
 
+@jax.named_scope("s3r_quantize")  # names its kernels in profiles and the performance model
 def quantize_gradient(
   recipe: str | Recipe, sx_BxS: jax.Array, sw_N: jax.Array, g_BxSxN: jax.Array, key: jax.Array | None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -367,8 +368,12 @@ def round_gradient(recipe: Recipe, v: jax.Array, key: jax.Array | None, draw: Dr
   topo_dx, topo_dw = recipe.threshold_topologies  # raises on an unknown topology
   if recipe.split:
     key_dx, key_dw = jax.random.split(key)
-    return fmt.round(v, draw(key_dx, topo_dx)), fmt.round(v, draw(key_dw, topo_dw))
-  q = fmt.round(v, draw(key, topo_dx))
+    with jax.named_scope("s3r_threshold"):
+      r_dx, r_dw = draw(key_dx, topo_dx), draw(key_dw, topo_dw)
+    return fmt.round(v, r_dx), fmt.round(v, r_dw)
+  with jax.named_scope("s3r_threshold"):
+    r = draw(key, topo_dx)
+  q = fmt.round(v, r)
   return q, q
 
 

@@ -21,6 +21,7 @@ QMAX = FORWARD_FORMAT.qmax  # the forward's largest code (127: the int8 range ma
 INV_QMAX = FORWARD_FORMAT.inv_qmax  # f32 reciprocal of QMAX
 
 
+@jax.named_scope("s3r_quantize")  # names its kernels in profiles and the performance model
 def absmax_scale(x: jax.Array, axis: int, fmt: Format = FORWARD_FORMAT) -> jax.Array:
   """s = max |x| / 127 along `axis` (f32): the forward format's scale (max |x| / 448 for E4M3 `fmt`);
   an all-zero slice gets 1.
@@ -33,6 +34,7 @@ def absmax_scale(x: jax.Array, axis: int, fmt: Format = FORWARD_FORMAT) -> jax.A
   return fmt.scale(abs_max(x, axis=axis))
 
 
+@jax.named_scope("s3r_quantize")  # names its kernels in profiles and the performance model
 def quantize_rtne(x: jax.Array, scale: jax.Array, fmt: Format = FORWARD_FORMAT) -> jax.Array:
   """int8 codes RTNE(x * (1/scale)), clipped to [-127, 127] (codes of `fmt`, rounded to nearest, for
   another format); `scale` broadcasts against x.
