@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> dict:
     perfmodel_programs.run_compile(args)
     return {}
   if args.action == "kernels":
-    return {"path": write_kernels(pathlib.Path(args.hlo_dir), pathlib.Path(args.out or "runs/perfmodel/kernels.json.gz"))}
+    return {
+      "path": write_kernels(pathlib.Path(args.hlo_dir), pathlib.Path(args.out or "runs/perfmodel/kernels.json.gz"))
+    }
   if not args.kernels:
     raise SystemExit(f"perfmodel {args.action}: --kernels FILE is required")
   if args.action == "validate":
@@ -112,6 +114,8 @@ def _predict(args: argparse.Namespace) -> dict:
   name = f"perfmodel_predict_{args.target}" + (f"_{args.tag}" if args.tag else "")
   run_ = Run(name, args.out_dir, title=f"python -m benchmarks perfmodel predict --target {args.target}",
              target=args.target, kernels=args.kernels, fit=args.fit, baseline=args.baseline)  # fmt: skip
-  paths = run_.write(result, perfmodel_report.predict_markdown(result), chart=lambda p: perfmodel_report.chart(result, p))
+  paths = run_.write(
+    result, perfmodel_report.predict_markdown(result), chart=lambda p: perfmodel_report.chart(result, p)
+  )
   log(f"[perfmodel] wrote {', '.join(map(str, paths.values()))}")
   return result

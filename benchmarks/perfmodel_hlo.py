@@ -242,7 +242,11 @@ class Module:
   def _is_condition(self, name: str) -> bool:
     if not hasattr(self, "_conditions"):
       self._conditions = {
-        m.group(1) for c in self.comps.values() for i in c.instrs for m in [re.search(r"condition=%([\w.\-]+)", i.attrs)] if m
+        m.group(1)
+        for c in self.comps.values()
+        for i in c.instrs
+        for m in [re.search(r"condition=%([\w.\-]+)", i.attrs)]
+        if m
       }
     return name in self._conditions
 
@@ -269,7 +273,7 @@ class Module:
         flops, dtype, shape = self._dot_flops(*found)
         return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
       ops = self._vector_ops(callee) if callee else Counter()
-      return Kernel(ins.name, "memory", count, io, vector_ops=dict(ops), group=scope or "other")
+      return Kernel(ins.name, "memory", count, io, vector_ops=dict(ops), group=scope or _unscoped(ins, ops))
     if op in ("dot", "convolution"):
       flops, dtype, shape = self._dot_flops(ins, comp)
       return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
@@ -301,6 +305,16 @@ class Module:
         flops *= 2.5
       return Kernel(ins.name, "attention", count, io, flops, "bf16", group="attention")
     return Kernel(ins.name, "memory", count, io, group=scope or "other")
+
+
+def _unscoped(ins, ops: Counter) -> str:
+  """The group of a fusion without named scopes (programs of older revisions): random bits hashed in u32
+  (the thresholds), else int8 / FP8 codes written (a quantizer), else other."""
+  if ops.get("u32", 0) > 0.5 * sum(ops.values()):
+    return "s3r_threshold"
+  if any(dt in ("s8", *FP8) for dt, _ in _ARRAY_RE.findall(ins.type_text)):
+    return "s3r_quantize"
+  return "other"
 
 
 def kernels(text: str, tpu: bool = False) -> list[Kernel]:

@@ -70,7 +70,12 @@ def compile_programs(
                 array((tokens, hidden), jnp.bfloat16), key)  # fmt: skip
       else:
         fn = _module("s3r.bench.quantizer", "benchmarks.quantizer").make_quantizer(recipe)
-        args = (array((tokens, ffn_dim), jnp.bfloat16), array((tokens,), jnp.float32), array((ffn_dim,), jnp.float32), key)
+        args = (
+          array((tokens, ffn_dim), jnp.bfloat16),
+          array((tokens,), jnp.float32),
+          array((ffn_dim,), jnp.float32),
+          key,
+        )
       t0 = time.perf_counter()
       compiled = fn.lower(*args).compile(compiler_options=options)
       name = f"{target}_{program}_{shape}_T{tokens}_{recipe}"

@@ -15,8 +15,8 @@ from benchmarks import perfmodel_validate as pv
 from labtools.paper import PAPER_TABLE_IV_MS
 from labtools.results import markdown_table
 
-GROUP_ORDER = ("gemm bf16", "gemm f32", "gemm s8", "gemm f8", "gemm mixed", "attention", "s3r_quantize", "s3r_threshold",
-               "s3r_ec", "optimizer", "collectives", "other")  # fmt: skip
+GROUP_ORDER = ("gemm bf16", "gemm f32", "gemm s8", "gemm f8", "gemm mixed", "attention", "s3r_quantize",
+               "s3r_threshold", "s3r_ec", "optimizer", "collectives", "other")  # fmt: skip
 GROUP_NAMES = {
   "gemm bf16": "GEMM bf16", "gemm f32": "GEMM f32 (TF32)", "gemm s8": "GEMM int8", "gemm f8": "GEMM FP8",
   "gemm mixed": "GEMM mixed types", "attention": "attention", "s3r_quantize": "quantizers",
@@ -65,8 +65,11 @@ def _h200_table(r: dict) -> list[str]:
     where = ""
     if extra:
       top = sorted(extra["by_group_s"].items(), key=lambda kv: -abs(kv[1]))[:2]
-      where = (f"{1e3 * extra['measured_s']:+.2f} / {1e3 * extra['predicted_s']:+.2f} ms ("
-               + ", ".join(f"{GROUP_NAMES.get(g, g)} {1e3 * v:+.2f}" for g, v in top) + ")")
+      where = (
+        f"{1e3 * extra['measured_s']:+.2f} / {1e3 * extra['predicted_s']:+.2f} ms ("
+        + ", ".join(f"{GROUP_NAMES.get(g, g)} {1e3 * v:+.2f}" for g, v in top)
+        + ")"
+      )
     rows.append([x["shape"], x["recipe"] + (" (fitted)" if x["fitted"] else ""), f"{1e3 * x['measured_s']:.2f}",
                  f"{1e3 * x['predicted_s']:.2f}", f"{x['measured_speedup']:.2f}", f"{x['predicted_speedup']:.2f}",
                  band, _pct(x["error"]), where])  # fmt: skip
@@ -77,11 +80,16 @@ def _h200_table(r: dict) -> list[str]:
   q = r.get("quantizer")
   if q and q["rows"]:
     s = q["summary"]
-    out += [f"## Quantizer programs (nothing fitted on them): median |error| {100 * s['median_abs']:.1f}%, worst "
-            f"{100 * s['worst_abs']:.1f}% over {s['points']} (pass at most 25%: {'pass' if q['passed'] else 'MISS'})", ""]
-    rows = [[x["shape"], x["program"], f"{1e3 * x['measured_s']:.3f}", f"{1e3 * x['predicted_s']:.3f}", _pct(x["error"])]
-            for x in q["rows"]]  # fmt: skip
-    out += [markdown_table(["shape", "program", "measured ms", "predicted ms", "error"], rows, ["l", "l", "r", "r", "r"])]
+    out += [
+      f"## Quantizer programs (nothing fitted on them): median |error| {100 * s['median_abs']:.1f}%, worst "
+      f"{100 * s['worst_abs']:.1f}% over {s['points']} (pass at most 25%: {'pass' if q['passed'] else 'MISS'})",
+      "",
+    ]
+    ms = lambda v: f"{1e3 * v:.3f}"
+    rows = [[x["shape"], x["program"], ms(x["measured_s"]), ms(x["predicted_s"]), _pct(x["error"])] for x in q["rows"]]
+    out += [
+      markdown_table(["shape", "program", "measured ms", "predicted ms", "error"], rows, ["l", "l", "r", "r", "r"])
+    ]
   return out
 
 
@@ -91,7 +99,9 @@ def _v5p_table(r: dict) -> list[str]:
     label = x["recipe"] + (" (fitted)" if x["fitted"] else "")
     if "paper_speedup" in x:
       band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]"
-      rows.append([x["shape"], label, f"{x['paper_speedup']:.2f}", f"{x['predicted_speedup']:.2f}", band, _pct(x["error"])])
+      rows.append(
+        [x["shape"], label, f"{x['paper_speedup']:.2f}", f"{x['predicted_speedup']:.2f}", band, _pct(x["error"])]
+      )
     else:
       rows.append([x["shape"], label + " overhead over s3r", f"{x['paper_overhead_pct']:+.1f}%",
                    f"{x['predicted_overhead_pct']:+.1f}%", "", ""])  # fmt: skip
@@ -144,7 +154,8 @@ def predict(kernels: pathlib.Path, fit_file: pathlib.Path, target: str, baseline
       ratio_draws = base_draws / np.array([pm.program_seconds(ks, t, d) for d in draws])
       row = {"model": model, "recipe": rec, "seconds": secs, "ratio": pm.program_seconds(base, t, c) / secs,
              "band": [float(np.percentile(ratio_draws, 5)), float(np.percentile(ratio_draws, 95))],
-             "breakdown_s": pm.breakdown(ks, t, c), "gemm_types": sorted({k.dtype for k in ks if k.kind == "gemm"})}  # fmt: skip
+             "breakdown_s": pm.breakdown(ks, t, c),
+             "gemm_types": sorted({k.dtype for k in ks if k.kind == "gemm"})}  # fmt: skip
       if FP8_RECIPE in recipes and rec != FP8_RECIPE:
         row["ratio_vs_fp8"] = pm.program_seconds(recipes[FP8_RECIPE], t, c) / secs
       out.append(row)
@@ -170,7 +181,8 @@ def predict_markdown(r: dict) -> str:
     rows.append([x["model"], x["recipe"], f"{1e3 * x['seconds']:,.0f}", f"{x['ratio']:.2f}",
                  f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]", "" if extra is None else f"{extra:.2f}"]
                 + [f"{1e3 * x['breakdown_s'].get(g, 0.0):,.0f}" for g in groups])  # fmt: skip
-  return (f"Predicted by the model (not measured) for {pm.target(r['target']).title}, constants fitted in {r['fit']}.\n\n"
+  title = pm.target(r["target"]).title
+  return (f"Predicted by the model (not measured) for {title}, constants fitted in {r['fit']}.\n\n"
           + markdown_table(head, rows, ["l", "l"] + ["r"] * (len(head) - 2)) + "\n")  # fmt: skip
 
 

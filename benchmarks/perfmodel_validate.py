@@ -88,9 +88,14 @@ def h200(kernels_file: pathlib.Path, ffn_json: pathlib.Path, quantizer_json: pat
       row["error"] = _rel(row["predicted_speedup"], row["measured_speedup"])
       if r not in FITTED_H200:
         errors.append(row["error"])
-        row["band"] = pm.band(fit, lambda c_, s=s, r=r: pm.program_seconds(ks(s, "bf16"), t, c_) / pm.program_seconds(ks(s, r), t, c_))
-        row["extra_vs_int8_rtne"] = {"measured_s": meas[r] - meas["int8_rtne"], "predicted_s": pred[r] - pred["int8_rtne"],
-                                     "by_group_s": _group_extra(ks(s, r), ks(s, "int8_rtne"), t, c)}  # fmt: skip
+        row["band"] = pm.band(
+          fit, lambda c_, s=s, r=r: pm.program_seconds(ks(s, "bf16"), t, c_) / pm.program_seconds(ks(s, r), t, c_)
+        )
+        row["extra_vs_int8_rtne"] = {
+          "measured_s": meas[r] - meas["int8_rtne"],
+          "predicted_s": pred[r] - pred["int8_rtne"],
+          "by_group_s": _group_extra(ks(s, r), ks(s, "int8_rtne"), t, c),
+        }
       rows.append(row)
   out = {"target": "h200", "kernels": meta, "fit": fit.as_dict(), "rows": rows, "summary": _summary(errors)}
   out["order_misses"] = misses
@@ -117,10 +122,16 @@ def _quantizers(programs: dict, path: pathlib.Path, t: pm.Target, c: pm.Constant
       if key not in programs:
         continue
       pred, meas = pm.program_seconds(programs[key], t, c), v["timing"]["median_s"]
-      rows.append({"shape": r["shape"], "program": name, "measured_s": meas, "predicted_s": pred, "error": _rel(pred, meas)})
+      rows.append(
+        {"shape": r["shape"], "program": name, "measured_s": meas, "predicted_s": pred, "error": _rel(pred, meas)}
+      )
       errors.append(_rel(pred, meas))
   summary = _summary(errors) if errors else {}
-  return {"rows": rows, "summary": summary, "passed": bool(errors) and summary["median_abs"] <= PASS["quantizer_median"]}
+  return {
+    "rows": rows,
+    "summary": summary,
+    "passed": bool(errors) and summary["median_abs"] <= PASS["quantizer_median"],
+  }
 
 
 # --- TPU v5p ------------------------------------------------------------------------------------
