@@ -101,4 +101,21 @@ def run_compile(args) -> None:
   unknown = [s for s in shapes if s not in FFN_SHAPES]
   if unknown:
     raise SystemExit(f"--shapes: unknown {', '.join(unknown)} (of {', '.join(FFN_SHAPES)})")
-  compile_programs(args.target, args.program, recipes, shapes, args.tokens, hlo_dir, options)
+  rows = compile_programs(args.target, args.program, recipes, shapes, args.tokens, hlo_dir, options)
+  _record(hlo_dir, where, args, rows)
+
+
+def _record(hlo_dir: pathlib.Path, where: pathlib.Path, args, rows: list[dict]) -> None:
+  """Appends what was compiled, from which revision of s3r and by which command, to hlo_dir/manifest.json."""
+  import json
+  import subprocess
+
+  from labtools.results import run_metadata
+
+  git = lambda *a: subprocess.run(["git", "-C", str(where), *a], capture_output=True, text=True).stdout.strip()
+  entry = {"target": args.target, "program": args.program, "tokens": args.tokens, "programs": [r["hlo"] for r in rows],
+           "s3r_revision": git("rev-parse", "HEAD"), "s3r_dirty": bool(git("status", "--porcelain", "--", "s3r")),
+           "made_by": run_metadata()}  # fmt: skip
+  path = hlo_dir / "manifest.json"
+  entries = json.loads(path.read_text()) if path.is_file() else []
+  path.write_text(json.dumps([*entries, entry], indent=1) + "\n")
