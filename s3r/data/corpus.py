@@ -74,6 +74,7 @@ class _Source:
   train: list[str]
   val: dict[str, list[str]]
   files: dict[str, list[pathlib.Path]]
+  text_column: str | None = None  # the column (JSON field) the texts came from; None: "text"
 
 
 def prepare(
@@ -84,6 +85,7 @@ def prepare(
   val_fraction: float = 0.05,
   max_train_docs: int | None = None,
   tokenizer: Tokenizer | None = None,
+  text_column: str | None = None,
   log: Callable[[str], None] = print,
 ) -> Corpus:
   """Read a corpus, train (or reuse) its tokenizer, and encode every split.
@@ -92,6 +94,8 @@ def prepare(
   keeps only the first that many training documents (for quick runs); the
   validation sets are unaffected. ``tokenizer`` (e.g. a released model's):
   encode with it instead of training one (``vocab_size`` is then unused). The
+  ``text_column``: the column (JSON field) holding the text of Parquet, Arrow and
+  JSON-lines files (``text`` when None). The
   tokenizer and every token array are cached in ``cache_dir`` under a hash of
   their inputs, so a second call on the same corpus only reads and hashes the
   text. Raises :class:`DataError` for problems with the data and
@@ -106,7 +110,7 @@ def prepare(
   data = None if data is None else os.fspath(data)
   cache = pathlib.Path(cache_dir)
   root, how = sources.locate_data_root()
-  src = _select_source(data, root, how, val_fraction, max_train_docs, log)
+  src = _select_source(data, root, how, val_fraction, max_train_docs, log, text_column)
   if tokenizer is None:
     tok, tok_info = cached_tokenizer(src.train, vocab_size, cache, log)
   else:
@@ -154,22 +158,35 @@ def _corpus_info(
     "dtype": arrays["train"].dtype.name,
     "val_fraction": val_fraction,
     "max_train_docs": max_train_docs,
+    "text_column": src.text_column,
     "tokenizer": tok_info,
     "token_cache": cache_info,
   }
 
 
 def select_documents(
-  data: str | None, *, val_fraction: float = 0.05, max_train_docs: int | None = None, log: Callable[[str], None] = print
+  data: str | None,
+  *,
+  val_fraction: float = 0.05,
+  max_train_docs: int | None = None,
+  text_column: str | None = None,
+  log: Callable[[str], None] = print,
 ) -> _Source:
   """The documents of each split of ``data`` exactly as :func:`prepare` chooses them
   (``.train``, ``.val``), without tokenizing; e.g. to compare a corpus with a run's training data."""
   root, how = sources.locate_data_root()
-  return _select_source(None if data is None else os.fspath(data), root, how, val_fraction, max_train_docs, log)
+  data = None if data is None else os.fspath(data)
+  return _select_source(data, root, how, val_fraction, max_train_docs, log, text_column)
 
 
 def _select_source(
-  data: str | None, root: pathlib.Path | None, how: str, val_fraction: float, max_train_docs: int | None, log
+  data: str | None,
+  root: pathlib.Path | None,
+  how: str,
+  val_fraction: float,
+  max_train_docs: int | None,
+  log,
+  text_column: str | None = None,
 ) -> _Source:
   """Decide which documents make up each split (see module docstring)."""
   enwiki = root / ENWIKI_NAME if root else None
@@ -195,8 +212,9 @@ def _select_source(
   else:
     path = resolve_data_path(data, root, how)
     files = sources.resolve_files(path)
-    docs = list(sources.read_files(files, path))
+    docs = list(sources.read_files(files, path, text_column))
     src = _hash_split_source(data, files, docs, val_fraction, max_train_docs)
+    src.text_column = text_column
     log(
       f"data: {data}: {len(files)} file(s), {len(docs):,} documents, split by "
       f"document hash into {len(src.train):,} train / {len(src.val['val']):,} val"

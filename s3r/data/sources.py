@@ -11,6 +11,10 @@ Supported file formats (chosen by file name):
   Blank lines are skipped.
 * ``.py`` -- each file is one document (decoded as UTF-8, undecodable bytes
   replaced); used for the Python-standard-library fallback corpus.
+* ``.parquet``, ``.arrow`` and folders written by Hugging Face ``datasets``'
+  ``save_to_disk`` -- one document per row, from its ``text`` column (or the
+  column ``text_column`` names; it also names the field of JSON records), read a
+  record batch at a time with pyarrow (:mod:`s3r.data.arrow`).
 
 Whitespace-only documents are skipped everywhere.
 """
@@ -27,9 +31,10 @@ import sysconfig
 import zlib
 from collections.abc import Iterator
 
+from s3r.data import arrow
 from s3r.data.errors import DataError
 
-SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json.gz", ".py")
+SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json.gz", ".py", arrow.PARQUET_SUFFIX, arrow.ARROW_SUFFIX)
 DATA_DIR_ENV = "S3R_DATA"
 
 # Two or more consecutive blank lines separate documents in a .txt file.
@@ -49,7 +54,8 @@ def resolve_files(path: str | os.PathLike) -> list[pathlib.Path]:
   """Expand a file, glob, or directory into a sorted list of supported files.
 
   A directory is searched recursively (hidden entries and ``__pycache__``
-  skipped); files are sorted by their path relative to it. Raises
+  skipped); files are sorted by their path relative to it. A folder written by
+  ``datasets``' ``save_to_disk`` gives its Arrow files in its own order. Raises
   :class:`DataError` if the path does not exist, matches no supported file,
   or names a single file of an unsupported type.
   """
@@ -59,6 +65,8 @@ def resolve_files(path: str | os.PathLike) -> list[pathlib.Path]:
     if not is_supported(p):
       raise DataError(f"unsupported file type: {text} (supported: {', '.join(SUPPORTED_SUFFIXES)})")
     return [p]
+  if arrow.is_dataset_folder(p):
+    return arrow.dataset_files(p)
   if p.is_dir():
     files = sorted(f for f in p.rglob("*") if f.is_file() and is_supported(f) and not _hidden(f.relative_to(p)))
     if not files:
@@ -86,7 +94,7 @@ def _hidden(rel: pathlib.Path) -> bool:
   return any(part.startswith(".") or part == "__pycache__" for part in rel.parts)
 
 
-def read_documents(path: str | os.PathLike) -> Iterator[str]:
+def read_documents(path: str | os.PathLike, text_column: str | None = None) -> Iterator[str]:
   """Yield the non-empty documents of a file, glob, or directory, in order.
 
   Formats (by name): ``.txt`` (split into documents at two or more
@@ -99,13 +107,15 @@ def read_documents(path: str | os.PathLike) -> Iterator[str]:
   the call); file contents are read lazily. Problems found while reading
   (bad JSON, a record without ``"text"``, bad UTF-8 or gzip, or a corpus
   with no non-empty document at all) raise :class:`DataError` naming the
-  file and, for JSON, the line number.
+  file and, for JSON, the line number. ``text_column``: the column (the JSON
+  field) that holds the text of Parquet, Arrow and JSON-lines files, ``text``
+  when None.
   """
   files = resolve_files(path)
-  return read_files(files, os.fspath(path))
+  return read_files(files, os.fspath(path), text_column)
 
 
-def read_files(files: list[pathlib.Path], label: str | pathlib.Path) -> Iterator[str]:
+def read_files(files: list[pathlib.Path], label: str | pathlib.Path, text_column: str | None = None) -> Iterator[str]:
   """Yield the non-empty documents of ``files`` in order.
 
   Raises :class:`DataError` (naming ``label``) after the last file if there
@@ -113,27 +123,29 @@ def read_files(files: list[pathlib.Path], label: str | pathlib.Path) -> Iterator
   """
   n = 0
   for f in files:
-    for doc in read_file_documents(f):
+    for doc in read_file_documents(f, text_column):
       n += 1
       yield doc
   if n == 0:
     raise DataError(f"corpus {label} is empty: no non-empty document in {len(files)} file(s)")
 
 
-def read_file_documents(path: pathlib.Path) -> Iterator[str]:
+def read_file_documents(path: pathlib.Path, text_column: str | None = None) -> Iterator[str]:
   """Yield the non-empty documents of one supported file (see module doc)."""
   name = path.name.lower()
   try:
-    if name.endswith(".py"):
+    if name.endswith((arrow.PARQUET_SUFFIX, arrow.ARROW_SUFFIX)):
+      yield from arrow.read_columnar_documents(path, text_column)
+    elif name.endswith(".py"):
       yield from _nonempty([path.read_bytes().decode("utf-8", errors="replace")])
     elif name.endswith(".txt"):
       yield from _nonempty(split_text_documents(_read_utf8(path)))
     elif name.endswith(".gz"):
       with gzip.open(path, "rb") as fh:
-        yield from _nonempty(_jsonl_texts(fh, path))
+        yield from _nonempty(_jsonl_texts(fh, path, text_column))
     else:
       with open(path, "rb") as fh:
-        yield from _nonempty(_jsonl_texts(fh, path))
+        yield from _nonempty(_jsonl_texts(fh, path, text_column))
   except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
     raise DataError(f"cannot read {path}: {e}") from None
 
@@ -160,7 +172,7 @@ def _nonempty(docs) -> Iterator[str]:
       yield doc
 
 
-def _jsonl_texts(lines, path: pathlib.Path) -> Iterator[str]:
+def _jsonl_texts(lines, path: pathlib.Path, text_column: str | None = None) -> Iterator[str]:
   """Yield the text of each JSON line (bytes lines), with file:line errors."""
   for lineno, raw in enumerate(lines, start=1):
     try:
@@ -173,24 +185,25 @@ def _jsonl_texts(lines, path: pathlib.Path) -> Iterator[str]:
       record = json.loads(line)
     except json.JSONDecodeError as e:
       raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-    yield _record_text(record, path, lineno)
+    yield _record_text(record, path, lineno, text_column)
 
 
-def _record_text(record, path: pathlib.Path, lineno: int) -> str:
+def _record_text(record, path: pathlib.Path, lineno: int, text_column: str | None = None) -> str:
+  field = text_column or "text"
   if not isinstance(record, dict):
-    raise DataError(f'{path}:{lineno}: expected a JSON object with a "text" field, got {type(record).__name__}')
-  if "text" in record:
-    text = record["text"]
-  elif "prefix" in record and "gold_completion" in record:
+    raise DataError(f'{path}:{lineno}: expected a JSON object with a "{field}" field, got {type(record).__name__}')
+  if field in record:
+    text = record[field]
+  elif text_column is None and "prefix" in record and "gold_completion" in record:
     prefix, completion = record["prefix"], record["gold_completion"]
     if isinstance(prefix, str) and isinstance(completion, str):
       return prefix + completion
     raise DataError(f'{path}:{lineno}: "prefix" and "gold_completion" must be strings')
   else:
     keys = ", ".join(sorted(map(str, record))) or "none"
-    raise DataError(f'{path}:{lineno}: JSON record has no "text" field (keys: {keys})')
+    raise DataError(f'{path}:{lineno}: JSON record has no "{field}" field (keys: {keys})')
   if not isinstance(text, str):
-    raise DataError(f'{path}:{lineno}: "text" must be a string, got {type(text).__name__}')
+    raise DataError(f'{path}:{lineno}: "{field}" must be a string, got {type(text).__name__}')
   return text
 
 

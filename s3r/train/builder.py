@@ -128,6 +128,7 @@ def prepare_data(cfg: TrainConfig, log=print) -> s3r_data.Corpus:
     vocab_size=cfg.vocab_size,
     cache_dir=cfg.cache_dir,
     max_train_docs=cfg.max_train_docs,
+    text_column=cfg.text_column,
     tokenizer=None if cfg.init_from is None else hf_tokenizer(cfg),
     log=log,
   )

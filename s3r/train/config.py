@@ -125,10 +125,18 @@ class TrainConfig:
   )
   data: str | None = _flag(
     None,
-    "corpus: a file, directory or glob of .txt/.jsonl(.gz) files, or a name: enwiki, shakespeare "
+    "corpus: a file, directory or glob of .txt/.jsonl(.gz)/.parquet files, a folder written by Hugging Face "
+    "datasets' save_to_disk (.parquet and datasets folders need pyarrow: pip install 's3r[parquet]'), or a name: "
+    "enwiki, shakespeare "
     "(folders of the data root: $S3R_DATA, else ../shared/data beside the repository) or "
     "python-stdlib, which needs no data",
     default_help="enwiki if the data root has it, else python-stdlib",
+  )
+  text_column: str | None = _flag(
+    None,
+    "the column of a .parquet file or datasets folder (the field of a .jsonl record) that holds the text",
+    default_help="text",
+    metavar="NAME",
   )
   vocab: int | None = _flag(None, "tokenizer vocabulary size", default_help="the preset's vocabulary")
   max_train_docs: int | None = _flag(None, "use only the first N training documents")
@@ -204,6 +212,8 @@ class TrainConfig:
       raise _error("seq", f"<= {MAX_SEQ:,}", self.seq)
     if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
       raise _error("lr", f"a finite number in (0, {MAX_LR:g}]", self.lr)
+    if self.text_column is not None and (not isinstance(self.text_column, str) or not self.text_column.strip()):
+      raise _error("text_column", "a column name (or unset)", self.text_column)
     for field in ("max_train_docs", "init_layers", "keep_every"):
       value = getattr(self, field)
       if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -142,7 +142,9 @@ def training_overlap(docs: list[str], cfg: TrainConfig) -> int:
   digest = lambda d: hashlib.blake2b(d.encode("utf-8", "surrogatepass"), digest_size=16).digest()
   train = {
     digest(d)
-    for d in s3r_corpus.select_documents(cfg.data, max_train_docs=cfg.max_train_docs, log=lambda *_: None).train
+    for d in s3r_corpus.select_documents(
+      cfg.data, max_train_docs=cfg.max_train_docs, text_column=cfg.text_column, log=lambda *_: None
+    ).train
   }
   return sum(digest(d) in train for d in docs)
 
@@ -184,7 +186,7 @@ def evaluate_checkpoint(
       raise ConfigError(changed)
     val = corpus.val_tokens
   else:
-    docs = _eval_documents(data, log)
+    docs = _eval_documents(data, log, cfg.text_column)
     if overlap := training_overlap(docs, cfg):
       warn(
         f"{overlap} of the {len(docs)} documents of {data} are training documents of this run: "
@@ -276,7 +278,8 @@ def _restore(ckpt: checkpoint.Checkpointer, setup: Setup, step: int | None, log)
     raise ConfigError(str(e)) from None
 
 
-def _eval_documents(data: str, log) -> list[str]:
+def _eval_documents(data: str, log, text_column: str | None = None) -> list[str]:
+  """The documents of `data` (a Parquet, Arrow or JSON-lines corpus: its column `text_column`, the run's)."""
   if data == s3r_corpus.STDLIB_NAME:
     return s3r_corpus.select_documents(data, log=log).val["val"]
-  return list(s3r_data.read_documents(s3r_corpus.resolve_data_path(data)))
+  return list(s3r_data.read_documents(s3r_corpus.resolve_data_path(data), text_column))
