@@ -47,6 +47,7 @@ import numpy as np
 from s3r.quant import (
   arguments,
   backward,
+  bf16,
   ec,
   explicit,
   formats,
@@ -91,8 +92,9 @@ def qmatmul(
       product to the output dtype and sums the t partials in it, as the paper's TPU runs do;
       otherwise (and always with None) the partial sums stay exact int32 accumulators.
     compute_dtype: the operand dtype of the unquantized recipe (`bf16`): None or bfloat16 (bf16
-      operands, f32 accumulation), or float32 (f32 operands at full precision, e.g. a float32
-      evaluation; its partial sums under `tp` stay exact). The INT8 recipes ignore it.
+      operands and f32 accumulation in the forward, dX and dW GEMMs; see bf16.py), or float32
+      (f32 operands at full precision, e.g. a float32 evaluation; its partial sums under `tp`
+      stay exact). The INT8 recipes ignore it.
 
   Under a mesh with Explicit axes (`jax.set_mesh`), the result is sharded as `x @ w` would be
   (x's leading dims, w's N unless x uses its mesh axis) and the gradients as x and w.
@@ -132,12 +134,9 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
   if not recipe.quantized and operands == np.float32:
     y = jnp.matmul(x.astype(operands), w.astype(operands), precision=arguments.float_precision(operands))
     return y.astype(x.dtype)
-  if not recipe.quantized:
-    if tp_split is not None:  # bf16 partial sums per shard for the baseline too
-      y = tensor_parallel.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
-      return y.reshape(x.shape[:-1] + (w.shape[1],))
-    y = jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-    return y.astype(x.dtype)
+  if not recipe.quantized:  # bf16 operands and f32 accumulation in all three GEMMs (see bf16.py)
+    y = bf16.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
+    return y.reshape(x.shape[:-1] + (w.shape[1],))
   y_BxSxN = _qmatmul(recipe, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), _as_examples(x), w, key)
   return y_BxSxN.reshape(x.shape[:-1] + (w.shape[1],))
 

@@ -21,7 +21,6 @@ Dimension letters: t shards, M rows, C the contracted dimension, N columns.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import jax
@@ -93,49 +92,3 @@ def split_contraction(
   part_txMxN = rescale(acc_txMxN.astype(jnp.float32)).astype(dtype)
   # lax.reduce, not jnp.sum: jnp.sum would upcast bf16 to f32 for the sum (and the all-reduce).
   return lax.reduce(part_txMxN, np.array(0, dtype), lax.add, (0,))
-
-
-# --- the bf16 recipe under tensor parallelism: bf16_matmul, _bf16_fwd, _bf16_bwd, defvjp ----------
-# A custom VJP because the GEMM with partial sums is the forward one for a row split but dX for
-# a column split; autodiff would reduce dX's partial sums in f32.
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def bf16_matmul(
-  x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype
-) -> jax.Array:
-  """x @ w in x's dtype with bf16 operands and f32 accumulation, each shard's partial product
-  rounded to x's dtype before the cross-shard sum (the forward for a row split, dX for a
-  column split). `x_dtype` and `w_dtype` are the operands' dtypes (static)."""
-  return _bf16_fwd(x_TxK, w_KxN, tp, x_dtype, w_dtype)[0]
-
-
-def _bf16_fwd(
-  x_TxK: jax.Array, w_KxN: jax.Array, tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """(Y [T, N] in x's dtype, the bf16 operands (X, W) as residuals)."""
-  del w_dtype
-  xb, wb = x_TxK.astype(jnp.bfloat16), w_KxN.astype(jnp.bfloat16)
-  if tp.kind == "row":
-    y = split_contraction(xb, wb, tp, b_transposed=False, rescale=lambda acc: acc, dtype=x_dtype)
-  else:
-    y = jnp.matmul(xb, wb, preferred_element_type=jnp.float32).astype(x_dtype)
-  return y, (xb, wb)
-
-
-def _bf16_bwd(
-  tp: TensorParallel, x_dtype: np.dtype, w_dtype: np.dtype, res: tuple[jax.Array, jax.Array], g_TxN: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-  """(dX [T, K] in x's dtype, dW [K, N] in w's dtype)."""
-  xb, wb = res
-  gb = g_TxN.astype(jnp.bfloat16)
-  if tp.kind == "column":
-    dx = split_contraction(gb, wb, tp, b_transposed=True, rescale=lambda acc: acc, dtype=x_dtype)
-  else:
-    dx = jnp.matmul(gb, wb.T, preferred_element_type=jnp.float32).astype(x_dtype)
-  # rounded to bf16 like autodiff of the unsplit bf16 recipe (the cotangent of w's bf16 cast)
-  dw = jnp.matmul(xb.T, gb, preferred_element_type=jnp.float32).astype(jnp.bfloat16).astype(w_dtype)
-  return dx, dw
-
-
-bf16_matmul.defvjp(_bf16_fwd, _bf16_bwd)

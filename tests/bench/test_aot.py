@@ -164,6 +164,21 @@ def test_a_tiny_train_step_compiles_for_the_h100_with_int8_triton_gemms_and_cudn
   assert not any("s8" in k for k in by["bf16"]["hlo"]["gemms"])
 
 
+@pytest.mark.slow
+@needs_plugin
+def test_every_projection_gemm_of_the_bf16_ffn_block_and_train_step_takes_bf16_operands_for_the_h100(tmp_path):
+  # Forward, dX and dW on bf16 operands with f32 accumulation (s3r/quant/bf16.py), as a bf16 dense layer of Flax
+  # computes them. The train step's other GEMMs (the f32 logits' backward, attention) are every recipe's: the
+  # int8 recipe's program has the same f32 x f32 ones.
+  ffn = _aot(tmp_path / "ffn", "--program", "ffn", "--shapes", "W1", "--tokens", "16384", "--recipes", "bf16")
+  assert ffn[0]["hlo"]["gemms"] == {"triton_gemm bf16 x bf16": 8}, ffn[0]["hlo"]["gemms"]  # gate, up merged fwd
+  args = ["--program", "step", "--preset", "tiny", "--layers", "1", "--batch", "2", "--seq", "64"]
+  step = {r["recipe"]: r["hlo"]["gemms"] for r in _aot(tmp_path / "step", *args, "--recipes", "bf16,int8_rtne")}
+  bf16, f32, int8 = "triton_gemm bf16 x bf16", "triton_gemm f32 x f32", step["int8_rtne"]
+  assert set(step["bf16"]) == {"cudnn_attention", bf16, f32} and step["bf16"][f32] == int8[f32], step
+  assert step["bf16"][bf16] == int8["triton_gemm s8 x s8"] + int8.get(bf16, 0), step  # each int8 GEMM a bf16 one
+
+
 def _without_fp8(gemms: dict[str, int], native: str) -> dict[str, int]:
   """The GEMM census without the GEMMs on two operands of the `native` kind (FP8, or s8)."""
   types = aot_report.FP8_TYPES if native == "f8" else ("s8",)

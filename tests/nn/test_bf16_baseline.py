@@ -1,15 +1,16 @@
 """The `bf16` recipe through every adapter trains like the unmodified model, to bf16 rounding.
 
 The bf16 recipe rounds both operands of every projection to bf16 (f32 accumulation) and, in the
-backward, dX and dW to bf16. How far that may move a training run is measured with a model of those
-roundings (Monte Carlo arithmetic): the same adapter with `qmatmul` replaced by an f32 product whose
-operands, and whose dX and dW, are multiplied by (1 + u e), e uniform on [-1, 1] and drawn anew per
-element, call and step, u = 2^-8 the largest relative error of a bf16 rounding. D such runs give,
-per step, the RMS deviation sigma of the loss from the unmodified model's run (same init, batch,
-Adam). The bf16 run must stay within K sigma of it at every step: if its deviation is a draw of the
-rounding model's, |dev| / sigma is a t variable with D degrees of freedom, beyond K = 10 with
-probability below 1e-5 per check. The rounding model's relative errors have variance u^2/3, the most
-a round-to-nearest bf16 error can have (u^2/12 to u^2/3 across a binade), so sigma errs large.
+backward, the upstream gradient (dX then comes out in the activation dtype, dW in f32). How far that
+may move a training run is measured with a model of those roundings (Monte Carlo arithmetic): the same
+adapter with `qmatmul` replaced by an f32 product whose operands, and whose dX and dW, are multiplied by
+(1 + u e), e uniform on [-1, 1] and drawn anew per element, call and step, u = 2^-8 the largest relative
+error of a bf16 rounding. D such runs give, per step, the RMS deviation sigma of the loss from the
+unmodified model's run (same init, batch, Adam). The bf16 run must stay within K sigma of it at every
+step: if its deviation is a draw of the rounding model's, |dev| / sigma is a t variable with D degrees
+of freedom, beyond K = 10 with probability below 1e-5 per check. The rounding model's relative errors
+have variance u^2/3, the most a round-to-nearest bf16 error can have (u^2/12 to u^2/3 across a
+binade), so sigma errs large.
 Negative control: the unmodified model trained at 1.1x the learning rate leaves that band.
 Per adapter: Linen `s3r.nn.quantize`, NNX `s3r.nn.quantize` (the miniGPT fixture), `quantize_fn`
 on a plain JAX function and on the Equinox fixture. Each compiles three training programs (8-20 s on

@@ -97,12 +97,15 @@ def test_second_derivatives_through_int8_recipes_raise(recipe, transform):
     second()
 
 
-def test_second_derivatives_through_bf16_are_exact():
-  """bf16 is a plain matmul: its Hessian-vector product equals that of the same bf16 expression."""
+def test_second_derivatives_through_bf16_run_on_its_bf16_gemms():
+  """bf16's backward is made of differentiable bf16 GEMMs: the Hessian-vector product of sum(y^2) is
+  Xᵀ bf16(2 X V) on the bf16 operands X and V, f32 accumulation, and within bf16 rounding of the exact one."""
   x = jax.random.normal(jax.random.key(0), (2, 4, K))
   w, v = _w(), jax.random.normal(jax.random.key(7), (K, N))
-  plain = lambda w: jnp.sum(
-    jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32) ** 2
-  )
-  hvp = lambda f: jax.jvp(jax.grad(f), (w,), (v,))[1]
-  np.testing.assert_array_equal(np.asarray(hvp(_loss("bf16"))), np.asarray(hvp(plain)))
+  hvp = lambda f: np.asarray(jax.jvp(jax.grad(f), (w,), (v,))[1])
+  got = hvp(_loss("bf16"))
+  xb, vb = x.reshape(-1, K).astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+  twice_y = (2 * jnp.matmul(xb, vb, preferred_element_type=jnp.float32)).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(got, np.asarray(jnp.matmul(xb.T, twice_y, preferred_element_type=jnp.float32)))
+  exact = hvp(lambda w: jnp.sum(jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST) ** 2))
+  assert 0 < np.linalg.norm(got - exact) < 3 * 2.0**-8 * np.linalg.norm(exact)  # three bf16 roundings: x, v, 2y
