@@ -43,6 +43,8 @@ RESUMABLE_CHANGES = (
   "compile_cache",
   "mesh",
   "profile",
+  "tensorboard",
+  "wandb",
 )
 # Fields that may also change on `--resume` but change the numbers from then on: `steps` may grow (extending a
 # run stretches the cosine schedule to the new total; see `TrainConfig.resume_mismatches`).
@@ -182,6 +184,17 @@ class TrainConfig:
     "TensorBoard's profile plugin (docs/training.md)",
     metavar="START:STOP",
   )
+  tensorboard: bool = _flag(
+    True,
+    "no TensorBoard event files (by default, with tensorboardX installed, <out> holds the scalars of every step: "
+    "tensorboard --logdir <out>)",
+  )
+  wandb: str | None = _flag(
+    None,
+    "also log every step's scalars to this Weights & Biases project (needs the wandb package; "
+    "WANDB_MODE=offline keeps them in <out>/wandb)",
+    metavar="PROJECT",
+  )
 
   def __post_init__(self):
     for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):
@@ -225,6 +238,8 @@ class TrainConfig:
     if not self.out:
       raise _error("out", "a non-empty path", self.out)
     object.__setattr__(self, "lr_changes", _lr_changes(self.lr_changes, self.steps))
+    if self.wandb is not None and not (isinstance(self.wandb, str) and self.wandb.strip()):
+      raise _error("wandb", "a project name", self.wandb)
     if self.profile is not None:
       try:
         parse_steps(self.profile, flag=flag("profile"), last_step=self.steps)

@@ -10,6 +10,8 @@
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
+  events.out.tfevents.*  the same scalars for TensorBoard; wandb/ with --wandb (s3r.train.tracking)
+  profile/         with --profile, the jax.profiler trace of those steps (s3r.train.profiling)
   tokenizer/       with --init-from: the checkpoint's tokenizer files (what `s3r export` writes beside the weights)
   checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C (the last two,
                    and the newest known-good one: s3r.train.recovery)
@@ -77,6 +79,7 @@ from s3r.train.guard import (
 )
 from s3r.train.placement import Batches, is_main_process
 from s3r.train.step import FIRST_NONFINITE_GRAD
+from s3r.train.tracking import RunOutputs, check_trackers
 
 TOKENIZER_DIR = "tokenizer"  # <out>/tokenizer/: the tokenizer files of the --init-from checkpoint
 
@@ -122,6 +125,7 @@ def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) 
   except ConfigError as e:
     raise ConfigError(f"{e}; {resume.mesh_hint(cfg)}") from None
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
+  check_trackers(cfg)
   if cfg.compile_cache:  # a repeated or resumed run loads its compiled programs (--no-compile-cache: never)
     compile_cache.enable(os.path.join(cfg.cache_dir, "xla"))
   else:
@@ -164,6 +168,7 @@ def _remove_if_unused(out: pathlib.Path) -> None:
 def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | None, main: bool, log) -> dict:
   t_start = time.time()
   ckpt = checkpoint.Checkpointer(out / checkpoint.CHECKPOINT_DIR, keep_every=cfg.keep_every)
+  writer: RunOutputs | None = None  # process 0's metrics.jsonl, TensorBoard and W&B
   try:
     resume_step = _resume_step(cfg, ckpt, saved, log)
     if resume_step is not None and saved is not None:
@@ -184,11 +189,10 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       train_step = compile_train_step(setup, cfg, log)
     wall = lambda: wall_before + time.time() - t_start
     meta = lambda: _checkpoint_meta(cfg, setup, loader, corpus, wall())
-    writer = None
     if main:
       _write_config(out, cfg, setup, corpus)
       # a start from step 0 (a fresh run, or one stopped before its first checkpoint) writes step 0 anew
-      writer = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=start if start else -1)
+      writer = RunOutputs(cfg, out, keep_until_step=start if start else -1, log=log)
     throughput = _log_start(cfg, setup, start, log)
     history, initial_val = [], None
     if start == 0:
@@ -210,6 +214,8 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
     raise
   finally:
     ckpt.close()
+    if writer is not None:
+      writer.close()
   if not main:
     return {
       "val_losses": val_losses,
@@ -259,7 +265,7 @@ class _Run:
   loader: s3r_data.BatchLoader
   val_sets: dict
   eval_step: Callable  # (params, batch, key) -> loss, compiled on first use
-  writer: report.MetricsWriter | None
+  writer: RunOutputs | None
   meta: Callable[[], dict]  # () -> checkpoint meta
   wall: Callable[[], float]  # () -> wall-clock seconds of the run so far
   main: bool
@@ -272,7 +278,9 @@ class _Run:
     cfg, val_losses, last_ckpt, step = self.cfg, {}, None, start
     good = recovery.GoodCheckpoints(self.ckpt, resumed_from=start)
     good.saw_validation(self.initial_val)
-    profiler = self.profiler(start)
+    profiler = profiling.step_profiler(
+      pathlib.Path(cfg.out) / profiling.PROFILE_DIR, cfg.profile, resumed_at=start, log=self.log
+    )
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )
@@ -322,16 +330,6 @@ class _Run:
           f"{recovery.latest_intact(self.ckpt, last_ckpt)}; continue with s3r train --out {cfg.out} --resume"
         ) from None
     return val_losses, last_ckpt
-
-  def profiler(self, start: int) -> profiling.StepProfiler:
-    """The --profile steps' tracer (every process traces its own host into <out>/profile)."""
-    steps = profiling.parse_steps(self.cfg.profile) if self.cfg.profile else None
-    profiler = profiling.StepProfiler(
-      pathlib.Path(self.cfg.out) / profiling.PROFILE_DIR, steps, resumed_at=start, log=self.log
-    )
-    if steps:
-      self.log(profiler.describe())
-    return profiler
 
   def _validate(self, bar, step: int, state, metrics: dict, record: dict) -> dict:
     """The validation losses of `state` (added to `record`, and printed)."""

@@ -134,6 +134,15 @@ class StepProfiler:
         self.log(f"profile: wrote {written[-1] if written else self.folder}")
 
 
+def step_profiler(folder: str | pathlib.Path, spec: str | None, *, resumed_at: int = 0, log=None) -> StepProfiler:
+  """The StepProfiler of the steps `spec` ("START:STOP", `parse_steps`; None traces nothing) into `folder`,
+  resuming after step `resumed_at`; says what it will trace through `log`."""
+  profiler = StepProfiler(folder, parse_steps(spec) if spec else None, resumed_at=resumed_at, log=log)
+  if spec and log is not None:
+    log(profiler.describe())
+  return profiler
+
+
 def trace_files(folder: str | pathlib.Path, suffix: str = ".xplane.pb") -> list[pathlib.Path]:
   """The trace files under `folder` (a `trace` or `StepProfiler` folder), oldest session first."""
   return sorted(pathlib.Path(folder).glob(f"plugins/profile/*/*{suffix}"))

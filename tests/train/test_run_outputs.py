@@ -1,14 +1,19 @@
-"""What a run writes beside its losses: achieved TFLOP/s, the --profile trace (once, and across --resume)."""
+"""What a run writes beside its losses: achieved TFLOP/s, TensorBoard events, W&B, the --profile trace; the
+events and the trace hold each step once, across --resume too."""
 
 import dataclasses
 import json
+import pathlib
+import re
+import shlex
 import shutil
 from typing import Any
 
+import numpy as np
 import pytest
 
 from s3r.model import ModelConfig
-from s3r.train import flops, loop, profiling
+from s3r.train import flops, loop, profiling, report, tracking
 from s3r.train.config import ConfigError, TrainConfig
 from tests.faults.conftest import assert_one_line_error, run_in_process
 
@@ -34,13 +39,157 @@ def _config(out, corpus_dir, cache_dir, **overrides) -> TrainConfig:
   return TrainConfig(**{**fields, **overrides})
 
 
+DOCS = pathlib.Path(__file__).parents[2] / "docs" / "training.md"
+
+
+def docs_commands() -> list[str]:
+  """The `s3r train` command lines of the code blocks of docs/training.md (with their VAR=value prefixes)."""
+  blocks = re.findall(r"^```\n(.*?)^```", DOCS.read_text(), flags=re.S | re.M)
+  return [line for block in blocks for line in block.splitlines() if re.match(r"^(\w+=\S+ )*s3r train ", line)]
+
+
+def run_docs_command(command: str, cwd: pathlib.Path, corpus_dir) -> tuple[pathlib.Path, list[str]]:
+  """Runs a docs command as written, in `cwd`, where the data root holds a small corpus as its `enwiki`
+  (the default corpus); (the run folder, the lines it printed)."""
+  root = cwd / "data-root"
+  shutil.copytree(corpus_dir, root / "enwiki")
+  words = shlex.split(command)
+  at = words.index("s3r")
+  env = dict(w.split("=", 1) for w in words[:at])
+  args = words[at + 1 :]
+  proc = run_in_process(*args, cwd=cwd, env={"S3R_DATA": str(root), **env})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return cwd / args[args.index("--out") + 1], proc.stdout.splitlines()
+
+
 @pytest.fixture(scope="module")
-def profiled_run(tmp_path_factory, corpus_dir, cache_dir):
-  """A 6-step tiny run that traces steps 2 and 3; (config, its log lines)."""
-  cfg = _config(tmp_path_factory.mktemp("profiled") / "run", corpus_dir, cache_dir, profile="2:3")
+def profiled_run(tmp_path_factory, corpus_dir):
+  """The run of docs/training.md's TensorBoard and profiling example: tiny, 8 steps, checkpoints at 4 and 8,
+  steps 4-6 traced; (its config, the lines it printed)."""
+  command = next(c for c in docs_commands() if "--profile" in c)
+  out, lines = run_docs_command(command, tmp_path_factory.mktemp("docs"), corpus_dir)
+  cfg = TrainConfig.from_dict(json.loads((out / "config.json").read_text())["train"])
+  return dataclasses.replace(cfg, out=str(out)), lines
+
+
+@pytest.fixture(scope="module")
+def resumed_run(profiled_run, tmp_path_factory):
+  """The profiled run resumed from step 4 (its step-8 checkpoint removed) with --profile 2:6; (config, log)."""
+  cfg, _ = profiled_run
+  copy = dataclasses.replace(cfg, out=str(tmp_path_factory.mktemp("resumed") / "run"), resume=True, profile="2:6")
+  shutil.copytree(cfg.out, copy.out)
+  shutil.rmtree(f"{copy.out}/checkpoints/8")
   lines: list[str] = []
-  loop.train(cfg, log=lines.append)
-  return cfg, lines
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv("S3R_DATA", str(pathlib.Path(cfg.out).parents[1] / "data-root"))
+    loop.train(copy, log=lines.append)
+  return copy, lines
+
+
+def _events(run_dir) -> dict[str, list[tuple[int, float]]]:
+  """(step, value) of every scalar of every event file in `run_dir`, read with TensorBoard's own reader."""
+  accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator", reason="tensorboard")
+  events = accumulator.EventAccumulator(str(run_dir), size_guidance={accumulator.SCALARS: 0})
+  events.Reload()
+  return {name: [(e.step, e.value) for e in events.Scalars(name)] for name in events.Tags()["scalars"]}
+
+
+def _expected_events(run_dir) -> dict[str, list[tuple[int, float]]]:
+  """What the events must hold: every number of metrics.jsonl but the wall time, at its step (as float32)."""
+  expected: dict[str, list[tuple[int, float]]] = {}
+  for r in report.read_metrics(pathlib.Path(run_dir) / report.METRICS_FILE):
+    for key, value in r.items():
+      if key not in ("step", "wall_s"):
+        expected.setdefault(tracking.tag(key), []).append((r["step"], float(np.float32(value))))
+  return expected
+
+
+def test_tensorboard_events_hold_every_metric_of_metrics_jsonl_at_its_step(profiled_run):
+  cfg, lines = profiled_run
+  events = _events(cfg.out)
+  assert events == _expected_events(cfg.out)
+  assert {"train/loss", "train/lr", "train/grad_norm", "val/loss", "perf/tokens_per_s", "perf/step_time_s"} <= set(
+    events
+  )
+  assert [step for step, _ in events["val/loss"]] == [0, 8]
+  assert "tensorboard: runs/tiny (open with: tensorboard --logdir runs/tiny)" in lines  # as the docs say
+
+
+def test_resumed_run_events_hold_each_step_once_and_equal_its_metrics(resumed_run):
+  cfg, _ = resumed_run
+  events = _events(cfg.out)  # every event file of the folder
+  assert events == _expected_events(cfg.out)
+  assert [step for step, _ in events["train/loss"]] == list(range(9))
+  assert len(list(pathlib.Path(cfg.out).glob(tracking.EVENTS_GLOB))) == 1
+
+
+def test_no_tensorboard_writes_no_event_file_but_the_metrics(tmp_path, corpus_dir, cache_dir):
+  cfg = _config(tmp_path, corpus_dir, cache_dir, tensorboard=False)
+  outputs = tracking.RunOutputs(cfg, tmp_path, keep_until_step=-1, log=print)
+  outputs.write({"step": 0, "loss": 5.0, "lr": 0.0})
+  outputs.close()
+  assert list(tmp_path.glob(tracking.EVENTS_GLOB)) == []
+  assert report.read_metrics(tmp_path / report.METRICS_FILE) == [{"step": 0, "loss": 5.0, "lr": 0.0}]
+
+
+@pytest.fixture
+def wandb_offline(monkeypatch):
+  """The wandb module, offline and quiet; its service process is shut down after the test."""
+  wandb = pytest.importorskip("wandb", reason="wandb is an optional extra (pip install 's3r[wandb]')")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  yield wandb
+  wandb.teardown()
+
+
+def test_wandb_offline_run_receives_each_step_once_and_a_resume_continues_it(
+  tmp_path, corpus_dir, cache_dir, wandb_offline
+):
+  cfg = _config(tmp_path, corpus_dir, cache_dir, wandb="s3r-test", tensorboard=False)
+  summaries: list[dict] = []
+  ids = []
+  # a run that recorded steps 0-2, then its resume from a checkpoint of step 1: steps 2 and 3 again
+  for keep_until, steps in ((-1, (0, 1, 2)), (1, (2, 3))):
+    outputs = tracking.RunOutputs(cfg, tmp_path, keep_until_step=keep_until, log=print)
+    assert outputs.wandb is not None
+    for step in steps:
+      outputs.write({"step": step, "loss": 5.0 - step + keep_until, "tokens_per_s": 100.0, "wall_s": 1.0})
+      summaries.append({k: outputs.wandb.summary.get(k) for k in ("train/loss", "_step")})
+    ids.append(outputs.wandb.id)
+    outputs.close()
+  assert ids[0] == ids[1] == (tmp_path / tracking.WANDB_ID_FILE).read_text()
+  assert summaries == [
+    {"train/loss": 4.0, "_step": 0},
+    {"train/loss": 3.0, "_step": 1},
+    {"train/loss": 2.0, "_step": 2},
+    {"train/loss": None, "_step": None},  # step 2 again: not sent
+    {"train/loss": 3.0, "_step": 3},
+  ]
+  wandb_offline.teardown()  # the service process writes the offline records: wait for it
+  runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}/run-{ids[0]}.wandb"))
+  assert runs and all(b"train/loss" in r.read_bytes() for r in runs)  # the offline records, for `wandb sync`
+  assert [r["step"] for r in report.read_metrics(tmp_path / report.METRICS_FILE)] == [0, 1, 2, 3]
+
+
+def test_docs_wandb_command_runs_offline_as_written(tmp_path, corpus_dir, wandb_offline):
+  command = next(c for c in docs_commands() if "--wandb" in c)
+  assert command.startswith("WANDB_MODE=offline ")
+  out, lines = run_docs_command(command, tmp_path, corpus_dir)
+  run_id = (out / tracking.WANDB_ID_FILE).read_text()
+  wandb_offline.teardown()  # the service process writes the offline records: wait for it
+  records = list((out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+  assert records and b"perf/tflops_per_s_per_device" in records[0].read_bytes()
+  assert any(line.startswith("wandb: project ") for line in lines), lines
+
+
+def test_wandb_without_its_package_is_refused_before_the_run_naming_the_flag(
+  tmp_path, corpus_dir, cache_dir, monkeypatch
+):
+  monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
+  cfg = _config(tmp_path / "run", corpus_dir, cache_dir, wandb="proj")
+  with pytest.raises(ConfigError, match=r"^--wandb proj: the wandb package is not installed"):
+    loop.train(cfg, log=print)
+  assert not (tmp_path / "run").exists()
 
 
 def test_every_step_records_its_achieved_tflops_from_the_model_flops_and_cpu_has_no_mfu(profiled_run):
@@ -58,23 +207,18 @@ def test_profile_traces_exactly_the_asked_steps_with_the_train_steps_kernels(pro
   cfg, lines = profiled_run
   traces = profiling.trace_files(f"{cfg.out}/{profiling.PROFILE_DIR}")
   assert len(traces) == 1
-  assert profiling.traced_steps(traces[0]) == [2, 3]
-  # The compiled program's kernels ran inside the trace (no validation runs at steps 2-3: they are the train step's).
+  assert profiling.traced_steps(traces[0]) == [4, 5, 6]
+  # The compiled program's kernels ran inside the trace (no validation runs at steps 4-6: they are the train step's).
   assert any(name.endswith("_fusion") or "_fusion." in name for name in profiling.event_names(traces[0]))
-  assert any(line.startswith("profile: tracing steps 2-3 into") for line in lines), lines
-  assert f"profile: wrote {traces[0]}" in lines
+  assert any(line.startswith("profile: tracing steps 4-6 into") for line in lines), lines
+  assert f"profile: wrote runs/tiny/profile/{traces[0].relative_to(cfg.out + '/profile')}" in lines
 
 
-def test_profile_on_resume_traces_only_the_steps_after_the_restored_one(profiled_run, tmp_path):
-  cfg, _ = profiled_run
-  copy = dataclasses.replace(cfg, out=str(tmp_path / "copy"), resume=True, profile="2:5")
-  shutil.copytree(cfg.out, copy.out)
-  shutil.rmtree(f"{copy.out}/checkpoints/6")
-  lines: list[str] = []
-  loop.train(copy, log=lines.append)  # resumes at step 3
-  traces = profiling.trace_files(f"{copy.out}/{profiling.PROFILE_DIR}")
-  assert [profiling.traced_steps(t) for t in traces] == [[2, 3], [4, 5]]
-  assert any(line.startswith("profile: tracing steps 4-5") for line in lines), lines
+def test_profile_on_resume_traces_only_the_steps_after_the_restored_one(resumed_run):
+  cfg, lines = resumed_run  # resumed at step 4 with --profile 2:6
+  traces = profiling.trace_files(f"{cfg.out}/{profiling.PROFILE_DIR}")
+  assert [profiling.traced_steps(t) for t in traces] == [[4, 5, 6], [5, 6]]
+  assert any(line.startswith("profile: tracing steps 5-6") for line in lines), lines
 
 
 def test_profile_of_steps_before_the_restored_one_traces_nothing_and_says_so(tmp_path):
