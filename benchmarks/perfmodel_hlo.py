@@ -304,7 +304,40 @@ class Module:
       if "Backward" in t:
         flops *= 2.5
       return Kernel(ins.name, "attention", count, io, flops, "bf16", group="attention")
+    if t in ("__gpu$xla.gpu.triton", "tpu_custom_call") and (gemm := _grouped_gemm(ins, operands)) is not None:
+      flops, dtype, shape = gemm
+      return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
     return Kernel(ins.name, "memory", count, io, group=scope or "other")
+
+
+def _grouped_gemm(ins, operands) -> tuple[float, str, str] | None:
+  """(FLOPs, operand type, shape) of a Pallas / Mosaic kernel that is a grouped GEMM, read from its shapes: x [T, K]
+  and w [E, K, N] (or [E, N, K]) giving [T, N]; or x [T, K] and g [T, N] giving dW [E, K, N]. None otherwise."""
+  out = _first_array(ins.type_text)
+  arrays = [o for o in operands if o is not None and o.dtype is not None and len(o.dims) in (2, 3)]
+  if out is None:
+    return None
+  dims = out[1]
+  if len(dims) == 2:
+    t, n = dims
+    w = next((o for o in arrays if len(o.dims) == 3 and n in o.dims[1:]), None)
+    x = next((o for o in arrays if len(o.dims) == 2 and o.dims[0] == t), None)
+    if w is None or x is None:
+      return None
+    k = w.dims[1] if w.dims[2] == n else w.dims[2]
+    if x.dims[1] != k:
+      return None
+    return 2.0 * t * k * n, _gemm_type([x.dtype, w.dtype]), f"{t}x{n}x{k}"
+  if len(dims) == 3:
+    _, k, n = dims
+    x = next((o for o in arrays if len(o.dims) == 2 and o.dims[1] == k), None)
+    g = next(
+      (o for o in arrays if len(o.dims) == 2 and o.dims[1] == n and x is not None and o.dims[0] == x.dims[0]), None
+    )
+    if x is None or g is None:
+      return None
+    return 2.0 * x.dims[0] * k * n, _gemm_type([x.dtype, g.dtype]), f"{k}x{n}x{x.dims[0]}"
+  return None
 
 
 def _unscoped(ins, ops: Counter) -> str:
