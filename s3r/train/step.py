@@ -147,11 +147,12 @@ def make_train_step(
       (_, (loss, aux)), grads = grad_fn(state.params, graphdef, batch_BxS1, step_key)
     else:
       loss, aux, grads = accumulated_grads(state.params, graphdef, batch_BxS1, step_key, grad_accum)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    if lr_schedule is None:
-      assert lr is not None  # a step without a schedule takes the rate as an argument
-      updates = jax.tree.map(lambda u: u * lr.astype(u.dtype), updates)
-    params = cast(dict, optax.apply_updates(state.params, updates))  # the tree of state.params
+    with jax.named_scope("optimizer"):  # names its kernels in profiles and the performance model
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      if lr_schedule is None:
+        assert lr is not None  # a step without a schedule takes the rate as an argument
+        updates = jax.tree.map(lambda u: u * lr.astype(u.dtype), updates)
+      params = cast(dict, optax.apply_updates(state.params, updates))  # the tree of state.params
     rate = lr if lr_schedule is None else lr_schedule(state.step)
     metrics = {
       "loss": loss,
