@@ -235,6 +235,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   )
   g.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
   g.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default %(default)s)")
+  g.add_argument(
+    "--grad-accum",
+    default="1",
+    metavar="N[,N...]",
+    help="step: microbatches per step, comma-separated, each compiled (s3r train --grad-accum; --batch stays the "
+    "global batch; default %(default)s)",
+  )
   g.add_argument("--remat", choices=("none", "full"), default="full", help="rematerialize blocks (default %(default)s)")
   g.add_argument(
     "--attention",
@@ -266,13 +273,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.set_defaults(mesh=None)  # one target GPU: the train step's mesh is the trainer's default
 
 
-def _depths(value: str) -> list[int]:
+def _depths(value: str, flag: str = "--layers") -> list[int]:
   try:
     depths = [int(v) for v in value.split(",") if v.strip()]
   except ValueError:
     depths = []
   if not depths or min(depths) < 1:
-    raise SystemExit(f"--layers: expected comma-separated positive integers, got {value!r}")
+    raise SystemExit(f"{flag}: expected comma-separated positive integers, got {value!r}")
   return depths
 
 
@@ -316,11 +323,13 @@ def plan(args: argparse.Namespace, recipes: list[str]) -> list[tuple[dict, Calla
     fn = lower_lockstep if program == "lockstep" else lambda mesh, **kw: lower_step(mesh, **kw)[0]
     for layout in layouts:
       for layers in _depths(args.layers):
-        for r in recipes:
-          labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch}
-          labels |= {"seq": args.seq, "layout": layout}
-          lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=args, scan=LAYOUTS[layout])
-          todo.append(({**labels, "recipe": r}, lower))
+        for n in _depths(args.grad_accum, "--grad-accum") if program == "step" else [1]:
+          for r in recipes:
+            labels = {"program": program, "preset": args.preset, "layers": layers, "batch": args.batch}
+            labels |= {"seq": args.seq, "layout": layout} | ({"grad_accum": n} if n > 1 else {})
+            at_n = argparse.Namespace(**{**vars(args), "grad_accum": n})
+            lower = functools.partial(fn, recipe=r, preset=args.preset, layers=layers, args=at_n, scan=LAYOUTS[layout])
+            todo.append(({**labels, "recipe": r}, lower))
   return todo
 
 
@@ -427,7 +436,7 @@ def _settings(args: argparse.Namespace) -> list[str]:
   if "moe" in programs:
     keys += ["moe_shape", "moe_tokens", "moe_impl"]
   if "step" in programs or "lockstep" in programs:
-    keys += ["preset", "layers", "layout", "batch", "seq", "remat", "attention", "vocab", "width", "seed"]
+    keys += ["preset", "layers", "layout", "batch", "seq", "grad_accum", "remat", "attention", "vocab", "width", "seed"]
     keys += ["schedule_steps"]
   return keys
 
@@ -442,6 +451,7 @@ def hlo_name(target: str, labels: dict) -> str:
     what = (
       f"{labels['program']}_{labels['preset']}_L{labels['layers']}_{labels['batch']}x{labels['seq']}_{labels['layout']}"
     )
+    what += f"_ga{labels['grad_accum']}" if labels.get("grad_accum", 1) > 1 else ""
   name = f"{pathlib.Path(target).stem}_{what}_{labels['recipe']}"
   return re.sub(r"[^\w.@+-]", "_", name)
 
@@ -453,4 +463,5 @@ def _label(labels: dict) -> str:
     shape = f"T={labels['tokens']} K={labels['k']} N={labels['n']} E={labels['experts']}"
     return f"moe {labels['impl']} {shape} {labels['recipe']}"
   shape = f"L={labels['layers']} {labels['batch']}x{labels['seq']}"
+  shape += f" in {labels['grad_accum']} microbatches" if labels.get("grad_accum", 1) > 1 else ""
   return f"{labels['program']} {labels['preset']} {labels['layout']} {shape} {labels['recipe']}"

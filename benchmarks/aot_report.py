@@ -200,7 +200,8 @@ def _config(row: dict) -> str:
     return f"grouped GEMM `{row['impl']}`, T={row['tokens']}, K={row['k']}, N={row['n']}, E={row['experts']}"
   what = "train step" if row["program"] == "step" else "lockstep train step"
   layout = f", {row['layout']}" if row.get("layout") else ""
-  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}{layout}"
+  accum = f" in {row['grad_accum']} microbatches" if row.get("grad_accum", 1) > 1 else ""
+  return f"{what} {row['preset']} L={row['layers']}, {row['batch']} x {row['seq']}{accum}{layout}"
 
 
 def markdown(rows: list[dict], device_kind: str, tpu: bool = False) -> str:

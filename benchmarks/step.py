@@ -56,6 +56,7 @@ def train_config(preset: str, recipe: str, args: argparse.Namespace):
   from s3r.train.config import TrainConfig
 
   fields = {"batch": args.batch, "seq": args.seq, "seed": args.seed, "mesh": args.mesh, **SCHEDULE}
+  fields["grad_accum"] = getattr(args, "grad_accum", 1)  # an int here (`benchmarks aot` sets one per program)
   return TrainConfig(out="unused", preset=preset, recipe=recipe, progress=False, **fields)
 
 
@@ -188,6 +189,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes (default %(default)s)")
   p.add_argument("--batch", type=int, default=8, help="sequences per step (default %(default)s)")
   p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default %(default)s)")
+  p.add_argument(
+    "--grad-accum",
+    type=int,
+    default=1,
+    metavar="N",
+    help="microbatches per step, as s3r train --grad-accum (--batch stays the global batch; default %(default)s)",
+  )
   p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
   p.add_argument("--width", type=int, default=None, help="model width override, for tests (default: the preset's)")
   p.add_argument(
@@ -303,6 +311,7 @@ def run(args: argparse.Namespace) -> dict:
     recipes=",".join(recipes),
     batch=args.batch,
     seq=args.seq,
+    grad_accum=args.grad_accum,
     vocab=args.vocab,
     width=args.width,
     remat=args.remat,
@@ -314,6 +323,7 @@ def run(args: argparse.Namespace) -> dict:
     seed=args.seed,
   )
   results = {"batch": args.batch, "seq": args.seq, "remat": args.remat, "mesh": dict(mesh.shape), "configs": []}
+  results["grad_accum"] = args.grad_accum
   todo = [(p, d) for p in presets for d in depths]
   paths = {}
   for i, (preset, layers) in enumerate(todo):

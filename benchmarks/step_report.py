@@ -239,7 +239,9 @@ def markdown(results: dict) -> str:
   mesh = ",".join(f"{k}={v}" for k, v in results["mesh"].items())
   att = sorted({c["model"].get("attention_impl") for c in cs if c["model"].get("attention_impl")})
   out = [
-    f"## Full training step per recipe: B={results['batch']}, S={results['seq']}, remat={results['remat']}, "
+    f"## Full training step per recipe: B={results['batch']}, S={results['seq']}"
+    + (f" in {results['grad_accum']} microbatches" if results.get("grad_accum", 1) > 1 else "")
+    + f", remat={results['remat']}, "
     f"mesh {mesh}, attention {'/'.join(att) or 'n/a'}",
     "",
     "Median step time after warm-up, recipes interleaved; speedups from the same run. Memory: XLA's "

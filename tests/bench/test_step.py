@@ -43,6 +43,14 @@ def test_step_bench_times_a_real_training_step_of_the_tiny_preset(tmp_path):
   assert config["recipes"]["s3r_ec_dx"]["tokens_per_s"] > 0
 
 
+def test_step_bench_grad_accum_times_the_trainers_step_over_microbatches_of_the_global_batch(tmp_path):
+  _run(tmp_path, "--preset", "tiny", "--recipes", "s3r_ec_dx", "--grad-accum", "2", "--tag", "accum")
+  doc = json.loads((tmp_path / f"bench_step_accum_{jax.default_backend()}.json").read_text())
+  assert doc["settings"]["grad_accum"] == 2 and doc["results"]["grad_accum"] == 2
+  assert "B=2, S=8 in 2 microbatches" in (tmp_path / f"bench_step_accum_{jax.default_backend()}.md").read_text()
+  assert doc["results"]["configs"][0]["recipes"]["s3r_ec_dx"]["memory"]["temp"] > 0
+
+
 @pytest.mark.slow
 def test_step_bench_measures_each_depth_with_memory_and_extrapolates_to_full_depth(tmp_path):
   _run(
