@@ -1,9 +1,9 @@
 """`python -m benchmarks NAME ...`: the benchmarks, run from a checkout of the repository.
 
 Sub-commands: matmul, ffn, moe, quantizer, static, peers, step, scan, profile, merge, comm, hf_load, eqx,
-gemm_sweep, aot, perfmodel, heapplot, maxtext. Each module defines `add_arguments(parser)` and `run(args)`; they
-import JAX-heavy code (models, peers) only when a benchmark runs. The benchmarks import the `s3r` library; the
-library never imports them.
+gemm_sweep, calibrate, aot, perfmodel, heapplot, maxtext. Each module defines `add_arguments(parser)` and
+`run(args)`; they import JAX-heavy code (models, peers) only when a benchmark runs. The benchmarks import the `s3r`
+library; the library never imports them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ COMMANDS = {
   "gemm_sweep": (
     "benchmarks.gemm_sweep",
     "the FFN's forward, dX and dW GEMMs alone per operand type (bf16, s8, FP8): time and XLA's GEMM backend",
+  ),
+  "calibrate": (
+    "benchmarks.calibrate",
+    "per-kernel device times of the FFN block and a sliced train step from profiler traces (GPU calibration)",
   ),
   "aot": (
     "benchmarks.aot",

@@ -58,3 +58,24 @@ def test_the_device_scripts_programs_compile_for_the_h100(case, tmp_path):
   for r in rows:  # every program fits the H100's 80 GB with its arguments, outputs and temporaries
     m = r["memory"]
     assert m["argument"] + m["output"] - m["alias"] + m["temp"] < 80 * 2**30, (r["recipe"], m)
+
+
+def test_the_calibration_programs_compile_for_the_h100(tmp_path):
+  """device_calibrate.sh: the FFN block at W9 (T = 16384) and the 2-layer train step of paper-12l (8 x 2048), every
+  default recipe (`bf16_f32bwd` FFN only), through `calibrate run --target h100`, the script's own code path."""
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  cmd = [sys.executable, "-m", "benchmarks", "calibrate", "run", "--target", "h100", "--programs", "ffn_W9,step"]
+  proc = subprocess.run(
+    [*cmd, "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, env=env, timeout=3600
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(p.read_text()) for p in tmp_path.glob("programs/*/*.json") if p.name != "skipped.json"]
+  assert len(rows) == 5 + 4
+  failed = {(r["program"], r["recipe"]): r["error"] for r in rows if "error" in r}
+  assert not failed, failed
+  for r in rows:
+    m = r["memory"]
+    assert m["argument"] + m["output"] - m["alias"] + m["temp"] < 80 * 2**30, (r["program"], r["recipe"], m)
+    assert (tmp_path / "programs" / r["program"] / f"{r['recipe']}.hlo.txt").exists()
+  (old,) = [r for r in rows if r["recipe"] == "bf16_f32bwd"]  # the emulated bf16 whose backward GEMMs are f32
+  assert sum(n for kind, n in old["gemm_census"].items() if kind.startswith("triton f32 x f32")) == 6

@@ -186,3 +186,59 @@ def test_device_quality_loads_the_programs_compiled_ahead_and_skips_the_probe(tm
     assert summary["complete"] and set(summary["compile_s_by_recipe"]) == recipes and not summary["loaded_s_by_recipe"]
   else:
     assert summary["complete"] and set(summary["loaded_s_by_recipe"]) == recipes and not summary["compile_s_by_recipe"]
+
+
+CALIBRATE_TINY = {
+  "TOKENS": "64", "STEP_PRESET": "tiny", "STEP_LAYERS": "1", "STEP_BATCH": "2", "STEP_SEQ": "32", "ITERS": "1",
+  "REPEATS": "1", "NUMBER": "1", "SWEEP_SHAPES": "64x128", "SWEEP_TOKENS": "64", "SWEEP_DTYPES": "s8,bf16",
+  "SWEEP_REPEATS": "1", "SWEEP_NUMBER": "1", "FIRST_PROGRAMS": "ffn_64x128", "TOTAL_S": "900", "FIRST_S": "300",
+  "SWEEP_S": "300", "CUBLAS_S": "100", "CUBLAS_MIN_S": "1", "REVISION": "abc1234", **QUICK_SMOKE,
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_device_calibrate_dry_run_writes_the_calibration_file(tmp_path):
+  env = {
+    **CALIBRATE_TINY,
+    "FIRST_RECIPES": "int8_rtne",
+    "PROGRAMS": "ffn_64x128,step",
+    "RECIPES": "int8_rtne,bf16_f32bwd",
+  }
+  result = _run("device_calibrate", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  for part in ("programs first pass", "GEMM sweep", "programs second pass", "cublas sweep", "collect"):
+    assert f"{part} exit 0" in result.stdout, part
+  files = _brought_back(tmp_path / "out", "device_calibrate")
+  assert {
+    "calibration.json",
+    "meta.json",
+    "programs/ffn_64x128/int8_rtne.json",
+    "programs/ffn_64x128/int8_rtne.hlo.txt",
+    "programs/ffn_64x128/bf16_f32bwd.json",
+    "programs/step_tiny_1l/int8_rtne.json",
+    "gemms/bench_gemm_sweep_cpu.json",
+    "gemms/bench_gemm_sweep_cublas_s8_cpu.json",
+  } <= files
+  assert "programs/step_tiny_1l/bf16_f32bwd.json" not in files  # the emulated old bf16 is an FFN block only
+  assert "ffn_64x128 int8_rtne: measured already" in result.stdout  # the second pass goes on from the first
+  with tarfile.open(tmp_path / "out" / "device_calibrate.tar.gz") as tar:
+    member = tar.extractfile("./calibration.json")
+    assert member is not None
+    found = json.load(member)
+  assert found["revision"] == "abc1234" and found["device_kind"] == "cpu"
+  programs = {(p["program"], p["recipe"]) for p in found["programs"]}
+  assert programs == {("ffn_64x128", "int8_rtne"), ("ffn_64x128", "bf16_f32bwd"), ("step_tiny_1l", "int8_rtne")}
+  assert all(p["step_seconds"] > 0 and p["kernels"] for p in found["programs"])
+  assert len(found["gemms"]) == 3 * 2 + 3  # s8 and bf16 at the default flags, s8 again with Triton GEMMs off
+
+
+@pytest.mark.slow
+def test_device_calibrate_keeps_going_when_a_part_fails(tmp_path):
+  env = {**CALIBRATE_TINY, "FIRST_RECIPES": "no_such_recipe", "PROGRAMS": "ffn_64x128", "RECIPES": "no_such_recipe"}
+  env |= {"SWEEP_DTYPES": "s8", "CUBLAS_MIN_S": "100000"}
+  result = _run("device_calibrate", tmp_path / "out", env)
+  assert result.returncode == 0, result.stdout[-4000:]
+  assert "programs first pass exit 1" in result.stdout and "GEMM sweep exit 0" in result.stdout
+  assert "with Triton GEMMs off skipped" in result.stdout and "collect exit 0" in result.stdout
+  files = _brought_back(tmp_path / "out", "device_calibrate")
+  assert {"calibration.json", "gemms/bench_gemm_sweep_cpu.json"} <= files
