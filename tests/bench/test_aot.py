@@ -263,9 +263,10 @@ def test_xla_timers_sums_each_phase_and_each_hlo_pass_over_its_calls():
 @pytest.mark.slow
 @needs_plugin
 def test_deviceless_h200_memory_is_byte_for_byte_what_the_h200_itself_reported(tmp_path):
-  """results/bench_static_gpu.json: memory_analysis() of the FFN block compiled on a real H200. The `bf16`
-  program is the one measured there; the INT8 programs have changed since (numerics.rescaled), so their
-  bytes are no longer that measurement's."""
+  """results/bench_static_gpu.json: memory_analysis() of the FFN block compiled on a real H200. Every program
+  has changed since (the INT8 ones by numerics.rescaled, `bf16` by its bf16 backward GEMMs, s3r/quant/bf16.py);
+  `bf16`'s temporaries at W1 stayed those measured there (the same four bf16 [T, D_ffn] arrays at its peak), so
+  its bytes are compared."""
   gpu = json.loads((REPO / "results" / "bench_static_gpu.json").read_text())
   (w1,) = [row for row in gpu["results"]["ffn_memory"] if row["shape"] == "W1"]
   env = {**os.environ, "PYTHONPATH": str(REPO)}
