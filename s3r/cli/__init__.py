@@ -50,8 +50,9 @@ def register_train(subparsers) -> None:
     formatter_class=HelpFormatter,
     description=paragraphs(
       "Train a decoder of any preset's family (Llama 3.1, Qwen3, Gemma 3, Qwen3-MoE, DeepSeek-V2; "
-      "`s3r models` lists them); writes metrics.jsonl (from step 0), loss.png (with matplotlib), config.json "
-      "and checkpoints/ into --out. Only one training may use an --out at a time."
+      "`s3r models` lists them); writes metrics.jsonl (from step 0), loss.png (with matplotlib), TensorBoard "
+      "event files (with tensorboardX), config.json and checkpoints/ into --out. Only one training may use an "
+      "--out at a time."
     ),
     epilog=paragraphs(
       f"Resume: `s3r train --out RUN --resume` continues RUN from its newest readable checkpoint with the run's "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from s3r.model import ModelConfig
+from s3r.model.config import DeepSeekV2Config, Gemma3Config
 
 # Dense (no sparsity) bf16 tensor-core peaks per chip, TFLOP/s; vendors' sheets list twice these "with sparsity".
 #   H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet (BF16 Tensor Core 1,979 TFLOPS with sparsity).
@@ -51,15 +52,14 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> TrainFlops:
   attention = 0.0
   for layer in range(cfg.n_layers):
     weights += _attention_weights(cfg) + cfg.ffn_params(layer)[1]  # active: router, shared and top-k experts
-    keys = min(cfg.sliding_window, seq_len) if _is_local(cfg, layer) else seq_len
-    attention += 2 * keys * cfg.n_heads * _qk_v_dims(cfg) / 2  # causal: half the (query, key) pairs
+    attention += 2 * _keys(cfg, layer, seq_len) * cfg.n_heads * _qk_v_dims(cfg) / 2  # causal: half the pairs
   return TrainFlops(weights=6.0 * weights, attention=3.0 * attention)
 
 
 def _attention_weights(cfg: ModelConfig) -> int:
   """The matmul weights of one attention sublayer (no norms)."""
   d, n = cfg.d_model, cfg.n_heads
-  if _is_mla(cfg):
+  if isinstance(cfg, DeepSeekV2Config):  # multi-head latent attention: low-rank query and key/value projections
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     q = d * n * qk if cfg.q_lora_rank is None else d * cfg.q_lora_rank + cfg.q_lora_rank * n * qk
     kv = d * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank * n * (cfg.qk_nope_head_dim + cfg.v_head_dim)
@@ -70,18 +70,17 @@ def _attention_weights(cfg: ModelConfig) -> int:
 
 def _qk_v_dims(cfg: ModelConfig) -> int:
   """d_qk + d_v of one head: the widths of the score and the value matmuls."""
-  if _is_mla(cfg):
+  if isinstance(cfg, DeepSeekV2Config):
     return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim
   return 2 * cfg.head_dim
 
 
-def _is_mla(cfg: ModelConfig) -> bool:
-  return hasattr(cfg, "kv_lora_rank")  # DeepSeek-V2's multi-head latent attention
-
-
-def _is_local(cfg: ModelConfig, layer: int) -> bool:
-  """Whether `layer` attends within a sliding window (Gemma 3's local layers)."""
-  return hasattr(cfg, "sliding_window") and not cfg.is_global(layer)
+def _keys(cfg: ModelConfig, layer: int, seq_len: int) -> int:
+  """The keys a query of `layer` attends to before the causal mask: the sliding window of Gemma 3's local
+  layers, else the whole sequence."""
+  if isinstance(cfg, Gemma3Config) and not cfg.is_global(layer):
+    return min(cfg.sliding_window, seq_len)
+  return seq_len
 
 
 def peak_tflops(device_kind: str) -> float | None:

@@ -317,7 +317,8 @@ class _Run:
               last_ckpt = self._save(step, state, last_ckpt)
             good.saved(step, monitor.level, record.get("val_loss"))
           bar.set_postfix(
-            loss=f"{metrics['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", **flops.Throughput.postfix(record)
+            {"loss": f"{metrics['loss']:.3f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+            | flops.Throughput.postfix(record)
           )
           bar.update(1)
           if stop and step < cfg.steps:

@@ -69,8 +69,10 @@ class RunOutputs:
     self.metrics = report.MetricsWriter(out / report.METRICS_FILE, keep_until_step=keep_until_step)
     self.events = None
     if cfg.tensorboard and has_tensorboard_writer():
-      self.events = _events_from(out, report.read_metrics(out / report.METRICS_FILE, tolerant=True))
-      log(f"tensorboard: {out} (open with: tensorboard --logdir {out})")
+      kept = report.read_metrics(out / report.METRICS_FILE, tolerant=True)
+      self.events = _events_from(out, kept)
+      rewritten = f"; the events of steps 0-{kept[-1]['step']} rewritten from metrics.jsonl" if kept else ""
+      log(f"tensorboard: {out} (open with: tensorboard --logdir {out}){rewritten}")
     elif cfg.tensorboard:
       log("tensorboard: not written (needs tensorboardX: pip install 's3r[tensorboard]')")
     self.wandb = _wandb_run(cfg, out, log) if cfg.wandb is not None else None

@@ -4,6 +4,7 @@ import jax
 import pytest
 
 from s3r.model import PRESETS, init_params
+from s3r.model.config import MoeFields
 from s3r.train import flops
 
 
@@ -26,6 +27,7 @@ def _matmul_weights_per_token(name: str) -> float:
   """The matmul weights one token uses, counted on the initialized parameter tree: every leaf but the
   embedding table and the norms, routed experts at top_k / n_experts; plus the logits when they are tied."""
   cfg = PRESETS[name]
+  experts = (cfg.top_k, cfg.n_experts) if isinstance(cfg, MoeFields) else (1, 1)
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   total = 0.0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -33,7 +35,7 @@ def _matmul_weights_per_token(name: str) -> float:
     if keys == "['embed']" or "norm" in keys:
       continue
     routed = "['moe']" in keys and "shared" not in keys and "router" not in keys
-    total += leaf.size * (cfg.top_k / cfg.n_experts if routed else 1)
+    total += leaf.size * (experts[0] / experts[1] if routed else 1)
   return total + (cfg.d_model * cfg.vocab_size if cfg.tie_embeddings else 0)
 
 

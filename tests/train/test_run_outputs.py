@@ -116,7 +116,8 @@ def test_tensorboard_events_hold_every_metric_of_metrics_jsonl_at_its_step(profi
 
 
 def test_resumed_run_events_hold_each_step_once_and_equal_its_metrics(resumed_run):
-  cfg, _ = resumed_run
+  cfg, lines = resumed_run
+  assert any(line.endswith("; the events of steps 0-4 rewritten from metrics.jsonl") for line in lines), lines
   events = _events(cfg.out)  # every event file of the folder
   assert events == _expected_events(cfg.out)
   assert [step for step, _ in events["train/loss"]] == list(range(9))
@@ -240,3 +241,15 @@ def test_cli_refuses_a_bad_profile_in_one_line(tmp_path):
   proc = run_in_process("train", "--preset", "tiny", "--steps", "4", "--profile", "4:2", "--out", "run", cwd=tmp_path)
   assert_one_line_error(proc, 2, "--profile", "4:2")
   assert not (tmp_path / "run").exists()
+
+
+def test_train_flags_set_the_outputs_fields_and_may_change_on_resume():
+  from s3r import cli
+  from s3r.train.config import RESUMABLE_CHANGES
+
+  argv = ["train", "--no-tensorboard", "--wandb", "proj", "--profile", "2:3", "--steps", "4", "--out", "x"]
+  cfg = cli.train_config(cli.build_parser(argv).parse_args(argv))
+  assert (cfg.tensorboard, cfg.wandb, cfg.profile) == (False, "proj", "2:3")
+  defaults = cli.train_config(cli.build_parser(["train"]).parse_args(["train"]))
+  assert (defaults.tensorboard, defaults.wandb, defaults.profile) == (True, None, None)
+  assert {"tensorboard", "wandb", "profile"} <= set(RESUMABLE_CHANGES)
