@@ -36,9 +36,7 @@ def _gpu_trace(calls: int) -> str:
     t = 1000 * c
     stream.append(_event(1, t, 500))  # a Triton GEMM kernel, named after its fusion with `_` for `.`
     stream.append(_event(2, t + 500, 300, 'stats { metadata_id: 1 str_value: "custom-call.3" }'))  # cuBLAS, hlo_op
-    annotation = (
-      'stats { metadata_id: 2 str_value: "loop_convert_fusion.2:#hlo_op=loop_convert_fusion.2,hlo_module=m#" }'
-    )
+    annotation = "stats { metadata_id: 2 ref_value: 7 }"  # CUPTI's collector: the annotation's text by reference
     stream.append(_event(3, t + 800, 100, annotation))  # an annotation not yet split into stats
     stream.append(_event(4, t + 900, 50))  # a copy that no instruction names
   derived = _event(5, 0, 99999)  # `XLA Ops`: derived from the stream line, never counted
@@ -55,6 +53,7 @@ planes {{
   event_metadata {{ key: 5 value {{ id: 5 name: "gemm_fusion_dot_general.8" }} }}
   stat_metadata {{ key: 1 value {{ id: 1 name: "hlo_op" }} }}
   stat_metadata {{ key: 2 value {{ id: 2 name: "kernel_annotation" }} }}
+  stat_metadata {{ key: 7 value {{ id: 7 name: "loop_convert_fusion.2:#hlo_op=loop_convert_fusion.2,hlo_module=m#" }} }}
 }}
 planes {{
   id: 2 name: "/host:CPU"
