@@ -81,8 +81,7 @@ class RunOutputs:
     self.metrics.write(record)
     values = scalars(record)
     if self.events is not None:
-      for name, value in values.items():
-        self.events.add_scalar(name, value, global_step=record["step"])
+      _add_step(self.events, record["step"], values, time.time())
     if self.wandb is not None and record["step"] >= self.wandb_from:
       self.wandb.log(values, step=record["step"], commit=True)
 
@@ -106,10 +105,18 @@ def _events_from(out: pathlib.Path, records: list[dict]):
   writer = SummaryWriter(logdir=str(out), flush_secs=10)
   start = time.time() - max((r.get("wall_s", 0.0) for r in records), default=0.0)
   for r in records:  # wall times of the past steps from their wall_s (the run's clock)
-    for name, value in scalars(r).items():
-      writer.add_scalar(name, value, global_step=r["step"], walltime=start + r.get("wall_s", 0.0))
+    _add_step(writer, r["step"], scalars(r), start + r.get("wall_s", 0.0))
   writer.flush()
   return writer
+
+
+def _add_step(writer, step: int, values: dict[str, float], walltime: float) -> None:
+  """One event holding all scalars of a step (what `add_scalar` writes one event per value for: the same
+  values, several times faster to write and to read back)."""
+  from tensorboardX.proto.summary_pb2 import Summary
+
+  summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in values.items()])
+  writer._get_file_writer().add_summary(summary, global_step=step, walltime=walltime)  # noqa: SLF001
 
 
 def _wandb_run(cfg: TrainConfig, out: pathlib.Path, log):

@@ -43,9 +43,14 @@ DOCS = pathlib.Path(__file__).parents[2] / "docs" / "training.md"
 
 
 def docs_commands() -> list[str]:
-  """The `s3r train` command lines of the code blocks of docs/training.md (with their VAR=value prefixes)."""
-  blocks = re.findall(r"^```\n(.*?)^```", DOCS.read_text(), flags=re.S | re.M)
-  return [line for block in blocks for line in block.splitlines() if re.match(r"^(\w+=\S+ )*s3r train ", line)]
+  """The `s3r train` command lines of the shell code blocks of docs/training.md (with their VAR=value prefixes)."""
+  commands, fence = [], None  # fence: the info string of the open code block, None outside one
+  for line in DOCS.read_text().splitlines():
+    if line.startswith("```"):
+      fence = line[3:].strip() if fence is None else None
+    elif fence in ("", "bash", "sh") and re.match(r"^(\w+=\S+ )*s3r train ", line):
+      commands.append(line)
+  return commands
 
 
 def run_docs_command(command: str, cwd: pathlib.Path, corpus_dir) -> tuple[pathlib.Path, list[str]]:
