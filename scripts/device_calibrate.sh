@@ -2,11 +2,11 @@
 # Calibration of the performance model, the first thing to run when a GPU is lent (under 5 minutes):
 #   device run, command: REVISION=<commit> bash scripts/device_calibrate.sh, timeout_s 420
 # (REVISION names the commit of the working tree, which the device's copy cannot tell; about 2 min of
-# start-up, then at most TOTAL_S = 270 s here, then packing.) Parts, each its own process under a time
+# start-up, then at most TOTAL_S = 290 s here, then packing.) Parts, each its own process under a time
 # limit, each writing its files as it goes, so a part cut short or failing keeps what it finished and the
 # next part still runs:
 # 1. the machine and the versions, and the smoke stage's versions check (SMOKE_STAGES=versions);
-# 2. programs, first pass (FIRST_S, 110 s): `python -m benchmarks calibrate run` on FIRST_PROGRAMS with
+# 2. programs, first pass (FIRST_S, 120 s): `python -m benchmarks calibrate run` on FIRST_PROGRAMS with
 #    FIRST_RECIPES (the SwiGLU FFN block at W9, T = 16384, `int8_rtne` and `bf16`): compile, optimized HLO,
 #    a jax.profiler trace of ITERS calls read back into per-kernel device times mapped to the HLO's
 #    instructions, and the time per call (REPEATS samples of NUMBER calls) -> programs/;
@@ -22,15 +22,17 @@
 # 6. `python -m benchmarks calibrate collect` -> calibration.json (the model's file: docs/gpu-gemms.md,
 #    scripts/README.md).
 # XLA's GEMM autotuning is on (the default flags), so compiles are slow (the first INT8 FFN program of a
-# shape took 12-77 s on the H200); the order puts what the model needs most first. A second call on the
-# same warm machine goes on where the first stopped (programs already measured are skipped; the
-# compilation cache in .cache/jax_device, and XLA's per-fusion autotuning cache beside it, are kept).
+# shape took 12-77 s on the H200); the order puts what the model needs most first, and one call need not
+# reach every program of the second pass (the train steps come last). A second call on the same warm
+# machine goes on where the first
+# stopped (programs already measured are skipped; the compilation cache in .cache/jax_device, and XLA's
+# per-fusion autotuning cache beside it, are kept).
 # Brings back device_calibrate.tar.gz (calibration.json, meta.json, programs/<program>/<recipe>.{json,
 # hlo.txt,xplane.pb}, gemms/, smoke/) and device_calibrate.log; the traces are left out of the archive if it
 # would pass 15 MiB. Then, here: `bash scripts/device_unpack.sh FILES_AT` (-> results/gpu/device_calibrate/)
 # and `python -m benchmarks calibrate install results/gpu/device_calibrate` (-> results/perfmodel/
 # calibration_<h100|h200>.json, never over an existing file unless --force).
-# Env: TOTAL_S (270), FIRST_S (110), SWEEP_S (80), CUBLAS_S (40), CUBLAS_MIN_S (30), TOKENS (16384),
+# Env: TOTAL_S (290), FIRST_S (120), SWEEP_S (80), CUBLAS_S (30), CUBLAS_MIN_S (25), TOKENS (16384),
 #   FIRST_PROGRAMS (ffn_W9), FIRST_RECIPES (int8_rtne,bf16), PROGRAMS (ffn_W9,ffn_W3,step),
 #   RECIPES (int8_rtne,bf16,s3r_ec_dx,s3r_ec_dx@e5m2+fwd_e4m3,bf16_f32bwd), STEP_PRESET (paper-12l),
 #   STEP_LAYERS (2), STEP_BATCH (8), STEP_SEQ (2048), STEP_WIDTH, ITERS (3), REPEATS (5), NUMBER (2),
@@ -41,7 +43,7 @@ DEST=${OUT:-runs/device}
 WORK=${WORK:-runs/device_work/calibrate}  # outside $OUT: only the archive and the log come back
 mkdir -p "$DEST" "$WORK"
 export REVISION=${REVISION:-} SMOKE_STAGES=${SMOKE_STAGES:-versions}
-TOTAL_S=${TOTAL_S:-270}
+TOTAL_S=${TOTAL_S:-290}
 SWEEP_SHAPES=${SWEEP_SHAPES:-W9,W3,W1,W2,W4,W5,W6,W7,W8}
 STEP_ARGS=(--step-preset "${STEP_PRESET:-paper-12l}" --step-layers "${STEP_LAYERS:-2}" --step-batch "${STEP_BATCH:-8}"
   --step-seq "${STEP_SEQ:-2048}" ${STEP_WIDTH:+--step-width "$STEP_WIDTH"})
@@ -58,7 +60,7 @@ limit() {  # limit SECONDS: SECONDS, or what is left of TOTAL_S if less (at leas
 {
   header || exit 1
   smoke_or_stop "$WORK/smoke" || exit 1
-  s=$(limit "${FIRST_S:-110}")
+  s=$(limit "${FIRST_S:-120}")
   echo "programs, first pass: ${s}s"
   timeout "$s" $PY -m benchmarks calibrate run --programs "${FIRST_PROGRAMS:-ffn_W9}" \
     --recipes "${FIRST_RECIPES:-int8_rtne,bf16}" "${STEP_ARGS[@]}" "${RUN_ARGS[@]}" --budget $(( s - 20 )) 2>&1
@@ -68,7 +70,7 @@ limit() {  # limit SECONDS: SECONDS, or what is left of TOTAL_S if less (at leas
   timeout "$s" $PY -m benchmarks gemm_sweep "${SWEEP_ARGS[@]}" --dtypes "${SWEEP_DTYPES:-bf16,s8,e4m3,e4m3xe5m2}" \
     --budget $(( s * 2 / 3 )) 2>&1
   echo "GEMM sweep exit $?"
-  s=$(( $(seconds_left "$TOTAL_S") - ${CUBLAS_S:-40} ))
+  s=$(( $(seconds_left "$TOTAL_S") - ${CUBLAS_S:-30} ))
   if [ "$s" -ge 20 ]; then
     echo "programs, second pass: ${s}s"
     timeout "$s" $PY -m benchmarks calibrate run --programs "${PROGRAMS:-ffn_W9,ffn_W3,step}" \
@@ -79,13 +81,13 @@ limit() {  # limit SECONDS: SECONDS, or what is left of TOTAL_S if less (at leas
     echo "programs, second pass skipped (${s}s left before the cuBLAS sweep)"
   fi
   s=$(seconds_left "$TOTAL_S")
-  if [ "$s" -ge "${CUBLAS_MIN_S:-30}" ]; then
+  if [ "$s" -ge "${CUBLAS_MIN_S:-25}" ]; then
     echo "s8 GEMM sweep with Triton GEMMs off: ${s}s"
     timeout "$s" $PY -m benchmarks gemm_sweep "${SWEEP_ARGS[@]}" --dtypes s8 --tag cublas_s8 \
       --xla xla_gpu_enable_triton_gemm=false --budget $(( s * 2 / 3 )) 2>&1
     echo "cublas sweep exit $?"
   else
-    echo "s8 GEMM sweep with Triton GEMMs off skipped (${s}s left, CUBLAS_MIN_S ${CUBLAS_MIN_S:-30})"
+    echo "s8 GEMM sweep with Triton GEMMs off skipped (${s}s left, CUBLAS_MIN_S ${CUBLAS_MIN_S:-25})"
   fi
   timeout 60 $PY -m benchmarks calibrate collect "$WORK" 2>&1
   echo "collect exit $?"
