@@ -24,9 +24,8 @@
 # XLA's GEMM autotuning is on (the default flags), so compiles are slow (the first INT8 FFN program of a
 # shape took 12-77 s on the H200); the order puts what the model needs most first, and one call need not
 # reach every program of the second pass (the train steps come last). A second call on the same warm
-# machine goes on where the first
-# stopped (programs already measured are skipped; the compilation cache in .cache/jax_device, and XLA's
-# per-fusion autotuning cache beside it, are kept).
+# machine goes on where the first stopped: programs already measured are skipped, and the compilation
+# cache in .cache/jax_device (JAX keeps XLA's per-fusion autotuning results inside it) is kept.
 # Brings back device_calibrate.tar.gz (calibration.json, meta.json, programs/<program>/<recipe>.{json,
 # hlo.txt,xplane.pb}, gemms/, smoke/) and device_calibrate.log; the traces are left out of the archive if it
 # would pass 15 MiB. Then, here: `bash scripts/device_unpack.sh FILES_AT` (-> results/gpu/device_calibrate/)
