@@ -13,7 +13,10 @@ Exit codes (EXIT_CODES; every error but a crash is one line on stderr, without a
   2    bad input: flags, data, run directory (including a run another training holds), a Hugging Face
        checkpoint that cannot be imported
   3    resources: not enough memory for the train step, disk full
-  130  interrupted (Ctrl-C / SIGTERM; `train` saves a checkpoint first)
+  130  interrupted (Ctrl-C / SIGTERM; `train` saves a checkpoint first; with several processes, a signal to
+       any of them stops all of them at one step)
+  75   a process of a multi-process run was lost or stuck; the others stopped, naming the last checkpoint
+       every process completed (s3r.train.peers)
   70   internal error (a bug: the traceback is printed)
 """
 
@@ -37,7 +40,15 @@ COMMANDS: dict[str, str] = {
 
 
 # `s3r train` flags that are not TrainConfig fields (every field has its flag, `_add_config_flags`).
-TRAIN_ONLY_FLAGS = ("config", "coordinator", "num_processes", "process_id", "distributed")
+TRAIN_ONLY_FLAGS = (
+  "config",
+  "coordinator",
+  "num_processes",
+  "process_id",
+  "distributed",
+  "peer_timeout",
+  "stall_factor",
+)
 
 
 def register_train(subparsers) -> None:
@@ -103,6 +114,22 @@ def register_train(subparsers) -> None:
     help="start jax.distributed from the cluster environment (Slurm, Open MPI, TPU pods, Kubernetes) "
     "without --coordinator",
   )
+  g.add_argument(
+    "--peer-timeout",
+    type=_positive_float,
+    default=60.0,
+    metavar="SECONDS",
+    help="a process not heard from for this long is lost: every other one stops with one line naming it, the "
+    "last checkpoint all completed and the command to resume (exit code 75)",
+  )
+  g.add_argument(
+    "--stall-factor",
+    type=_positive_float,
+    default=10.0,
+    metavar="K",
+    help="a step, validation or save that runs longer than K times its median so far (and longer than "
+    "--peer-timeout) is stuck: the run stops as for a lost process",
+  )
   p.set_defaults(func=lambda args: guarded(run_train, args))
 
 
@@ -149,21 +176,32 @@ def _flag_type(annotation) -> type:
   return kinds[0]
 
 
+def _positive_float(value: str) -> float:
+  try:
+    number = float(value)
+  except ValueError:
+    number = float("nan")
+  if not number > 0 or number == float("inf"):
+    raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+  return number
+
+
 def _env_int(name: str) -> int | None:
   value = os.environ.get(name)
   return int(value) if value and value.strip().isdigit() else None
 
 
-def start_distributed(args) -> bool:
-  """Starts jax.distributed when asked (flags, $JAX_COORDINATOR_ADDRESS or --distributed);
-  returns whether it did. Must run before anything touches a JAX device."""
+def start_distributed(args):
+  """Starts jax.distributed when asked (flags, $JAX_COORDINATOR_ADDRESS or --distributed) with the watch over
+  the other processes (s3r.train.peers); returns that watch, or None (one process). Must run before anything
+  touches a JAX device."""
   from s3r.train.config import ConfigError
 
   if not (args.coordinator or args.distributed):
     if args.num_processes not in (None, 1) or args.process_id not in (None, 0):
       raise ConfigError("--num-processes/--process-id need --coordinator HOST:PORT (or --distributed)")
-    return False
-  import jax
+    return None
+  from s3r.train import peers
 
   if args.coordinator:
     if args.num_processes is None or args.process_id is None:
@@ -172,10 +210,15 @@ def start_distributed(args) -> bool:
       )
     if not 0 <= args.process_id < args.num_processes:
       raise ConfigError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
-    jax.distributed.initialize(args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
-  else:
-    jax.distributed.initialize()
-  return True
+  return peers.start(
+    coordinator=args.coordinator,
+    num_processes=args.num_processes,
+    process_id=args.process_id,
+    out=train_out(args),
+    timeout_s=args.peer_timeout,
+    factor=args.stall_factor,
+    verbose=bool(args.verbose),
+  )
 
 
 def train_config(args, saved=None):
@@ -202,6 +245,7 @@ def train_out(args) -> str:
 
 def run_train(args) -> int:
   from s3r.train import resume
+  from s3r.train.guard import TrainingDiverged, TrainingInterrupted
   from s3r.train.loop import train
   from s3r.train.placement import is_main_process
 
@@ -209,14 +253,25 @@ def run_train(args) -> int:
     from s3r.cli.config_file import apply_config_file
 
     apply_config_file(args, args.config)
-  start_distributed(args)
-  saved = resume.find_run(train_out(args)) if args.resume else None
-  cfg = train_config(args, saved)
-  if saved is not None and args.mesh is None:
-    cfg, note = resume.mesh_for_resume(cfg)
-    if note and is_main_process():
-      print(note)
-  train(cfg, saved=saved)
+  watch = start_distributed(args)
+  try:
+    saved = resume.find_run(train_out(args)) if args.resume else None
+    cfg = train_config(args, saved)
+    if saved is not None and args.mesh is None:
+      cfg, note = resume.mesh_for_resume(cfg)
+      if note and is_main_process():
+        print(note)
+    train(cfg, saved=saved)
+  except (TrainingInterrupted, TrainingDiverged) as e:  # every process stops there together
+    if watch is not None:
+      watch.finished(EXIT_CODES["interrupted" if isinstance(e, TrainingInterrupted) else "diverged"])
+    raise
+  except BaseException as e:
+    if watch is not None:
+      watch.failed(e)  # a lost peer ends the process in there
+    raise
+  if watch is not None:
+    watch.finished()
   return 0
 
 

@@ -23,10 +23,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     return action.help if action.default is None or action.default is False else super()._get_help_string(action)
 
 
-EXIT_CODES = {"ok": 0, "diverged": 1, "bad_input": 2, "resources": 3, "interrupted": 130, "internal": 70}
+EXIT_CODES = {
+  "ok": 0,
+  "diverged": 1,
+  "bad_input": 2,
+  "resources": 3,
+  "interrupted": 130,
+  "peer_lost": 75,
+  "internal": 70,
+}
 EXIT_HELP = (
   "exit codes: 0 ok, 1 training diverged, 2 bad input (flags, data, run directory), 3 not enough "
-  "memory or disk, 130 interrupted (a checkpoint is saved first), 70 internal error"
+  "memory or disk, 130 interrupted (a checkpoint is saved first), 75 a process of a multi-process run was lost "
+  "or stuck, 70 internal error"
 )
 
 

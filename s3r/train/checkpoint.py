@@ -239,6 +239,13 @@ class Checkpointer:
       self._remove_debris(step)
 
 
+def unfinished_steps(directory: pathlib.Path) -> list[int]:
+  """The steps whose save was cut short in `directory`: a temporary folder that Orbax never renamed into place
+  (it does so after every process wrote its part; a writing Checkpointer removes them)."""
+  steps = {p.name.split(".")[0] for p in pathlib.Path(directory).glob("*.orbax-checkpoint-tmp*")}
+  return sorted(int(s) for s in steps if s.isdigit())
+
+
 def _settle_pending_writes(timeout_s: float = 30.0) -> None:
   """Lets Orbax's background writes of a failed save end before its folders are removed: a write already
   running (tensorstore keeps writing when its awaiting task is cancelled) is waited for, up to `timeout_s`

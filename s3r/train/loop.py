@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, compile_cache, flops, logs, placement, profiling, recovery, report, resume
+from s3r.train import checkpoint, compile_cache, flops, logs, peers, placement, profiling, recovery, report, resume
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -195,6 +195,7 @@ def _train(cfg: TrainConfig, out: pathlib.Path, mesh, saved: resume.SavedRun | N
       writer = RunOutputs(cfg, out, keep_until_step=start if start else -1, log=log)
     throughput = _log_start(cfg, setup, start, log)
     history, initial_val = [], None
+    peers.watch().gather("compiled")  # no process starts the first collective long before the others
     if start == 0:
       initial_loss, record = _step_zero(setup, state, batches, loader, val_sets, eval_step)
       history, initial_val = [initial_loss], record.get("val_loss")
@@ -284,9 +285,11 @@ class _Run:
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )
+    watch = peers.watch()  # with several processes: stalls, lost peers and the agreed stop step
     with bar, Interrupts() as interrupts, contextlib.closing(profiler):
       try:
         for step in range(start + 1, cfg.steps + 1):
+          watch.begin("step", step)
           t0 = time.time()
           with profiler.step(step):
             state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
@@ -307,15 +310,19 @@ class _Run:
             "wall_s": self.wall(),
           }
           if step % cfg.eval_every == 0 or step == cfg.steps:
+            watch.begin("validate", step)
             val_losses = self._validate(bar, step, state, metrics, record)
             good.saw_validation(record.get("val_loss"))
           if self.writer is not None:
             self.writer.write(record)
-          stop = interrupts.requested  # read once: a signal arriving after this line stops the next step
+          # read once: a signal arriving after this line stops the next step (several processes: a later one)
+          stop = watch.stop_at(step, interrupts.requested)
           if step % cfg.ckpt_every == 0 or step == cfg.steps or stop:
+            watch.begin("save", step)
             with interrupts.deferred():  # a second Ctrl-C waits for the checkpoint
               last_ckpt = self._save(step, state, last_ckpt)
             good.saved(step, monitor.level, record.get("val_loss"))
+          watch.begin("end", step)
           bar.set_postfix(
             {"loss": f"{metrics['loss']:.3f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
             | flops.Throughput.postfix(record)

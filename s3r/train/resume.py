@@ -49,6 +49,11 @@ def find_run(out: str | pathlib.Path) -> SavedRun:
       if ckpt.latest_step() is not None:
         notes: list[str] = []
         step, meta = ckpt.read_latest_meta(notes.append)
+        if unfinished := [s for s in checkpoint.unfinished_steps(directory) if s > step]:
+          notes.append(
+            f"checkpoint: the save of step(s) {', '.join(map(str, unfinished))} was cut short (not every process "
+            f"finished it; it is removed); resuming from step {step}"
+          )
         return SavedRun(config=TrainConfig.from_dict(meta["train_config"]), step=step, meta=meta, notes=tuple(notes))
     except checkpoint.CorruptCheckpoint as e:
       raise ConfigError(f"{e}; {NEW_RUN}") from None
