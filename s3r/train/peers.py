@@ -198,9 +198,9 @@ class Peers:
     if _runtime_error(error):
       time.sleep(self.timeout_s + 4 * self.poll_s)  # the judge ends the process within this if a peer is lost
       self._end(f"a collective failed on process {self.index} {self._where()} ({why}); {self._resume()}")
+    self._stop.set()  # this process ends with its own error, not with another's
     if isinstance(error, Exception):  # s3r's own one-line errors end this process as usual; the others learn it
       self._set(PREFIX + "abort", f"process {self.index} stopped {self._where()}: {why}; {self._resume()}")
-    self._stop.set()
 
   # -- the threads -------------------------------------------------------------------------------------
   def _talk(self) -> None:
