@@ -43,13 +43,17 @@ DOCS = pathlib.Path(__file__).parents[2] / "docs" / "training.md"
 
 
 def docs_commands() -> list[str]:
-  """The `s3r train` command lines of the shell code blocks of docs/training.md (with their VAR=value prefixes)."""
-  commands, fence = [], None  # fence: the info string of the open code block, None outside one
+  """The `s3r train` command lines of docs/training.md's code blocks marked as run by this module."""
+  commands, fence, marked = [], None, False  # fence: the info string of the open code block, None outside one
   for line in DOCS.read_text().splitlines():
     if line.startswith("```"):
       fence = line[3:].strip() if fence is None else None
-    elif fence in ("", "bash", "sh") and re.match(r"^(\w+=\S+ )*s3r train ", line):
+      marked = marked and fence is not None
+    elif fence is None:
+      marked = line == "<!-- run as written by tests/train/test_run_outputs.py -->"
+    elif marked and re.match(r"^(\w+=\S+ )*s3r train ", line):
       commands.append(line)
+  assert len(commands) == 2, commands  # the TensorBoard and profiling example, the W&B example
   return commands
 
 
