@@ -97,3 +97,32 @@ def test_the_parquet_and_datasets_examples_train_on_the_text_column(ran):
     assert saved["train"]["text_column"] == "source" and saved["data"]["n_docs"]["train"] > 50, run
   if len(runs) == 2:  # the same rows: the same documents, split alike
     assert _saved(folder, "parquet")["data"]["n_docs"] == _saved(folder, "dataset")["data"]["n_docs"]
+
+
+ROOT = DOC.parents[1]
+AOT_RESULTS = ROOT / "results" / "aot" / "bench_aot_h100_grad_accum_cpu.json"
+STEP_RESULTS = ROOT / "results" / "grad_accum" / "bench_step_grad_accum_{n}_cpu.json"
+
+
+def grad_accum_memory_rows() -> list[list[str]]:
+  """The rows of the page's grad-accumulation memory table, from the committed results: per N, the temporaries of
+  the H100 train step (`benchmarks aot`, GiB) and of the CPU train step (`benchmarks step`, MiB) with N / 1."""
+  aot = {r.get("grad_accum", 1): r["memory"]["temp"] for r in json.loads(AOT_RESULTS.read_text())["results"]}
+  cpu = {}
+  for n in aot:
+    doc = json.loads(pathlib.Path(str(STEP_RESULTS).format(n=n)).read_text())
+    assert doc["complete"] and doc["settings"]["grad_accum"] == n
+    cpu[n] = doc["results"]["configs"][0]["recipes"]["s3r_ec_dx"]["memory"]["temp"]
+  return [
+    [str(n), f"{aot[n] / 2**30:.2f}", f"{aot[n] / aot[1]:.2f}", f"{cpu[n] / 2**20:.1f}", f"{cpu[n] / cpu[1]:.2f}"]
+    for n in sorted(aot)
+  ]
+
+
+def test_the_grad_accum_memory_table_is_the_committed_results():
+  text = DOC.read_text()
+  section = text[text.index("### Memory of the accumulating step") :].splitlines()
+  start = next(i for i, ln in enumerate(section) if ln.startswith("|"))
+  end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+  rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in section[start + 2 : end]]
+  assert rows == grad_accum_memory_rows()
