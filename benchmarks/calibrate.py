@@ -198,9 +198,8 @@ def measure(program: str, recipe: str, args: argparse.Namespace, out: pathlib.Pa
 def _meta(device_kind: str) -> dict:
   import jax
 
-  revision = (os.environ.get("REVISION") or git_info().get("revision") or "unknown")[
-    :12
-  ]  # REVISION: a copy without .git
+  # REVISION, where set, names the commit (a device's copy of the tree has no .git)
+  revision = (os.environ.get("REVISION") or git_info().get("revision") or "unknown")[:12]
   date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
   device = next((d for d in ("h100", "h200", "b200", "a100") if d in device_kind.lower()), device_kind.lower())
   device = "".join(c if c.isalnum() else "_" for c in device)
