@@ -151,6 +151,17 @@ def gemms(text: str) -> list[dict]:
   return out
 
 
+def launches(text: str) -> int:
+  """Fusions and custom calls of a module outside fusion bodies: the kernels (and library calls) it launches."""
+  comps = hlo.parse_hlo(text)
+  bodies = {
+    c for comp in comps.values() for ins in comp.instrs if ins.opcode == "fusion" for c in _CALLS_RE.findall(ins.attrs)
+  }
+  return sum(
+    ins.opcode in ("fusion", "custom-call") for c in comps.values() if c.name not in bodies for ins in c.instrs
+  )
+
+
 def census(rows: list[dict]) -> dict[str, int]:
   """Counts of `gemms` rows by "backend lhs x rhs -> out"."""
   return dict(

@@ -98,7 +98,7 @@ def compile_gemm(dtype: str, gemm: str, args, compiler_options: dict):
   compiled = jax.jit(fn).lower(*args).compile(compiler_options=compiler_options or None)
   text = compiled.as_text()
   rows = gemm_backends.gemms(text)
-  kernels = text.count(" fusion(") + text.count(" custom-call(")
+  kernels = gemm_backends.launches(text)
   return compiled, rows, kernels
 
 

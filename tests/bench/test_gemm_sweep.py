@@ -50,6 +50,7 @@ def test_a_nested_triton_gemm_fusion_is_read_with_its_operand_types_sizes_and_ti
   assert (row["lhs"], row["rhs"], row["out"]) == ("s8", "s8", "s32")
   assert (row["m"], row["n"], row["k"], row["batch"]) == (2048, 8192, 16384, 1)
   assert row["tile"] == "64x32x64 w4 s1"  # output tile, the dot's contracting tile, warps, stages
+  assert gemm_backends.launches(TRITON_HLO) == 1  # the fusion inside the GEMM fusion's body is not a launch
 
 
 def test_a_cublaslt_call_is_read_with_its_sizes_from_the_gemm_config():
@@ -57,6 +58,7 @@ def test_a_cublaslt_call_is_read_with_its_sizes_from_the_gemm_config():
   assert row["backend"] == "cublaslt" and (row["lhs"], row["rhs"], row["out"]) == ("s8", "s8", "s32")
   assert (row["m"], row["n"], row["k"]) == (16384, 8192, 2048) and row["tile"] == ""
   assert gemm_backends.census([row]) == {"cublaslt s8 x s8 -> s32": 1}
+  assert gemm_backends.launches(CUBLAS_HLO) == 1
 
 
 def test_gemm_sweep_times_each_gemm_and_names_its_kernel_on_the_cpu(tmp_path):
