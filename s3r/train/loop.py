@@ -285,6 +285,7 @@ class _Run:
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )
+    profiler.log = self.log if bar.disable else bar.write  # the trace's file named above the progress bar
     watch = peers.watch()  # with several processes: stalls, lost peers and the agreed stop step
     with bar, Interrupts() as interrupts, contextlib.closing(profiler):
       try:
@@ -295,8 +296,8 @@ class _Run:
             state, metrics = train_step(state, self.batches.from_local(self.loader.next()), self.setup.keys["train"])
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             profiler.done(state)
+            step_time = time.time() - t0  # without writing a trace that ends after this step
           bad_grad = param_name(state.params, int(metrics.pop(FIRST_NONFINITE_GRAD, -1)))
-          step_time = time.time() - t0
           level = monitor.level
           if why := monitor.check(step, metrics["loss"], metrics["grad_norm"], bad_grad):
             raise TrainingDiverged(f"{why}; stopping: {recovery.diverged(cfg, self.ckpt, step, main=self.main)}")
