@@ -133,6 +133,18 @@ def test_resumed_run_events_hold_each_step_once_and_equal_its_metrics(resumed_ru
   assert len(list(pathlib.Path(cfg.out).glob(tracking.EVENTS_GLOB))) == 1
 
 
+def test_without_tensorboardx_the_run_says_how_to_get_the_event_files(tmp_path, corpus_dir, cache_dir, monkeypatch):
+  monkeypatch.setattr(tracking, "has_tensorboard_writer", lambda: False)
+  lines: list[str] = []
+  outputs = tracking.RunOutputs(
+    _config(tmp_path, corpus_dir, cache_dir), tmp_path, keep_until_step=-1, log=lines.append
+  )
+  outputs.write({"step": 0, "loss": 5.0})
+  outputs.close()
+  assert lines == ["tensorboard: not written (needs tensorboardX: pip install 's3r[tensorboard]')"]
+  assert list(tmp_path.glob(tracking.EVENTS_GLOB)) == []
+
+
 def test_no_tensorboard_writes_no_event_file_but_the_metrics(tmp_path, corpus_dir, cache_dir):
   cfg = _config(tmp_path, corpus_dir, cache_dir, tensorboard=False)
   outputs = tracking.RunOutputs(cfg, tmp_path, keep_until_step=-1, log=print)
