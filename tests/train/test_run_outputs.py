@@ -236,6 +236,18 @@ def test_profile_traces_exactly_the_asked_steps_with_the_train_steps_kernels(pro
   assert f"profile: wrote runs/tiny/profile/{traces[0].relative_to(cfg.out + '/profile')}" in lines
 
 
+def test_xprof_reads_the_trace_and_shows_the_train_steps_kernels(profiled_run):
+  convert = pytest.importorskip(
+    "xprof.convert.raw_to_tool_data", reason="XProf is not a dependency (pip install xprof)"
+  )
+  cfg, _ = profiled_run
+  trace = [str(profiling.trace_files(f"{cfg.out}/{profiling.PROFILE_DIR}")[0])]
+  assert {"trace_viewer@", "overview_page", "hlo_stats"} <= set(convert.xspace_to_tool_names(trace))
+  data, _ = convert.xspace_to_tool_data(trace, "trace_viewer", {})
+  names = {event.get("name") or "" for event in json.loads(data)["traceEvents"]}
+  assert any(name.endswith("_fusion") for name in names)
+
+
 def test_profile_on_resume_traces_only_the_steps_after_the_restored_one(resumed_run):
   cfg, lines = resumed_run  # resumed at step 4 with --profile 2:6
   traces = profiling.trace_files(f"{cfg.out}/{profiling.PROFILE_DIR}")
