@@ -11,7 +11,9 @@ Typical use::
 Modules: :mod:`~s3r.data.sources` (finding and reading documents),
 :mod:`~s3r.data.tokenizer` (the BPE tokenizer), :mod:`~s3r.data.cache`
 (content-hash caching), :mod:`~s3r.data.corpus` (``prepare``),
-:mod:`~s3r.data.loader` (batching).
+:mod:`~s3r.data.loader` (batching), :mod:`~s3r.data.arrow` (Parquet files and
+Hugging Face datasets folders, with pyarrow), :mod:`~s3r.data.stream` (the splits of a
+corpus on disk, read from its files on every pass).
 """
 
 from s3r.data.corpus import Corpus, prepare, split_documents

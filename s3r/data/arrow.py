@@ -1,8 +1,9 @@
 """Columnar corpora: Parquet files and folders written by Hugging Face ``datasets`` (``save_to_disk``).
 
 Both are read with pyarrow alone (the optional extra ``s3r[parquet]``) in pieces, so a file is never held in
-memory whole: a Parquet file a row group at a time (its unit of storage; in record batches of at most
-``BATCH_ROWS`` rows), an Arrow file of a ``save_to_disk`` folder record batch by record batch (memory-mapped).
+memory whole: a Parquet file in record batches of at most ``BATCH_ROWS`` rows (read from a row group or
+two at a time, its unit of storage), an Arrow file of a ``save_to_disk`` folder record batch by record batch
+(memory-mapped).
 Each row's text column (``text`` unless ``--text-column`` names another) is one document; null and
 whitespace-only values are skipped, as everywhere.
 
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from s3r.data.errors import DataError
 
 DEFAULT_TEXT_COLUMN = "text"
-BATCH_ROWS = 1024  # rows per record batch read from a Parquet file (bounds the memory of a huge row group)
+BATCH_ROWS = 256  # rows per record batch read from a Parquet file (their texts are in memory at once)
 DATASET_STATE = "state.json"  # a `datasets.Dataset.save_to_disk` folder
 DATASET_DICT = "dataset_dict.json"  # a `datasets.DatasetDict.save_to_disk` folder
 PARQUET_SUFFIX = ".parquet"

@@ -60,7 +60,7 @@ def tokenizer_sample(
   """
   total = sum(min(len(d), doc_chars) for d in docs)
   stride = max(1, math.ceil(total / max_chars))
-  return [d[:doc_chars] for d in docs[::stride]], stride
+  return [d[:doc_chars] for i, d in enumerate(docs) if i % stride == 0], stride  # one pass: docs may be a stream
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -129,20 +129,26 @@ def given_tokenizer_info(tok: Tokenizer) -> dict:
 def cached_tokens(
   split: str, docs: Sequence[str], tok: Tokenizer, tok_key: str, cache_dir: pathlib.Path, log: Log
 ) -> tuple[np.ndarray, dict]:
-  """Encode ``docs`` (EOT after each) or load the identical encoding from the cache."""
+  """Encode ``docs`` (EOT after each) or load the identical encoding from the cache. Documents that are not a list
+  (``s3r.data.stream.SplitDocuments``: read from disk on every pass) are encoded to the cache file a chunk at a
+  time, and their tokens are memory-mapped from it, so neither is held in memory whole."""
   dtype = dtype_for_vocab(tok.vocab_size)
+  streamed = not isinstance(docs, list)
   key = digest_documents(docs, TOKENS_VERSION, tok_key, dtype.str)
   path = cache_dir / "tokens" / f"{split}-{key[:20]}.npy"
   info = {"path": str(path), "cache_key": key}
   if path.is_file():
     try:
-      tokens = np.load(path)
+      tokens = np.load(path, mmap_mode="r" if streamed else None)
       if tokens.ndim == 1 and tokens.dtype == dtype:
         log(f"tokens: cached {split}: {len(tokens):,} tokens ({path})")
         return tokens, {**info, "cached": True}
     except (OSError, ValueError):
       pass
     log(f"tokens: ignoring unreadable cache file {path}")
+  if streamed:
+    encode_to_file(docs, tok, dtype, split, log, path)
+    return np.load(path, mmap_mode="r"), {**info, "cached": False}
   tokens = encode_documents(docs, tok, dtype, split, log)
   save_atomic(path, lambda tmp: np.save(tmp, tokens))
   return tokens, {**info, "cached": False}
@@ -154,12 +160,48 @@ def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label
   Documents are encoded in parallel batches of about 4M characters, with a
   progress line every few seconds for large corpora.
   """
-  total_chars = sum(len(d) for d in docs)
+  t0 = time.perf_counter()
+  parts = list(_encoded_parts(docs, tok, dtype, label, log))
+  tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
+  _log_encoded(docs, label, len(tokens), t0, log)
+  return tokens
+
+
+def encode_to_file(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log, path: pathlib.Path):
+  """`encode_documents` written to the .npy file `path` (atomically) a chunk at a time, never all in memory."""
+  t0, n = time.perf_counter(), 0
+  raw = path.with_name(f".{path.stem}.{os.getpid()}.raw")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    with open(raw, "wb") as f:
+      for part in _encoded_parts(docs, tok, dtype, label, log):
+        part.tofile(f)
+        n += len(part)
+
+    def write(tmp: pathlib.Path) -> None:
+      out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
+      if n:
+        src = np.memmap(raw, dtype=dtype, mode="r", shape=(n,))
+        for start in range(0, n, 1 << 24):
+          out[start : start + (1 << 24)] = src[start : start + (1 << 24)]
+        del src
+      out.flush()
+      del out
+
+    save_atomic(path, write)
+  finally:
+    raw.unlink(missing_ok=True)
+  _log_encoded(docs, label, n, t0, log)
+
+
+def _encoded_parts(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log):
+  """The token arrays of chunks of about _ENCODE_CHUNK_CHARS characters of `docs`, in order, with a progress line
+  every few seconds."""
+  total_chars = getattr(docs, "n_chars", None) or sum(len(d) for d in docs)
   t0 = last = time.perf_counter()
-  parts: list[np.ndarray] = []
   done_chars = 0
   for chunk in _chunks(docs, _ENCODE_CHUNK_CHARS):
-    parts.append(_encode_chunk(chunk, tok, dtype))
+    yield _encode_chunk(chunk, tok, dtype)
     done_chars += sum(len(d) for d in chunk)
     now = time.perf_counter()
     if now - last >= _PROGRESS_EVERY_S:
@@ -169,12 +211,14 @@ def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label
         f"({done_chars / 1e6:.1f}/{total_chars / 1e6:.1f}M chars, "
         f"{done_chars / 1e6 / (now - t0):.1f}M chars/s)"
       )
-  tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _log_encoded(docs: Sequence[str], label: str, n_tokens: int, t0: float, log: Log) -> None:
+  chars = getattr(docs, "n_chars", None) or sum(len(d) for d in docs)
   log(
-    f"tokens: encoded {label}: {len(docs):,} docs, {total_chars / 1e6:.1f}M chars -> "
-    f"{len(tokens):,} tokens in {time.perf_counter() - t0:.1f}s"
+    f"tokens: encoded {label}: {len(docs):,} docs, {chars / 1e6:.1f}M chars -> "
+    f"{n_tokens:,} tokens in {time.perf_counter() - t0:.1f}s"
   )
-  return tokens
 
 
 def _chunks(docs: Sequence[str], max_chars: int):

@@ -24,7 +24,6 @@ the training data, it is encoded too, as the out-of-domain validation set
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import os
 import pathlib
@@ -32,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from s3r.data import sources
+from s3r.data import sources, stream
 from s3r.data.cache import cached_tokenizer, cached_tokens, given_tokenizer_info
 from s3r.data.errors import DataError
 from s3r.data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
@@ -71,10 +70,11 @@ class _Source:
 
   name: str
   split: str
-  train: list[str]
-  val: dict[str, list[str]]
+  train: Sequence[str]  # a list, or for a corpus named by a path, stream.SplitDocuments (read on every pass)
+  val: dict[str, Sequence[str]]
   files: dict[str, list[pathlib.Path]]
   text_column: str | None = None  # the column (JSON field) the texts came from; None: "text"
+  n_docs: int | None = None  # documents in the files (of a corpus named by a path)
 
 
 def prepare(
@@ -150,7 +150,7 @@ def _corpus_info(
     "n_files": {k: len(v) for k, v in src.files.items()},
     "files": {k: [str(f) for f in v[:_MAX_LISTED_FILES]] for k, v in src.files.items()},
     "n_docs": {k: len(v) for k, v in splits.items()},
-    "n_chars": {k: sum(len(d) for d in v) for k, v in splits.items()},
+    "n_chars": {k: getattr(v, "n_chars", None) or sum(len(d) for d in v) for k, v in splits.items()},
     "n_tokens": {k: int(len(v)) for k, v in arrays.items()},
     "vocab_size": tok.vocab_size,
     "requested_vocab_size": requested_vocab_size,
@@ -212,11 +212,9 @@ def _select_source(
   else:
     path = resolve_data_path(data, root, how)
     files = sources.resolve_files(path)
-    docs = list(sources.read_files(files, path, text_column))
-    src = _hash_split_source(data, files, docs, val_fraction, max_train_docs)
-    src.text_column = text_column
+    src = _streamed_source(data, files, path, text_column, val_fraction, max_train_docs)
     log(
-      f"data: {data}: {len(files)} file(s), {len(docs):,} documents, split by "
+      f"data: {data}: {len(files)} file(s), {src.n_docs:,} documents, split by "
       f"document hash into {len(src.train):,} train / {len(src.val['val']):,} val"
     )
   _add_c4_validation(src, root, log)
@@ -274,6 +272,19 @@ def _hash_split_source(
   return _Source(name, split, train, {"val": [docs[i] for i in val_idx]}, {"train": files, "val": files})
 
 
+def _streamed_source(
+  name: str, files: list[pathlib.Path], label: str, text_column: str | None, val_fraction: float, max_train_docs
+) -> _Source:
+  """The hash split of a corpus on disk as `stream.SplitDocuments`: one pass reads every document's hash and length,
+  and each split reads its documents from the files on every pass (never all in memory)."""
+  scores, lengths = stream.scan(files, label, text_column)
+  held_out = _held_out(scores, len(scores), val_fraction, name)
+  train = stream.SplitDocuments(files, label, text_column, ~held_out, lengths, max_train_docs)
+  val = stream.SplitDocuments(files, label, text_column, held_out, lengths)
+  split = f"document-text hash, val_fraction={val_fraction}"
+  return _Source(name, split, train, {"val": val}, {"train": files, "val": files}, text_column, len(scores))
+
+
 def split_documents(docs: Sequence[str], val_fraction: float, *, label: str = "corpus") -> tuple[list[int], list[int]]:
   """Indices of training and validation documents, chosen by a hash of each text.
 
@@ -283,26 +294,26 @@ def split_documents(docs: Sequence[str], val_fraction: float, *, label: str = "c
   kept for training; a corpus with fewer than two distinct documents raises
   :class:`DataError`.
   """
-  scores = [_unit_hash(d) for d in docs]
-  if len(set(scores)) < 2:
+  scores = np.asarray([stream.unit_hash(d) for d in docs], np.float64)
+  held_out = _held_out(scores, len(docs), val_fraction, label)
+  return np.flatnonzero(~held_out).tolist(), np.flatnonzero(held_out).tolist()
+
+
+def _held_out(scores: np.ndarray, n_docs: int, val_fraction: float, label: str) -> np.ndarray:
+  """Which documents `split_documents` holds out, from their hash scores."""
+  distinct = len(np.unique(scores))
+  if distinct < 2:
     raise DataError(
-      f"{label} has {len(docs)} document(s) ({len(set(scores))} distinct); "
+      f"{label} has {n_docs} document(s) ({distinct} distinct); "
       f"need at least 2 to split into train and validation "
       f"(a .txt file is split into documents at two or more blank lines)"
     )
   threshold = val_fraction
-  if not any(s < threshold for s in scores):  # hold out the lowest-scoring text
-    threshold = np.nextafter(min(scores), 1.0)
-  if all(s < threshold for s in scores):  # keep the highest-scoring text for training
-    threshold = max(scores)
-  val = [i for i, s in enumerate(scores) if s < threshold]
-  train = [i for i, s in enumerate(scores) if s >= threshold]
-  return train, val
-
-
-def _unit_hash(text: str) -> float:
-  digest = hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
-  return int.from_bytes(digest, "little") / 2.0**64
+  if not np.any(scores < threshold):  # hold out the lowest-scoring text
+    threshold = np.nextafter(scores.min(), 1.0)
+  if np.all(scores < threshold):  # keep the highest-scoring text for training
+    threshold = scores.max()
+  return scores < threshold
 
 
 def _add_c4_validation(src: _Source, root: pathlib.Path | None, log) -> None:
