@@ -145,9 +145,9 @@ def grouped_qmatmul(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _float_gmm(impl: str, dt: np.dtype, x_TxK: jax.Array, w_ExKxN: jax.Array, group_sizes: jax.Array) -> jax.Array:
   """[T, N] f32: operands in `dt` (bf16, or f32 at full precision), f32 accumulation. The VJP is two
-  more grouped GEMMs in `dt` with f32 accumulation, dX = G W_eᵀ and dW[e] = X_eᵀ G_e, each rounded
-  to `dt` once (G enters in `dt`: lossless for activations in `dt`, whose output gradient is in
-  `dt`), so no gathered weight copy or f32 weight copy is kept or differentiated."""
+  more grouped GEMMs in `dt` with f32 accumulation, dX = G W_eᵀ in x's dtype and dW[e] = X_eᵀ G_e in
+  w's, as the dense product's (bf16.py; G enters in `dt`: lossless for activations in `dt`, whose
+  output gradient is in `dt`), so no gathered weight copy or f32 weight copy is kept or differentiated."""
   lay = grouped_gemm.layout(group_sizes, x_TxK.shape[0])
   precision = arguments.float_precision(dt)
   return grouped_gemm.gmm(x_TxK.astype(dt), w_ExKxN.astype(dt), lay, impl, out=jnp.float32, precision=precision)
@@ -169,9 +169,7 @@ def _float_bwd(
   precision = arguments.float_precision(dt)
   dx_TxK = grouped_gemm.gmm_nt(g_TxN, wb_ExKxN, lay, impl, out=jnp.float32, precision=precision)
   dw_ExKxN = grouped_gemm.tgmm(xb_TxK, g_TxN, lay, impl, out=jnp.float32, precision=precision)
-  dx_TxK = dx_TxK.astype(dt).astype(x_TxK.dtype)
-  dw_ExKxN = dw_ExKxN.astype(dt).astype(w_ExKxN.dtype)
-  return dx_TxK, dw_ExKxN, None
+  return dx_TxK.astype(x_TxK.dtype), dw_ExKxN.astype(w_ExKxN.dtype), None
 
 
 _float_gmm.defvjp(_float_fwd, _float_bwd)
