@@ -113,9 +113,9 @@ def _events_from(out: pathlib.Path, records: list[dict]):
 def _add_step(writer, step: int, values: dict[str, float], walltime: float) -> None:
   """One event holding all scalars of a step (what `add_scalar` writes one event per value for: the same
   values, several times faster to write and to read back)."""
-  from tensorboardX.proto.summary_pb2 import Summary
-
-  summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in values.items()])
+  summary_pb2 = importlib.import_module("tensorboardX.proto.summary_pb2")  # generated protobuf code, untyped
+  value = summary_pb2.Summary.Value
+  summary = summary_pb2.Summary(value=[value(tag=name, simple_value=v) for name, v in values.items()])
   writer._get_file_writer().add_summary(summary, global_step=step, walltime=walltime)  # noqa: SLF001
 
 
