@@ -179,7 +179,7 @@ class Peers:
     at, signal, who = value.split(":")
     if int(at) > step:
       return None
-    return signal if int(who) == self.index else f"{signal} to process {who}"
+    return requested or (signal if int(who) == self.index else f"{signal} to process {who}")
 
   def finished(self, code: int = 0) -> None:
     """This process ends as planned with exit code `code` (done, or stopped together): the others no longer
