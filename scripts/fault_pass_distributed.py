@@ -1,10 +1,11 @@
-"""The distributed fault pass: runs the two-process fault cases (tests/distributed/test_peer_faults.py, slow)
-and prints one line per case and the tally.
+"""The distributed fault pass: runs the two-process fault cases (the slow ones of
+tests/distributed/test_peer_faults.py and test_peer_runtime.py) and prints one line per case and the tally.
 
   python scripts/fault_pass_distributed.py [-k EXPRESSION]
 
 Each case starts `s3r train` as two processes (2 simulated CPU devices each, gloo) and hurts one of them (SIGKILL,
-SIGKILL of the coordinator, SIGTERM, SIGSTOP, SIGKILL during a save); a case passes when every process ended
+SIGKILL of the coordinator, SIGTERM, SIGSTOP, SIGKILL during a save; a model-free pair: a main thread that never
+reaches its collective); a case passes when every process ended
 within its deadline with the documented exit code and one console line, and the resumed run reproduces the
 uninterrupted one. Exit code 0 when every case passed, 1 otherwise.
 """
@@ -21,7 +22,7 @@ import time
 import xml.etree.ElementTree as ET
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CASES = "tests/distributed/test_peer_faults.py"
+CASES = ["tests/distributed/test_peer_faults.py", "tests/distributed/test_peer_runtime.py"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
     report = pathlib.Path(tmp) / "cases.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider", CASES]
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider", *CASES]
     command += [f"--junitxml={report}", *(["-k", args.k] if args.k else [])]
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -307,10 +307,11 @@ class Peers:
         log.write(f"peers: {line}")
         log.flush()
         faulthandler.dump_traceback(log, all_threads=True)
-    if publish:
+    if publish:  # the others read it within a poll (process 0 holds the store: it waits for that)
       telling = threading.Thread(target=self._set, args=(PREFIX + "abort", message), daemon=True)
       telling.start()
       telling.join(min(2.0, self.timeout_s))
+      time.sleep(min(3 * self.poll_s, 3.0))
     os._exit(EXIT_PEER_LOST)
 
   def _get(self, key: str) -> str | None:

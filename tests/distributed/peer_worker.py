@@ -1,19 +1,21 @@
 """A stand-in for a training process of a multi-process run, without a model: `s3r.train.peers` started as
 `s3r train` starts it, then a loop of one small collective per step with the step loop's hooks.
 
-  python tests/distributed/peer_worker.py OUT PORT PROCESS_ID [PEER_TIMEOUT_S]
+  python tests/distributed/peer_worker.py OUT PORT PROCESS_ID [PEER_TIMEOUT_S [HANG_AT_STEP]]
 
 Writes OUT/step.<process> after each step; on an agreed stop it prints "stopped after step S: WHY" and exits
-130, as `s3r train` does after its save."""
+130, as `s3r train` does after its save. With HANG_AT_STEP, process 1's main thread blocks for good after
+that step (its other threads run on: a live process whose collective never comes)."""
 
 import pathlib
 import sys
+import threading
 import time
 
 import numpy as np
 
 
-def main(out: str, port: str, process_id: str, timeout_s: str = "4") -> int:
+def main(out: str, port: str, process_id: str, timeout_s: str = "4", hang_at_step: str = "0") -> int:
   from s3r.train import peers
   from s3r.train.guard import Interrupts
 
@@ -40,6 +42,8 @@ def main(out: str, port: str, process_id: str, timeout_s: str = "4") -> int:
           watch.finished(130)
           return 130
         watch.begin("end", step)
+        if step == int(hang_at_step) and process_id == "1":
+          threading.Event().wait()
         time.sleep(0.02)
   except BaseException as e:
     watch.failed(e)

@@ -21,29 +21,40 @@ START_S = 120  # two JAX imports and the distributed start on loaded cores
 
 
 @pytest.fixture
-def pair(tmp_path):
-  """Starts processes 0 and 1 (each in a session of its own); kills what is left at the end."""
+def start_pair(tmp_path):
+  """start_pair(*args) starts processes 0 and 1 of peer_worker.py (each in a session of its own; `args`: its
+  optional arguments after PEER_TIMEOUT_S); what is left is killed at the end."""
   procs = []
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  for i in range(2):
-    procs.append(
-      subprocess.Popen(
-        [sys.executable, str(WORKER), str(tmp_path), str(port), str(i), str(PEER_TIMEOUT_S)],
-        env=device_env(1, TF_CPP_MIN_LOG_LEVEL="2"),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+
+  def start(*extra) -> list[subprocess.Popen]:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    for i in range(2):
+      argv = [str(tmp_path), str(port), str(i), str(PEER_TIMEOUT_S), *map(str, extra)]
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, str(WORKER), *argv],
+          env=device_env(1, TF_CPP_MIN_LOG_LEVEL="2"),
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          start_new_session=True,
+        )
       )
-    )
-  yield procs
+    return procs
+
+  yield start
   for p in procs:
     if p.poll() is None:
       os.killpg(p.pid, signal.SIGKILL)
     p.communicate()
+
+
+@pytest.fixture
+def pair(start_pair):
+  return start_pair()
 
 
 def _until_step(tmp_path, procs, step: int) -> None:
@@ -80,3 +91,22 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(pair, tmp_path):
   assert one == f"stopped after step {step}: SIGTERM"
   assert zero == f"stopped after step {step}: SIGTERM to process 1"
   assert [err for _, err in results] == ["", ""]
+
+
+HANG_AT = 12
+
+
+@pytest.mark.slow
+def test_a_live_process_whose_collective_never_comes_is_named_by_the_stall_deadline(start_pair, tmp_path):
+  """Process 1's main thread blocks after step 12 while its threads beat on: process 0 waits in step 13's
+  collective past max(10 x its median step, 2 x --peer-timeout), names process 1, and both end with that line."""
+  pair = start_pair(HANG_AT)
+  _until_step(tmp_path, pair, HANG_AT)
+  t0 = time.monotonic()
+  results = [p.communicate(timeout=4 * PEER_TIMEOUT_S + 20) for p in pair]  # a timeout here is a hang
+  assert time.monotonic() - t0 < 2 * PEER_TIMEOUT_S + 10
+  assert [p.returncode for p in pair] == [75, 75], results
+  lines = [err.splitlines() for _, err in results]
+  assert all(len(e) == 1 for e in lines) and lines[0] == lines[1], lines  # process 1 ends with process 0's line
+  expected = f"s3r: error: process 1 is stuck at step {HANG_AT} (the others are at step {HANG_AT + 1}): at step"
+  assert lines[0][0].startswith(expected), lines
