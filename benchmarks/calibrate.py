@@ -188,6 +188,8 @@ def measure(program: str, recipe: str, args: argparse.Namespace, out: pathlib.Pa
     table = trace_kernels.kernel_table(trace_kernels.read_events(trace), text, args.iters, jax.default_backend())
     row |= {"kernel_seconds": table["seconds"], "unmapped_seconds": table["unmapped_seconds"]}
     row["kernels"] = table["kernels"]
+    if not table["kernels"]:
+      log(f"[calibrate]   no {jax.default_backend()} kernel events in the trace {trace} (the profiler saw no device)")
     if trace.stat().st_size <= MAX_TRACE_BYTES:
       shutil.copy(trace, folder / f"{recipe}.xplane.pb")
   shutil.rmtree(folder / f"{recipe}.trace", ignore_errors=True)
