@@ -57,27 +57,30 @@ class Client:
     self._up()
 
 
+class Codes(list):
+  over: threading.Event
+
+
 @pytest.fixture
 def ends(monkeypatch):
-  """The exit codes of the processes that ended (os._exit records them and holds the calling thread until the
-  test ends)."""
-  codes: list[int] = []
-  over = threading.Event()
+  """The exit codes of the processes that ended: os._exit records them and holds the calling thread until the
+  test's Peers are stopped (`job`'s teardown, which runs first)."""
+  codes = Codes()
+  codes.over = threading.Event()
 
   def fake_exit(code):
     codes.append(code)
-    over.wait()
+    codes.over.wait()
 
   monkeypatch.setattr(peers.os, "_exit", fake_exit)
-  yield codes
-  over.set()
+  return codes
 
 
 @pytest.fixture
-def job(tmp_path):
+def job(tmp_path, ends):
   """make(index, count) -> a started Peers of a run in tmp_path/run (checkpoint 5 complete, 10 cut short);
-  lines(peers) -> what it printed on its console."""
-  store, out, made = Store(), tmp_path / "run", []
+  lines(peers) -> what it printed on its console. Every thread has ended before os._exit is restored."""
+  store, out, made, threads = Store(), tmp_path / "run", [], []
   (out / "checkpoints" / "5").mkdir(parents=True)
   (out / "checkpoints" / "10.orbax-checkpoint-tmp-1").mkdir()
 
@@ -90,7 +93,8 @@ def job(tmp_path):
     made.append(p)
     if start:
       for target in (p._talk, p._judge):
-        threading.Thread(target=target, daemon=True).start()
+        threads.append(threading.Thread(target=target, daemon=True))
+        threads[-1].start()
     return p
 
   def lines(p: peers.Peers) -> list[str]:
@@ -103,6 +107,10 @@ def job(tmp_path):
   yield store, out, make, lines
   for p in made:
     p._stop.set()
+  ends.over.set()
+  for thread in threads:
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 def _until(condition, limit_s: float) -> float:
