@@ -110,3 +110,14 @@ def test_a_live_process_whose_collective_never_comes_is_named_by_the_stall_deadl
   assert all(len(e) == 1 for e in lines) and lines[0] == lines[1], lines  # process 1 ends with process 0's line
   expected = f"s3r: error: process 1 is stuck at step {HANG_AT} (the others are at step {HANG_AT + 1}): at step"
   assert lines[0][0].startswith(expected), lines
+
+
+@pytest.mark.slow
+def test_sigterm_to_both_processes_stops_both_after_the_same_step_each_naming_its_own(pair, tmp_path):
+  _until_step(tmp_path, pair, 3)
+  for p in pair:
+    p.send_signal(signal.SIGTERM)
+  results = [p.communicate(timeout=PEER_TIMEOUT_S + 20) for p in pair]
+  assert [p.returncode for p in pair] == [130, 130], results
+  (zero,), (one,) = (out.splitlines() for out, _ in results)
+  assert zero == one and zero.startswith("stopped after step ") and zero.endswith(": SIGTERM"), (zero, one)
