@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
       print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
       return 1
     cases = ET.parse(report).getroot().iter("testcase")
-    rows = [(case.get("name"), _outcome(case), float(case.get("time", 0))) for case in cases]
+    rows = [(case.get("name", ""), _outcome(case), float(case.get("time", 0))) for case in cases]
   width = max((len(name) for name, _, _ in rows), default=10)
   for name, outcome, seconds in rows:
     print(f"{name:<{width}}  {outcome:<7}  {seconds:6.1f} s")

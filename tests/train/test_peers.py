@@ -80,7 +80,7 @@ def ends(monkeypatch):
 def job(tmp_path, ends):
   """make(index, count) -> a started Peers of a run in tmp_path/run (checkpoint 5 complete, 10 cut short);
   lines(peers) -> what it printed on its console. Every thread has ended before os._exit is restored."""
-  store, out, made, threads = Store(), tmp_path / "run", [], []
+  store, out, made, threads, consoles = Store(), tmp_path / "run", [], [], {}
   (out / "checkpoints" / "5").mkdir(parents=True)
   (out / "checkpoints" / "10.orbax-checkpoint-tmp-1").mkdir()
 
@@ -89,7 +89,7 @@ def job(tmp_path, ends):
     p = peers.Peers(
       store.client(), index, count, out=out, timeout_s=TIMEOUT_S, factor=factor, console=write, poll_s=POLL_S
     )
-    p.read_fd = read
+    consoles[id(p)] = read
     made.append(p)
     if start:
       for target in (p._talk, p._judge):
@@ -98,9 +98,9 @@ def job(tmp_path, ends):
     return p
 
   def lines(p: peers.Peers) -> list[str]:
-    os.set_blocking(p.read_fd, False)
+    os.set_blocking(consoles[id(p)], False)
     try:
-      return os.read(p.read_fd, 65536).decode().splitlines()
+      return os.read(consoles[id(p)], 65536).decode().splitlines()
     except BlockingIOError:
       return []
 

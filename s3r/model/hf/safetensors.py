@@ -18,6 +18,7 @@ import json
 import math
 import pathlib
 import struct
+from typing import TypeGuard
 
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +110,7 @@ def _check_entry(path: pathlib.Path, name: str, entry, data: int) -> tuple[int, 
   return begin, end
 
 
-def _integers(value) -> bool:
+def _integers(value) -> TypeGuard[list[int]]:
   """A JSON list of integers >= 0 (not booleans, not floats)."""
   return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
