@@ -73,7 +73,7 @@ def _records(folder: pathlib.Path, run: str) -> list[dict]:
 def test_the_config_file_example_takes_the_files_settings_under_the_flags_and_its_config_json_is_a_config(ran):
   _, folder = ran
   saved = _saved(folder, "from-file")["train"]
-  assert (saved["preset"], saved["grad_accum"], saved["batch"], saved["lr"]) == ("tiny", 2, 8, 3e-3)
+  assert (saved["preset"], saved["grad_accum"], saved["batch"], saved["max_train_docs"]) == ("tiny", 2, 8, 200)
   assert saved["steps"] == 4 and [r["step"] for r in _records(folder, "from-file")] == list(range(5))  # the flag
   parser = cli.build_parser(["train"])
   args = parser.parse_args(["train", "--config", str(folder / "runs/from-file/config.json"), "--out", "again"])
@@ -84,7 +84,7 @@ def test_the_config_file_example_takes_the_files_settings_under_the_flags_and_it
 def test_the_grad_accum_example_trains_on_the_global_batch(ran):
   _, folder = ran
   saved = _saved(folder, "accum")
-  assert (saved["train"]["batch"], saved["train"]["grad_accum"]) == (8, 4)
+  assert (saved["train"]["batch"], saved["train"]["grad_accum"]) == (8, 2)
   records = _records(folder, "accum")
   assert [r["step"] for r in records] == list(range(5)) and "val_loss" in records[-1]
 

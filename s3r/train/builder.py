@@ -51,13 +51,19 @@ def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
     sharding.batch_sharding(mesh, cfg.batch_shape)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  return mesh
+
+
+def check_microbatches(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
+  """ConfigError naming --batch and --grad-accum unless every microbatch splits evenly over the mesh's
+  data-parallel devices (data x expert x fsdp)."""
   per_batch = mesh.shape["data"] * mesh.shape["expert"] * mesh.shape["fsdp"]
   if cfg.grad_accum > 1 and cfg.batch % (cfg.grad_accum * per_batch):
     raise ConfigError(
       f"--batch {cfg.batch} must be divisible by --grad-accum {cfg.grad_accum} x data x expert x fsdp = "
-      f"{cfg.grad_accum * per_batch} of the mesh (every microbatch splits evenly over the data-parallel devices)"
+      f"{cfg.grad_accum * per_batch} of the mesh (every microbatch splits evenly over the data-parallel devices); "
+      f"raise --batch or lower --grad-accum"
     )
-  return mesh
 
 
 def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_overrides) -> Setup:
@@ -65,6 +71,7 @@ def build(cfg: TrainConfig, vocab_size: int, mesh: jax.sharding.Mesh, **model_ov
 
   `model_overrides` replace fields of the model config as in `s3r.model.preset` (e.g. n_layers=2 for
   `python -m benchmarks comm`; `python -m benchmarks step` also sets remat, attention_impl, d_model)."""
+  check_microbatches(cfg, mesh)
   model_cfg = cfg.model_config(vocab_size, **model_overrides)
   batch_sh = sharding.batch_sharding(mesh, cfg.batch_shape)
   tx = make_optimizer(cfg.optimizer_config())

@@ -62,6 +62,7 @@ from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
   build,
+  check_microbatches,
   compile_eval_step_on_first_use,
   compile_train_step,
   make_mesh,
@@ -124,6 +125,7 @@ def train(cfg: TrainConfig, *, saved: resume.SavedRun | None = None, log=print) 
     mesh = make_mesh(cfg)
   except ConfigError as e:
     raise ConfigError(f"{e}; {resume.mesh_hint(cfg)}") from None
+  check_microbatches(cfg, mesh)
   _writable_dir(pathlib.Path(cfg.cache_dir), "--cache-dir")
   check_trackers(cfg)
   if cfg.compile_cache:  # a repeated or resumed run loads its compiled programs (--no-compile-cache: never)

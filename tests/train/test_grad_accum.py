@@ -134,6 +134,20 @@ def test_a_batch_that_does_not_split_into_the_microbatches_is_refused_naming_the
   assert text in str(e.value) and "\n" not in str(e.value)
 
 
+def test_microbatches_that_do_not_split_over_the_data_parallel_devices_are_refused_naming_both_flags():
+  from types import SimpleNamespace
+
+  from s3r.train.builder import check_microbatches
+
+  mesh = SimpleNamespace(shape={"data": 2, "expert": 1, "fsdp": 2, "tensor": 2})  # 4 data-parallel devices
+  check_microbatches(TrainConfig(out="run", preset="tiny", batch=16, grad_accum=4), mesh)  # 4 rows per device
+  with pytest.raises(ConfigError) as e:
+    check_microbatches(TrainConfig(out="run", preset="tiny", batch=8, grad_accum=4), mesh)
+  message = str(e.value)
+  assert message.startswith("--batch 8 must be divisible by --grad-accum 4 x data x expert x fsdp = 16")
+  assert "\n" not in message
+
+
 def _config(out, corpus_dir, cache_dir, **overrides):
   fields: dict[str, Any] = dict(
     out=str(out),
