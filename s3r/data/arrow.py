@@ -61,9 +61,9 @@ def dataset_files(folder: pathlib.Path) -> list[pathlib.Path]:
     folder = folder / "train"
   state = _json(folder / DATASET_STATE)
   names = [entry.get("filename") for entry in state.get("_data_files", []) if isinstance(entry, dict)]
-  if not names or not all(isinstance(n, str) for n in names):
+  files = [folder / n for n in names if isinstance(n, str)]
+  if not files or len(files) != len(names):
     raise DataError(f"{folder / DATASET_STATE}: lists no data files (_data_files)")
-  files = [folder / n for n in names]
   if missing := [f for f in files if not f.is_file()]:
     raise DataError(f"{folder}: the data file {missing[0].name} that {DATASET_STATE} lists is missing")
   return files

@@ -14,7 +14,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ _PROGRESS_EVERY_S = 5.0
 Log = Callable[[str], None]
 
 
-def digest_documents(docs: Sequence[str], *extra: object) -> str:
+def digest_documents(docs: Collection[str], *extra: object) -> str:
   """Hex SHA-256 of ``extra`` and the documents (length-prefixed, so unambiguous)."""
   h = hashlib.sha256()
   for item in extra:
@@ -49,7 +49,7 @@ def digest_documents(docs: Sequence[str], *extra: object) -> str:
 
 
 def tokenizer_sample(
-  docs: Sequence[str], max_chars: int = TOKENIZER_SAMPLE_CHARS, doc_chars: int = TOKENIZER_DOC_CHARS
+  docs: Collection[str], max_chars: int = TOKENIZER_SAMPLE_CHARS, doc_chars: int = TOKENIZER_DOC_CHARS
 ) -> tuple[list[str], int]:
   """A deterministic sample of documents of about ``max_chars`` characters.
 
@@ -80,7 +80,7 @@ def save_atomic(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> No
 
 
 def cached_tokenizer(
-  train_docs: Sequence[str], vocab_size: int, cache_dir: pathlib.Path, log: Log
+  train_docs: Collection[str], vocab_size: int, cache_dir: pathlib.Path, log: Log
 ) -> tuple[Tokenizer, dict]:
   """Load the tokenizer for these training documents from the cache, or train it.
 
@@ -127,7 +127,7 @@ def given_tokenizer_info(tok: Tokenizer) -> dict:
 
 
 def cached_tokens(
-  split: str, docs: Sequence[str], tok: Tokenizer, tok_key: str, cache_dir: pathlib.Path, log: Log
+  split: str, docs: Collection[str], tok: Tokenizer, tok_key: str, cache_dir: pathlib.Path, log: Log
 ) -> tuple[np.ndarray, dict]:
   """Encode ``docs`` (EOT after each) or load the identical encoding from the cache. Documents that are not a list
   (``s3r.data.stream.SplitDocuments``: read from disk on every pass) are encoded to the cache file a chunk at a
@@ -154,7 +154,7 @@ def cached_tokens(
   return tokens, {**info, "cached": False}
 
 
-def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log) -> np.ndarray:
+def encode_documents(docs: Collection[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log) -> np.ndarray:
   """One 1-D array: each document's ids followed by ``tok.eot_id`` (after ``tok.bos_id`` when it has one).
 
   Documents are encoded in parallel batches of about 4M characters, with a
@@ -167,7 +167,7 @@ def encode_documents(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label
   return tokens
 
 
-def encode_to_file(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log, path: pathlib.Path):
+def encode_to_file(docs: Collection[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log, path: pathlib.Path):
   """`encode_documents` written to the .npy file `path` (atomically) a chunk at a time, never all in memory."""
   t0, n = time.perf_counter(), 0
   raw = path.with_name(f".{path.stem}.{os.getpid()}.raw")
@@ -194,7 +194,7 @@ def encode_to_file(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: 
   _log_encoded(docs, label, n, t0, log)
 
 
-def _encoded_parts(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log):
+def _encoded_parts(docs: Collection[str], tok: Tokenizer, dtype: np.dtype, label: str, log: Log):
   """The token arrays of chunks of about _ENCODE_CHUNK_CHARS characters of `docs`, in order, with a progress line
   every few seconds."""
   total_chars = getattr(docs, "n_chars", None) or sum(len(d) for d in docs)
@@ -213,7 +213,7 @@ def _encoded_parts(docs: Sequence[str], tok: Tokenizer, dtype: np.dtype, label: 
       )
 
 
-def _log_encoded(docs: Sequence[str], label: str, n_tokens: int, t0: float, log: Log) -> None:
+def _log_encoded(docs: Collection[str], label: str, n_tokens: int, t0: float, log: Log) -> None:
   chars = getattr(docs, "n_chars", None) or sum(len(d) for d in docs)
   log(
     f"tokens: encoded {label}: {len(docs):,} docs, {chars / 1e6:.1f}M chars -> "
@@ -221,7 +221,7 @@ def _log_encoded(docs: Sequence[str], label: str, n_tokens: int, t0: float, log:
   )
 
 
-def _chunks(docs: Sequence[str], max_chars: int):
+def _chunks(docs: Collection[str], max_chars: int):
   chunk, size = [], 0
   for doc in docs:
     chunk.append(doc)

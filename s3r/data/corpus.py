@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import os
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -70,8 +70,8 @@ class _Source:
 
   name: str
   split: str
-  train: Sequence[str]  # a list, or for a corpus named by a path, stream.SplitDocuments (read on every pass)
-  val: dict[str, Sequence[str]]
+  train: Collection[str]  # a list, or for a corpus named by a path, stream.SplitDocuments (read on every pass)
+  val: dict[str, Collection[str]]
   files: dict[str, list[pathlib.Path]]
   text_column: str | None = None  # the column (JSON field) the texts came from; None: "text"
   n_docs: int | None = None  # documents in the files (of a corpus named by a path)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import numpy as np
 
@@ -28,7 +28,7 @@ def unit_hash(text: str) -> float:
   return int.from_bytes(digest, "little") / 2.0**64
 
 
-class SplitDocuments:
+class SplitDocuments(Collection[str]):
   """The documents of one split, in corpus order: those whose entry of `member` is true, the first `limit`.
 
   `len()` is their number and `n_chars` their characters (both known without reading them again);
@@ -43,6 +43,9 @@ class SplitDocuments:
 
   def __len__(self) -> int:
     return self.n_docs
+
+  def __contains__(self, text: object) -> bool:
+    return any(doc == text for doc in self)
 
   def __iter__(self) -> Iterator[str]:
     if self.n_docs == 0:

@@ -281,5 +281,5 @@ def _restore(ckpt: checkpoint.Checkpointer, setup: Setup, step: int | None, log)
 def _eval_documents(data: str, log, text_column: str | None = None) -> list[str]:
   """The documents of `data` (a Parquet, Arrow or JSON-lines corpus: its column `text_column`, the run's)."""
   if data == s3r_corpus.STDLIB_NAME:
-    return s3r_corpus.select_documents(data, log=log).val["val"]
+    return list(s3r_corpus.select_documents(data, log=log).val["val"])
   return list(s3r_data.read_documents(s3r_corpus.resolve_data_path(data), text_column))

@@ -4,7 +4,7 @@ scan; numbers against the one-batch step, keys per microbatch, exact resume and 
 import dataclasses
 import json
 import shutil
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -113,7 +113,7 @@ def test_grad_accum_1_traces_the_plain_step_unchanged():
       state.params, graphdef, batch, step_key
     )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params, rate = optax.apply_updates(state.params, updates), lr(state.step)
+    params, rate = cast(dict, optax.apply_updates(state.params, updates)), lr(state.step)
     norm, nonfinite = optax.tree.norm(grads), St.first_nonfinite(grads)
     metrics = {"loss": loss, "grad_norm": norm, St.FIRST_NONFINITE_GRAD: nonfinite, "lr": rate, **aux}
     return St.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -139,7 +139,7 @@ def test_microbatches_that_do_not_split_over_the_data_parallel_devices_are_refus
 
   from s3r.train.builder import check_microbatches
 
-  mesh = SimpleNamespace(shape={"data": 2, "expert": 1, "fsdp": 2, "tensor": 2})  # 4 data-parallel devices
+  mesh: Any = SimpleNamespace(shape={"data": 2, "expert": 1, "fsdp": 2, "tensor": 2})  # 4 data-parallel devices
   check_microbatches(TrainConfig(out="run", preset="tiny", batch=16, grad_accum=4), mesh)  # 4 rows per device
   with pytest.raises(ConfigError) as e:
     check_microbatches(TrainConfig(out="run", preset="tiny", batch=8, grad_accum=4), mesh)
