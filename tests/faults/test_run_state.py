@@ -41,6 +41,8 @@ RUN_LINES = (
   "compiling",
   "compiled",
   "model:",
+  "model FLOPs:",
+  "tensorboard:",
   "step ",
   "final",
   "loss",
