@@ -135,8 +135,7 @@ def _qmatmul_call(x, w, key, *, recipe: Recipe, tp, tp_axis, compute_dtype) -> j
     y = jnp.matmul(x.astype(operands), w.astype(operands), precision=arguments.float_precision(operands))
     return y.astype(x.dtype)
   if not recipe.quantized:  # bf16 operands and f32 accumulation in all three GEMMs (see bf16.py)
-    y = bf16.bf16_matmul(x.reshape(-1, x.shape[-1]), w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
-    return y.reshape(x.shape[:-1] + (w.shape[1],))
+    return bf16.bf16_matmul(x, w, tp_split, np.dtype(x.dtype), np.dtype(w.dtype))
   y_BxSxN = _qmatmul(recipe, tp_split, np.dtype(x.dtype), np.dtype(w.dtype), _as_examples(x), w, key)
   return y_BxSxN.reshape(x.shape[:-1] + (w.shape[1],))
 
