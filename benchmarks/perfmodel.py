@@ -114,7 +114,44 @@ def kernel_seconds(k: Kernel, t: Target, c: Constants) -> float:
 
 
 def program_seconds(kernels: Sequence[Kernel], t: Target, c: Constants) -> float:
-  return sum(k.count * kernel_seconds(k, t, c) for k in kernels)
+  """Σ count x `kernel_seconds`, vectorized over the kernels (the fit evaluates it thousands of times)."""
+  a = _arrays(kernels, t)
+  eff = np.where(a["s8"], c.e_s8, c.e_bf16)
+  compute = np.where(a["gemm"], c.c0 + a["flops"] / (eff * a["peak"]), 0.0)
+  memory = a["bytes"] / (c.e_mem * t.hbm)
+  seconds = np.where(a["collective"], a["link"], np.maximum(np.maximum(compute, memory), a["vector"])) + c.launch
+  return float(a["count"] @ seconds)
+
+
+_ARRAYS: dict[tuple[int, str], tuple[Sequence[Kernel], dict[str, np.ndarray]]] = {}
+
+
+def _arrays(kernels: Sequence[Kernel], t: Target) -> dict[str, np.ndarray]:
+  """The constant-free parts of `kernel_seconds` per kernel, cached per kernel list and target."""
+  key = (id(kernels), t.name)
+  if key in _ARRAYS and _ARRAYS[key][0] is kernels:
+    return _ARRAYS[key][1]
+  gemm = [k.kind in ("gemm", "attention") for k in kernels]
+  dtype = [(k.dtype if k.kind == "gemm" else "bf16") for k in kernels]
+  a = {
+    "count": np.array([k.count for k in kernels], float),
+    "bytes": np.array([k.bytes for k in kernels], float),
+    "flops": np.array([k.flops for k in kernels], float),
+    "gemm": np.array(gemm, bool),
+    "s8": np.array([g and d == "s8" for g, d in zip(gemm, dtype, strict=True)], bool),
+    "peak": np.array([t.gemm_peak(d) for d in dtype], float),
+    "collective": np.array([k.kind == "collective" for k in kernels], bool),
+    "link": np.array([k.bytes / t.link for k in kernels], float),
+    "vector": np.array(
+      [
+        0.0 if g else sum(n / t.vector_rate(dt) for dt, n in k.vector_ops.items())
+        for g, k in zip(gemm, kernels, strict=True)
+      ],
+      float,
+    ),  # fmt: skip
+  }
+  _ARRAYS[key] = (kernels, a)
+  return a
 
 
 def breakdown(kernels: Sequence[Kernel], t: Target, c: Constants) -> dict[str, float]:

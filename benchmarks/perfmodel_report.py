@@ -61,7 +61,7 @@ def validation_markdown(r: dict) -> str:
 def _h200_table(r: dict) -> list[str]:
   rows = []
   for x in r["rows"]:
-    band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]" if "band" in x else ""
+    band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]" if x.get("band") else ""
     extra = x.get("extra_vs_int8_rtne")
     where = ""
     if extra:
@@ -99,7 +99,7 @@ def _v5p_table(r: dict) -> list[str]:
   for x in r["rows"]:
     label = x["recipe"] + (" (fitted)" if x["fitted"] else "")
     if "paper_speedup" in x:
-      band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]"
+      band = f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]" if x.get("band") else ""
       rows.append(
         [x["shape"], label, f"{x['paper_speedup']:.2f}", f"{x['predicted_speedup']:.2f}", band, _pct(x["error"])]
       )

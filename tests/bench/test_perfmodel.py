@@ -175,6 +175,7 @@ def test_order_check_ignores_ties_and_finds_swaps():
   assert perfmodel_validate._order_misses({"a": 1.7, "b": 1.0, "c": 1.6}, meas) == ["a/c"]
 
 
+@pytest.mark.slow  # refits the constants: about 20 s each on two idle cores
 @pytest.mark.parametrize("target", ["h200", "v5p"])
 def test_committed_validation_is_what_the_committed_kernels_give(target):
   results = RESULTS / f"bench_perfmodel_validate_{target}_cpu.json"
@@ -190,3 +191,10 @@ def test_committed_validation_is_what_the_committed_kernels_give(target):
     again = perfmodel_validate.v5p(kernels)
   assert again["summary"] == pytest.approx(doc["results"]["summary"], rel=1e-6)
   assert again["passed"] == doc["results"]["passed"]
+
+
+def test_program_time_is_the_sum_of_its_kernel_times():
+  t = pm.target("h100")
+  c = pm.Constants(e_bf16=0.6, e_s8=0.3, c0=2e-5, e_mem=0.5, launch=5e-6)
+  ks = perfmodel_hlo.kernels(GPU_HLO) + [Kernel("ar", "collective", 2, bytes=10**6)]
+  assert pm.program_seconds(ks, t, c) == pytest.approx(sum(k.count * pm.kernel_seconds(k, t, c) for k in ks))
