@@ -281,9 +281,7 @@ class _Run:
     cfg, val_losses, last_ckpt, step = self.cfg, {}, None, start
     good = recovery.GoodCheckpoints(self.ckpt, resumed_from=start)
     good.saw_validation(self.initial_val)
-    profiler = profiling.step_profiler(
-      pathlib.Path(cfg.out) / profiling.PROFILE_DIR, cfg.profile, resumed_at=start, log=self.log
-    )
+    profiler = profiling.step_profiler(profiling.run_folder(cfg.out), cfg.profile, resumed_at=start, log=self.log)
     bar = tqdm(
       total=cfg.steps, initial=start, disable=not (cfg.progress and self.main), unit="step", dynamic_ncols=True
     )

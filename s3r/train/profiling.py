@@ -134,6 +134,13 @@ class StepProfiler:
         self.log(f"profile: wrote {written[-1] if written else self.folder}")
 
 
+def run_folder(out: str | pathlib.Path) -> pathlib.Path:
+  """Where a training run in `out` puts its traces: <out>/profile, or <out>/profile/process-<i> for each of
+  several processes (their files never collide, also where processes share a host name)."""
+  folder = pathlib.Path(out) / PROFILE_DIR
+  return folder if jax.process_count() == 1 else folder / f"process-{jax.process_index()}"
+
+
 def step_profiler(folder: str | pathlib.Path, spec: str | None, *, resumed_at: int = 0, log=None) -> StepProfiler:
   """The StepProfiler of the steps `spec` ("START:STOP", `parse_steps`; None traces nothing) into `folder`,
   resuming after step `resumed_at`; says what it will trace through `log`."""

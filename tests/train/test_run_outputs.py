@@ -255,6 +255,13 @@ def test_profile_on_resume_traces_only_the_steps_after_the_restored_one(resumed_
   assert any(line.startswith("profile: tracing steps 5-6") for line in lines), lines
 
 
+def test_each_of_several_processes_traces_into_a_folder_of_its_own(monkeypatch):
+  assert profiling.run_folder("run") == pathlib.Path("run/profile")
+  monkeypatch.setattr(profiling.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(profiling.jax, "process_index", lambda: 1)
+  assert profiling.run_folder("run") == pathlib.Path("run/profile/process-1")
+
+
 def test_profile_of_steps_before_the_restored_one_traces_nothing_and_says_so(tmp_path):
   steps = profiling.StepProfiler(tmp_path, (2, 3), resumed_at=3)
   for step in (4, 5):
