@@ -222,3 +222,78 @@ def chart(r: dict, path: pathlib.Path) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def doc_table_h200(r: dict) -> str:
+  """The H200 validation as docs/speed-model.md shows it: measured / predicted speedup over bf16 (f32 backward)."""
+  recipes = [x for x in ("int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")]
+  by = {(x["shape"], x["recipe"]): x for x in r["rows"]}
+  rows = []
+  for shape in pv.SHAPES:
+    cells = []
+    for rec in recipes:
+      x = by[(shape, rec)]
+      mark = " (fit)" if x["fitted"] else f" ({_pct(x['error'])})"
+      cells.append(f"{x['measured_speedup']:.2f} / {x['predicted_speedup']:.2f}{mark}")
+    rows.append([shape, *cells])
+  s, q = r["summary"], r["quantizer"]["summary"]
+  table = markdown_table(["shape", *recipes], rows, ["l"] + ["r"] * len(recipes))
+  verdict = lambda ok: "pass" if ok else "miss"
+  order = verdict(r["passed"]["order"])
+  if not r["passed"]["order"]:
+    order += " (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in r["order_misses"].items() if v) + ")"
+  head = "Measured / predicted speedup over `bf16` (f32 backward), error of the prediction in brackets."
+  return (f"{head}\n\n{table}\n\n"
+          f"Held out ({s['points']} ratios): median error {100 * s['median_abs']:.1f}% (rule: at most 7%, "
+          f"{verdict(r['passed']['median'])}), worst {100 * s['worst_abs']:.1f}% (rule: at most 15%, "
+          f"{verdict(r['passed']['worst'])}), order of the recipes {order}. Quantizer programs: median error "
+          f"{100 * q['median_abs']:.0f}%, worst {100 * q['worst_abs']:.0f}% (rule: median at most 25%, "
+          f"{verdict(r['quantizer']['passed'])}).")  # fmt: skip
+
+
+def doc_table_v5p(r: dict) -> str:
+  """The v5p validation as docs/speed-model.md shows it: the paper's / predicted speedup over bf16, and the
+  S3R-EC overheads over S3R."""
+  by = {(x["shape"], x["recipe"]): x for x in r["rows"]}
+  rows = []
+  for shape in pv.SHAPES:
+    cells = []
+    for rec in pv.V5P_SPEEDUPS:
+      x = by[(shape, rec)]
+      mark = " (fit)" if x["fitted"] else f" ({_pct(x['error'])})"
+      cells.append(f"{x['paper_speedup']:.2f} / {x['predicted_speedup']:.2f}{mark}")
+    for rec in pv.V5P_OVERHEADS:
+      x = by[(shape, rec)]
+      cells.append(f"{x['paper_overhead_pct']:+.1f} / {x['predicted_overhead_pct']:+.1f}")
+    rows.append([shape, *cells])
+  head = ["shape", *pv.V5P_SPEEDUPS, *(f"{x} over s3r, %" for x in pv.V5P_OVERHEADS)]
+  s = r["summary"]
+  verdict = lambda ok: "pass" if ok else "miss"
+  order = verdict(r["passed"]["order"])
+  if not r["passed"]["order"]:
+    order += " (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in r["order_misses"].items() if v) + ")"
+  return (f"Paper (Table III) / predicted, error of the prediction in brackets; W3 and W9 fitted.\n\n"
+          f"{markdown_table(head, rows, ['l'] + ['r'] * (len(head) - 1))}\n\n"
+          f"Held out ({s['points']} speedups): median error {100 * s['median_abs']:.1f}% (rule: at most 7%, "
+          f"{verdict(r['passed']['median'])}), worst {100 * s['worst_abs']:.1f}% (rule: at most 15%, "
+          f"{verdict(r['passed']['worst'])}), order {order}.")  # fmt: skip
+
+
+def doc_table_steps(results: dict[str, dict]) -> str:
+  """Predicted train-step speedups over bf16 per model and recipe on each target (docs/speed-model.md)."""
+  targets = list(results)
+  by = {(t, x["model"], x["recipe"]): x for t, r in results.items() for x in r["rows"]}
+  keys = sorted({(x["model"], x["recipe"]) for r in results.values() for x in r["rows"]},
+                key=lambda k: (k[0], GROUP_ORDER.index("other"), k[1]))  # fmt: skip
+  head = ["model", "recipe", *(f"{pm.target(t).title.split(' (')[0]}" for t in targets), "paper (v5p, measured)"]
+  rows = []
+  for model, rec in keys:
+    cells = []
+    for t in targets:
+      x = by.get((t, model, rec))
+      cells.append("" if x is None else f"{x['ratio']:.2f} [{x['band'][0]:.2f}, {x['band'][1]:.2f}]")
+    paper = _paper_ratio(model, rec)
+    name = model.removeprefix("step_").split("_L")[0]
+    rows.append([name, rec, *cells, "" if paper is None else f"{paper:.2f}"])
+  return (f"Predicted speedup over `bf16` of one train step [90% band of the constants]; not measured.\n\n"
+          f"{markdown_table(head, rows, ['l', 'l'] + ['r'] * (len(head) - 2))}")  # fmt: skip
