@@ -27,6 +27,12 @@ GROUP_NAMES = {
 FP8_RECIPE = "s3r_ec_dx@e5m2+fwd_e4m3"
 
 
+def _ms(seconds: float) -> str:
+  """Milliseconds with three significant digits at least (1.23, 45.6, 1,234)."""
+  ms = 1e3 * seconds
+  return f"{ms:,.2f}" if ms < 10 else f"{ms:,.1f}" if ms < 100 else f"{ms:,.0f}"
+
+
 def _pct(x: float) -> str:
   return f"{100 * x:+.1f}%"
 
@@ -184,7 +190,7 @@ def predict_markdown(r: dict) -> str:
     row = [
       x["model"],
       x["recipe"],
-      f"{1e3 * x['seconds']:,.0f}",
+      _ms(x["seconds"]),
       f"{x['ratio']:.2f}",
       f"[{x['band'][0]:.2f}, {x['band'][1]:.2f}]",
       f"{x['ratio_if_s8_at_bf16_efficiency']:.2f}",
@@ -194,7 +200,7 @@ def predict_markdown(r: dict) -> str:
       row += ["", ""] if paper is None else [f"{paper:.3f}", _pct(x["ratio"] / paper - 1)]
     else:
       row += ["" if x.get("ratio_vs_fp8") is None else f"{x['ratio_vs_fp8']:.2f}"]
-    rows.append(row + [f"{1e3 * x['breakdown_s'].get(g, 0.0):,.0f}" for g in groups])
+    rows.append(row + [_ms(x["breakdown_s"].get(g, 0.0)) for g in groups])
   title = pm.target(r["target"]).title
   return (f"Predicted by the model (not measured) for {title}, constants fitted in {r['fit']}.\n\n"
           + markdown_table(head, rows, ["l", "l"] + ["r"] * (len(head) - 2)) + "\n")  # fmt: skip
@@ -297,3 +303,22 @@ def doc_table_steps(results: dict[str, dict]) -> str:
     rows.append([name, rec, *cells, "" if paper is None else f"{paper:.2f}"])
   return (f"Predicted speedup over `bf16` of one train step [90% band of the constants]; not measured.\n\n"
           f"{markdown_table(head, rows, ['l', 'l'] + ['r'] * (len(head) - 2))}")  # fmt: skip
+
+
+def doc_table_ffn(r: dict, recipe: str = "s3r_ec_dx") -> str:
+  """The FFN block's predicted speedup over today's bf16 per shape (docs/speed-model.md and the README)."""
+  rows = []
+  for x in r["rows"]:
+    if x["recipe"] != recipe:
+      continue
+    shape = x["model"].split("_")[1]
+    rows.append([shape, f"{x['ratio']:.2f} [{x['band'][0]:.2f}, {x['band'][1]:.2f}]",
+                 f"{x['ratio_if_s8_at_bf16_efficiency']:.2f}"])  # fmt: skip
+  head = ["shape", f"`{recipe}` x `bf16` [90% band]", "if the int8 GEMMs ran at e_bf16"]
+  return markdown_table(head, rows, ["l", "r", "r"])
+
+
+def ratio_span(r: dict, recipe: str, key: str = "ratio", models: tuple[str, ...] = ()) -> tuple[float, float]:
+  """(min, max) of a predicted ratio of `recipe` over the rows (of `models`, when given)."""
+  values = [x[key] for x in r["rows"] if x["recipe"] == recipe and (not models or any(m in x["model"] for m in models))]
+  return min(values), max(values)
