@@ -111,7 +111,8 @@ def lower_step(mesh, recipe: str, preset: str, layers: int | None, args: argpars
   setup = builder.build(cfg, step.vocab_size(preset, args), mesh, **overrides)
   batch = jax.ShapeDtypeStruct(cfg.batch_shape, np.int32, sharding=setup.batch_sharding)
   _, key = _abstract(mesh)
-  lowered = setup.train_step.lower(setup.abstract_state, batch, key)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the target's device kind for Pallas kernels (MoE)
+    lowered = setup.train_step.lower(setup.abstract_state, batch, key)
   return lowered, setup.model_cfg
 
 

@@ -222,8 +222,8 @@ def chart(r: dict, path: pathlib.Path) -> None:
     ax.bar(range(len(rows)), v, bottom=bottom, label=GROUP_NAMES.get(g, g), color=cmap(i))
     bottom += v
   ax.set_xticks(range(len(rows)), [f"{x['model'].split('_')[1]} {x['recipe']}" for x in rows], rotation=75, fontsize=7)
-  ax.set_ylabel("predicted ms per step")
-  ax.set_title(f"Predicted train step on {pm.target(r['target']).title} (model, not measured)")
+  ax.set_ylabel("predicted ms per call")
+  ax.set_title(f"Predicted time on {pm.target(r['target']).title}, by kernel group (a model, not measured)")
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
