@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -146,30 +147,87 @@ def predict(kernels: pathlib.Path, fit_file: pathlib.Path, target: str, baseline
   meta, programs = pv.load_kernels(kernels)
   t, fit = pm.target(target), _fit_of(fit_file)
   c, draws = fit.constants, fit.draws()
+  _TARGET[:] = [target, c]
   models: dict[str, dict] = defaultdict(dict)
   for name, ks in programs.items():
     model, rec = _split_name(name)
     models[model][rec] = ks
   out = []
   for model, recipes in sorted(models.items()):
-    if baseline not in recipes:
-      continue
+    if baseline not in recipes or _deeper(model, models) is not None:
+      continue  # a shallow program that a deeper one of the same model extends (see `_depth_pair`)
+    pair = _depth_pair(model, models)
+    seconds = (lambda ks, c_: pm.program_seconds(ks, t, c_)) if pair is None else pair[1]
     base = recipes[baseline]
-    base_draws = np.array([pm.program_seconds(base, t, d) for d in draws])
+    base_draws = np.array([seconds(base, d) for d in draws])
     for rec, ks in recipes.items():
-      secs = pm.program_seconds(ks, t, c)
-      ratio_draws = base_draws / np.array([pm.program_seconds(ks, t, d) for d in draws])
-      row = {"model": model, "recipe": rec, "seconds": secs, "ratio": pm.program_seconds(base, t, c) / secs,
+      if pair is not None and rec not in pair[2]:
+        continue
+      secs = seconds(ks, c)
+      ratio_draws = base_draws / np.array([seconds(ks, d) for d in draws])
+      row = {"model": pair[0] if pair else model, "recipe": rec, "seconds": secs, "ratio": seconds(base, c) / secs,
              "band": [float(np.percentile(ratio_draws, 5)), float(np.percentile(ratio_draws, 95))],
-             "breakdown_s": pm.breakdown(ks, t, c),
+             "breakdown_s": pm.breakdown(ks, t, c) if pair is None else pair[3](ks),
              "gemm_types": sorted({k.dtype for k in ks if k.kind == "gemm"})}  # fmt: skip
       if FP8_RECIPE in recipes and rec != FP8_RECIPE:
-        row["ratio_vs_fp8"] = pm.program_seconds(recipes[FP8_RECIPE], t, c) / secs
+        row["ratio_vs_fp8"] = seconds(recipes[FP8_RECIPE], c) / secs
       # what if the int8 GEMMs ran as efficiently as the bf16 ones (an autotuned or cuBLASLt int8 GEMM)
       fast_s8 = dataclasses.replace(c, e_s8=c.e_bf16)
-      row["ratio_if_s8_at_bf16_efficiency"] = pm.program_seconds(base, t, fast_s8) / pm.program_seconds(ks, t, fast_s8)
+      row["ratio_if_s8_at_bf16_efficiency"] = seconds(base, fast_s8) / seconds(ks, fast_s8)
+      if pair is not None:
+        row["extrapolated_from"] = pair[4]
       out.append(row)
   return {"target": target, "baseline": baseline, "fit": fit_file.name, "kernels": meta, "rows": out}
+
+
+_DEPTH_RE = re.compile(r"^(step_(?P<preset>[^_]+)_)L(?P<layers>\d+)(?P<rest>_.*)$")
+
+
+def _deeper(model: str, models: dict) -> str | None:
+  """The name of a deeper compiled program of the same preset and settings, if `model` is a shallow one."""
+  m = _DEPTH_RE.match(model)
+  if not m:
+    return None
+  for other in models:
+    o = _DEPTH_RE.match(other)
+    if o and o.group(1) == m.group(1) and o.group("rest") == m.group("rest") and int(o["layers"]) > int(m["layers"]):
+      return other
+  return None
+
+
+def _depth_pair(model: str, models: dict):
+  """A model compiled at two depths l1 < l2 (its scanned blocks too large for one chip at the real depth) gives
+  the real depth L by linear extrapolation: t(L) = t(l1) + (L - l1) / (l2 - l1) (t(l2) - t(l1)), kernel group by
+  kernel group. Returns (name at depth L, seconds(kernels at l2, constants), recipes at both depths,
+  breakdown(kernels at l2), the two depths), or None for a model compiled at one depth."""
+  from s3r.model import presets
+
+  m = _DEPTH_RE.match(model)
+  shallow = next((o for o in models if o != model and _deeper(o, models) == model), None)
+  if not m or shallow is None:
+    return None
+  l2, l1 = int(m["layers"]), int(_DEPTH_RE.match(shallow)["layers"])
+  depth = presets.preset(m["preset"]).n_layers
+  if depth == l2:
+    return None
+  w = (depth - l1) / (l2 - l1)
+  low = models[shallow]
+  partner = {id(ks): low[rec] for rec, ks in models[model].items() if rec in low}
+
+  def seconds(ks, c_):
+    t_ = pm.target(_TARGET[0])
+    return pm.program_seconds(partner[id(ks)], t_, c_) * (1 - w) + pm.program_seconds(ks, t_, c_) * w
+
+  def groups(ks):
+    t_, c_ = pm.target(_TARGET[0]), _TARGET[1]
+    a, b = pm.breakdown(partner[id(ks)], t_, c_), pm.breakdown(ks, t_, c_)
+    return {g: a.get(g, 0.0) * (1 - w) + b.get(g, 0.0) * w for g in set(a) | set(b)}
+
+  name = f"step_{m['preset']}_L{depth}{m['rest']}"
+  return name, seconds, set(low) & set(models[model]), groups, [l1, l2]
+
+
+_TARGET: list = [None, None]  # (target name, constants) of the predict call in progress
 
 
 def _paper_ratio(model: str, rec: str) -> float | None:
