@@ -259,6 +259,11 @@ class Module:
     callee_m = _CALLS_RE.search(ins.attrs)
     callee = callee_m.group(1) if callee_m else None
     io = self._io_bytes(ins, comp, callee)
+    if op == "dynamic-update-slice" and len(ins.operands) > 1:  # in place: the update read and written
+      update = self.types[comp.name].get(ins.operands[1])
+      io = 2 * _array_bytes(update.type_text) if update is not None else io
+    elif op in ("dynamic-slice", "slice"):  # the slice read and written, not the array it is taken from
+      io = 2 * _array_bytes(ins.type_text)
     scope = self._group(ins, callee)
     base = op.removesuffix("-start")
     if base in COLLECTIVES:
@@ -271,12 +276,12 @@ class Module:
       found = self._dot(callee) if callee and (gemm_kind or self.tpu) else None
       if found is not None:
         flops, dtype, shape = self._dot_flops(*found)
-        return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
+        return Kernel(ins.name, "gemm", count, io, flops, dtype, group=_gemm_group(scope, dtype), shape=shape)
       ops = self._vector_ops(callee) if callee else Counter()
       return Kernel(ins.name, "memory", count, io, vector_ops=dict(ops), group=scope or _unscoped(ins, ops))
     if op in ("dot", "convolution"):
       flops, dtype, shape = self._dot_flops(ins, comp)
-      return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
+      return Kernel(ins.name, "gemm", count, io, flops, dtype, group=_gemm_group(scope, dtype), shape=shape)
     ops = {} if op in MOVES else {ins.dtype or "f32": float(ins.elements)}
     return Kernel(ins.name, "memory", count, io, vector_ops=ops, group=scope or "other")
 
@@ -293,7 +298,7 @@ class Module:
       dtype = _gemm_type([o.dtype for o in operands[:2] if o is not None and o.dtype])
       n = out[1][-1] if out and out[1] else 1
       shape = f"{n_out // max(n, 1)}x{n}x{k}"
-      return Kernel(ins.name, "gemm", count, io, 2.0 * n_out * k, dtype, group=scope or f"gemm {dtype}", shape=shape)
+      return Kernel(ins.name, "gemm", count, io, 2.0 * n_out * k, dtype, group=_gemm_group(scope, dtype), shape=shape)
     if t.startswith("__cudnn$fmha"):
       q = operands[0].dims if operands and operands[0] is not None else ()
       kv = operands[1].dims if len(operands) > 1 and operands[1] is not None else ()
@@ -306,7 +311,7 @@ class Module:
       return Kernel(ins.name, "attention", count, io, flops, "bf16", group="attention")
     if t in ("__gpu$xla.gpu.triton", "tpu_custom_call") and (gemm := _grouped_gemm(ins, operands)) is not None:
       flops, dtype, shape = gemm
-      return Kernel(ins.name, "gemm", count, io, flops, dtype, group=scope or f"gemm {dtype}", shape=shape)
+      return Kernel(ins.name, "gemm", count, io, flops, dtype, group=_gemm_group(scope, dtype), shape=shape)
     return Kernel(ins.name, "memory", count, io, group=scope or "other")
 
 
@@ -338,6 +343,12 @@ def _grouped_gemm(ins, operands) -> tuple[float, str, str] | None:
       return None
     return 2.0 * x.dims[0] * k * n, _gemm_type([x.dtype, g.dtype]), f"{k}x{n}x{x.dims[0]}"
   return None
+
+
+def _gemm_group(scope: str | None, dtype: str) -> str:
+  """A GEMM's group: its operand type (a quantizer fused into its prologue does not make it a quantizer), except
+  the error correction's own products."""
+  return "s3r_ec" if scope == "s3r_ec" else f"gemm {dtype}"
 
 
 def _unscoped(ins, ops: Counter) -> str:

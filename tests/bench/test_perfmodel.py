@@ -198,3 +198,36 @@ def test_program_time_is_the_sum_of_its_kernel_times():
   c = pm.Constants(e_bf16=0.6, e_s8=0.3, c0=2e-5, e_mem=0.5, launch=5e-6)
   ks = perfmodel_hlo.kernels(GPU_HLO) + [Kernel("ar", "collective", 2, bytes=10**6)]
   assert pm.program_seconds(ks, t, c) == pytest.approx(sum(k.count * pm.kernel_seconds(k, t, c) for k in ks))
+
+
+def test_speed_model_doc_shows_the_committed_h200_validation():
+  from benchmarks import perfmodel_report
+
+  doc = (REPO / "docs" / "speed-model.md").read_text()
+  result = json.loads((RESULTS / "bench_perfmodel_validate_h200_cpu.json").read_text())["results"]
+  assert perfmodel_report.doc_table_h200(result) in doc
+
+
+def test_speed_model_doc_shows_the_committed_v5p_validation_and_predicted_steps():
+  from benchmarks import perfmodel_report
+
+  doc = (REPO / "docs" / "speed-model.md").read_text()
+  load = lambda name: json.loads((RESULTS / name).read_text())["results"]
+  if (RESULTS / "bench_perfmodel_validate_v5p_cpu.json").is_file():
+    assert perfmodel_report.doc_table_v5p(load("bench_perfmodel_validate_v5p_cpu.json")) in doc
+  targets = [t for t in ("h100", "h200", "v5p") if (RESULTS / f"bench_perfmodel_predict_{t}_cpu.json").is_file()]
+  assert targets, "no predicted steps committed"
+  steps = {t: load(f"bench_perfmodel_predict_{t}_cpu.json") for t in targets}
+  assert perfmodel_report.doc_table_steps(steps) in doc
+  assert perfmodel_report.doc_table_ffn(load("bench_perfmodel_predict_h200_ffn_cpu.json")) in doc
+
+
+def test_unfused_slices_and_in_place_updates_move_only_the_slice():
+  text = GPU_HLO.replace(
+    "  %z = bf16[8,16]{1,0} fusion(%y), kind=kLoop, calls=%act_computation\n",
+    "  %z = bf16[8,16]{1,0} fusion(%y), kind=kLoop, calls=%act_computation\n"
+    "  %ds2 = bf16[1,32,16]{2,1,0} dynamic-slice(%w, %i, %i, %i), dynamic_slice_sizes={1,32,16}\n"
+    "  %dus = bf16[3,32,16]{2,1,0} dynamic-update-slice(%w, %ds2, %i, %i, %i)\n",
+  )
+  ks = _by_name(perfmodel_hlo.kernels(text))
+  assert ks["ds2"].bytes == 2 * 2 * 32 * 16 and ks["dus"].bytes == 2 * 2 * 32 * 16
