@@ -1,4 +1,4 @@
-"""s3r: fast, unbiased INT8 quantized training for JAX (S3R and S3R-EC)."""
+"""s3r: unbiased INT8 quantized training for JAX (S3R and S3R-EC)."""
 
 from s3r.quant import (
   DEFAULT_RECIPE,

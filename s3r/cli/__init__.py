@@ -422,7 +422,7 @@ def _register(subparsers, name: str) -> None:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
   """The parser; with a known command first in `argv`, only that command's module is imported."""
-  parser = Parser(prog="s3r", description="Fast, unbiased INT8 quantized training (S3R, S3R-EC).")
+  parser = Parser(prog="s3r", description="Unbiased INT8 quantized training (S3R, S3R-EC).")
   subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
   subparsers.required = True
   for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
