@@ -172,7 +172,7 @@ def measure(program: str, recipe: str, args: argparse.Namespace, out: pathlib.Pa
   lowered, factory = _build(program, recipe, args, mesh)
   compiled = lowered.compile()
   row: dict = {"program": program, "recipe": recipe, "compile_s": time.perf_counter() - t0}
-  text = compiled.as_text()
+  text = compiled.as_text() or ""
   (folder / f"{recipe}.hlo.txt").write_text(text)
   gemms = gemm_backends.gemms(text)
   row |= {"gemms": gemms, "gemm_census": gemm_backends.census(gemms)}
@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace) -> dict:
       if args.budget is not None and time.perf_counter() - t0 > args.budget:
         skipped.append({"program": program, "recipe": recipe, "why": f"budget of {args.budget:.0f}s spent"})
         continue
-      log(f"[calibrate] {program} {recipe}: {'compiling for ' + args.target if mesh is not None else 'measuring'}")
+      log(f"[calibrate] {program} {recipe}: {'compiling for ' + str(args.target) if mesh is not None else 'measuring'}")
       try:
         row = measure(program, recipe, args, out, mesh)
       except Exception as e:  # a program that fails is a result too; the others still run

@@ -96,7 +96,7 @@ def compile_gemm(dtype: str, gemm: str, args, compiler_options: dict):
 
   fn, _, _ = gemm_fn(dtype, gemm)
   compiled = jax.jit(fn).lower(*args).compile(compiler_options=compiler_options or None)
-  text = compiled.as_text()
+  text = compiled.as_text() or ""
   rows = gemm_backends.gemms(text)
   kernels = gemm_backends.launches(text)
   return compiled, rows, kernels

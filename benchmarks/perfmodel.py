@@ -68,17 +68,25 @@ def target(name: str) -> Target:
 
 def _vector_rates(txtpb: str) -> dict[str, float]:
   """Ops/s per element type of the GPU's scalar units: cores x units per core x ops per clock x clock."""
-  cores = int(re.search(r"core_count:\s*(\d+)", txtpb).group(1))
+  cores = int(_field(r"core_count:\s*(\d+)", txtpb))
   scalar = txtpb[txtpb.index("scalar_unit_description") : txtpb.index("matrix_unit_description")]
   rates = {}
   for block in re.findall(r"rate_infos\s*\{(.*?)\n    \}", scalar, re.S):
-    key = int(re.search(r"key:\s*(\d+)", block).group(1))
-    clock = float(re.search(r"clock_rate_ghz:\s*([\d.]+)", block).group(1))
-    units = int(re.search(r"units_per_core:\s*(\d+)", block).group(1))
-    per_clock = int(re.search(r"ops_per_clock:\s*(\d+)", block).group(1))
+    key = int(_field(r"key:\s*(\d+)", block))
+    clock = float(_field(r"clock_rate_ghz:\s*([\d.]+)", block))
+    units = int(_field(r"units_per_core:\s*(\d+)", block))
+    per_clock = int(_field(r"ops_per_clock:\s*(\d+)", block))
     if key in PRIMITIVE:
       rates[PRIMITIVE[key]] = cores * units * per_clock * clock * 1e9
   return rates
+
+
+def _field(pattern: str, text: str) -> str:
+  """The first group of `pattern` in a target description; a clear error where the description lacks it."""
+  m = re.search(pattern, text)
+  if m is None:
+    raise ValueError(f"target description: no match for {pattern!r}")
+  return m.group(1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

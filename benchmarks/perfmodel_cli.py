@@ -23,6 +23,7 @@ import gzip
 import json
 import pathlib
 import re
+from typing import Any
 
 from benchmarks import perfmodel_hlo
 from labtools.results import RESULTS_DIR, Run, log
@@ -78,7 +79,7 @@ def write_kernels(hlo_dir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     programs[name] = [k.as_dict() for k in perfmodel_hlo.kernels(gzip.decompress(f.read_bytes()).decode(), tpu)]
     log(f"[perfmodel] {name}: {len(programs[name])} kernels")
   tokens = {int(m.group(1)) for n in programs if (m := re.search(r"_T(\d+)_", n))}
-  meta = {"made_by": run_metadata(), "programs": len(programs), "tokens": tokens.pop() if len(tokens) == 1 else None}
+  meta: dict[str, Any] = {"made_by": run_metadata(), "programs": len(programs), "tokens": tokens.pop() if len(tokens) == 1 else None}
   if (hlo_dir / "manifest.json").is_file():  # what `perfmodel compile` recorded: the revision of s3r compiled
     meta["compiled"] = [
       {k: v for k, v in e.items() if k != "programs"} for e in json.loads((hlo_dir / "manifest.json").read_text())

@@ -204,9 +204,10 @@ def _depth_pair(model: str, models: dict):
 
   m = _DEPTH_RE.match(model)
   shallow = next((o for o in models if o != model and _deeper(o, models) == model), None)
-  if not m or shallow is None:
+  low_m = _DEPTH_RE.match(shallow) if shallow is not None else None
+  if not m or low_m is None or shallow is None:
     return None
-  l2, l1 = int(m["layers"]), int(_DEPTH_RE.match(shallow)["layers"])
+  l2, l1 = int(m["layers"]), int(low_m["layers"])
   depth = presets.preset(m["preset"]).n_layers
   if depth == l2:
     return None

@@ -46,6 +46,7 @@ def _product(a: jax.Array, b: jax.Array, tp: TensorParallel | None, split: bool,
   if split:
     identity = lambda acc: acc
     a_MxC = a.reshape(-1, a.shape[-1])
+    assert tp is not None  # split implies a tensor-parallel split
     y = tensor_parallel.split_contraction(a_MxC, b, tp, b_transposed=transposed, rescale=identity, dtype=dtype)
     return y.reshape(a.shape[:-1] + y.shape[-1:])
   return jnp.matmul(a, b.T if transposed else b, preferred_element_type=jnp.float32).astype(dtype)

@@ -92,7 +92,7 @@ def test_a_cpu_trace_of_a_jitted_program_maps_its_thunks_to_the_hlo(tmp_path):
     for _ in range(2):
       jax.block_until_ready(compiled(a, a))
   events = trace_kernels.read_events(profiling.trace_files(tmp_path)[-1])
-  text = compiled.as_text()
+  text = compiled.as_text() or ""
   table = trace_kernels.kernel_table(events, text, calls=2, platform="cpu")
   names = trace_kernels.hlo_instruction_names(text)
   assert table["kernels"] and all(r["hlo"] and r["name"] in names for r in table["kernels"])
@@ -115,7 +115,7 @@ def _run_folder(tmp_path):
   row = {"dtype": "s8", "shape": "W3", "gemm": "dx", "m": 16384, "n": 2048, "k": 8192, "backend": "triton"}
   row |= {"tile": "128x128x64 w8 s3", "kernels": 1, "seconds": 0.001, "iqr_s": 1e-5}
   for tag, options in (("", {}), ("_cublas_s8", {"xla_gpu_enable_triton_gemm": False})):
-    doc = {"meta": {"xla_flags": "", "device_kind": meta["device_kind"]}, "settings": {"compiler_options": options}}
+    doc: dict = {"meta": {"xla_flags": "", "device_kind": meta["device_kind"]}, "settings": {"compiler_options": options}}
     doc["results"] = [
       row | ({"backend": "cublaslt"} if tag else {}),
       {"dtype": "s8", "shape": "W3", "gemm": "dw", "error": "e"},
