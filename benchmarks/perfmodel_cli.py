@@ -79,7 +79,11 @@ def write_kernels(hlo_dir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     programs[name] = [k.as_dict() for k in perfmodel_hlo.kernels(gzip.decompress(f.read_bytes()).decode(), tpu)]
     log(f"[perfmodel] {name}: {len(programs[name])} kernels")
   tokens = {int(m.group(1)) for n in programs if (m := re.search(r"_T(\d+)_", n))}
-  meta: dict[str, Any] = {"made_by": run_metadata(), "programs": len(programs), "tokens": tokens.pop() if len(tokens) == 1 else None}
+  meta: dict[str, Any] = {
+    "made_by": run_metadata(),
+    "programs": len(programs),
+    "tokens": tokens.pop() if len(tokens) == 1 else None,
+  }
   if (hlo_dir / "manifest.json").is_file():  # what `perfmodel compile` recorded: the revision of s3r compiled
     meta["compiled"] = [
       {k: v for k, v in e.items() if k != "programs"} for e in json.loads((hlo_dir / "manifest.json").read_text())

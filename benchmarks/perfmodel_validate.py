@@ -85,7 +85,13 @@ def h200(
     meas = {r: measured[(s, r)] for r in FFN_RECIPES}
     misses[s] = _order_misses(pred, meas)
     for r in FFN_RECIPES:
-      row: dict[str, Any] = {"shape": s, "recipe": r, "fitted": r in FITTED_H200, "measured_s": meas[r], "predicted_s": pred[r]}
+      row: dict[str, Any] = {
+        "shape": s,
+        "recipe": r,
+        "fitted": r in FITTED_H200,
+        "measured_s": meas[r],
+        "predicted_s": pred[r],
+      }
       row["measured_speedup"] = meas["bf16"] / meas[r]
       row["predicted_speedup"] = pred["bf16"] / pred[r]
       row["error"] = _rel(row["predicted_speedup"], row["measured_speedup"])
@@ -182,7 +188,13 @@ def v5p(kernels_file: pathlib.Path, bands: bool = True) -> dict:
     p, paper = predicted(s, c), PAPER_TABLE_III[s]
     held_out = s not in V5P_FIT_SHAPES
     for r in V5P_SPEEDUPS:
-      row: dict[str, Any] = {"shape": s, "recipe": r, "fitted": not held_out, "paper_speedup": paper[r], "predicted_speedup": p[r]}
+      row: dict[str, Any] = {
+        "shape": s,
+        "recipe": r,
+        "fitted": not held_out,
+        "paper_speedup": paper[r],
+        "predicted_speedup": p[r],
+      }
       row["error"] = _rel(p[r], paper[r])
       row["band"] = pm.band(fit, lambda c_, s=s, r=r: predicted(s, c_)[r]) if bands else None
       rows.append(row)

@@ -75,7 +75,7 @@ def predicted_sentence(validation: dict, ffn: dict, steps: dict) -> str:
   """The README's predicted-speed sentence: the H200 validation's held-out errors, the FFN block's and the
   dense families' train steps' predicted speedup of `s3r_ec_dx` over today's `bf16`."""
   s = validation["results"]["summary"]
-  span = lambda rows, models=(): "{:.2f}-{:.2f}x".format(
+  span = lambda rows, models=tuple[str, ...](): "{:.2f}-{:.2f}x".format(
     *(f(x["ratio"] for x in rows if x["recipe"] == "s3r_ec_dx" and (not models or any(m in x["model"] for m in models)))
       for f in (min, max))
   )  # fmt: skip

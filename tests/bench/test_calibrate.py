@@ -115,7 +115,10 @@ def _run_folder(tmp_path):
   row = {"dtype": "s8", "shape": "W3", "gemm": "dx", "m": 16384, "n": 2048, "k": 8192, "backend": "triton"}
   row |= {"tile": "128x128x64 w8 s3", "kernels": 1, "seconds": 0.001, "iqr_s": 1e-5}
   for tag, options in (("", {}), ("_cublas_s8", {"xla_gpu_enable_triton_gemm": False})):
-    doc: dict = {"meta": {"xla_flags": "", "device_kind": meta["device_kind"]}, "settings": {"compiler_options": options}}
+    doc: dict = {
+      "meta": {"xla_flags": "", "device_kind": meta["device_kind"]},
+      "settings": {"compiler_options": options},
+    }
     doc["results"] = [
       row | ({"backend": "cublaslt"} if tag else {}),
       {"dtype": "s8", "shape": "W3", "gemm": "dw", "error": "e"},
