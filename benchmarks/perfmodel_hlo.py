@@ -96,6 +96,7 @@ class Module:
   def __init__(self, text: str, tpu: bool = False):
     self.tpu = tpu
     self.comps = hlo.parse_hlo(text)
+    _infer_trip_counts(self.comps, text)
     self.counts, self.fused = hlo.execution_counts(self.comps)
     self.types = {c.name: {i.name: i for i in c.instrs} for c in self.comps.values()}
 
@@ -343,6 +344,26 @@ def _grouped_gemm(ins, operands) -> tuple[float, str, str] | None:
       return None
     return 2.0 * x.dims[0] * k * n, _gemm_type([x.dtype, g.dtype]), f"{k}x{n}x{x.dims[0]}"
   return None
+
+
+def _infer_trip_counts(comps: dict, text: str) -> None:
+  """Gives a while loop without a printed known trip count (XLA:TPU prints none) the count its condition states:
+  `compare(counter, constant(N)), direction=LT` with the counter starting at 0, as a scanned decoder's loop is.
+  Written into the instruction's attributes in the form `hlo.execution_counts` reads."""
+  values = dict(re.findall(r"%([\w.\-]+) = [su]32\[\][^ ]* constant\((\d+)\)", text))
+  for comp in comps.values():
+    for ins in comp.instrs:
+      if ins.opcode != "while" or "known_trip_count" in ins.attrs:
+        continue
+      cond = re.search(r"condition=%([\w.\-]+)", ins.attrs)
+      c = comps.get(cond.group(1)) if cond else None
+      if c is None or not c.instrs:
+        continue
+      root = c.instrs[-1]
+      if root.opcode != "compare" or "direction=LT" not in root.attrs or len(root.operands) != 2:
+        continue
+      if (n := values.get(root.operands[1])) is not None:
+        ins.attrs += f', backend_config={{"known_trip_count":{{"n":"{n}"}}}}'
 
 
 def _gemm_group(scope: str | None, dtype: str) -> str:

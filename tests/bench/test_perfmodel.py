@@ -230,3 +230,9 @@ def test_unfused_slices_and_in_place_updates_move_only_the_slice():
   )
   ks = _by_name(perfmodel_hlo.kernels(text))
   assert ks["ds2"].bytes == 2 * 2 * 32 * 16 and ks["dus"].bytes == 2 * 2 * 32 * 16
+
+
+def test_a_loop_without_a_printed_trip_count_runs_as_often_as_its_condition_says():
+  text = GPU_HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")  # as XLA:TPU prints a scan
+  assert "known_trip_count" not in text
+  assert {k.name: k.count for k in perfmodel_hlo.kernels(text, tpu=True)} == {"layer": 3, "y": 3, "z": 3}
