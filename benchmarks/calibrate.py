@@ -330,6 +330,9 @@ def _install(args: argparse.Namespace) -> dict:
   return {"path": str(dest)}
 
 
+RUN_DIR = "runs/calibrate"  # where `run` writes by default
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("action", choices=ACTIONS, help="run (measure), collect DIR, install SRC")
   p.add_argument("path", nargs="?", default=None, help="collect: the run folder; install: its calibration.json")
@@ -350,11 +353,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--budget", type=float, default=None, help="seconds after which no program starts")
   p.add_argument("--target", default=None, help="run: compile deviceless for h100, h200 or a target file instead")
   p.add_argument("--force", action="store_true", help="install: replace an existing calibration file")
-  p.add_argument("--out-dir", default=None, help="run: the folder (default runs/calibrate); install: results/perfmodel")
+  p.add_argument(
+    "--out-dir",
+    default=RUN_DIR,
+    help="run: the folder (default %(default)s); install: where the calibration file goes (default results/perfmodel)",
+  )
 
 
 def _check(args: argparse.Namespace) -> None:
   if args.action in ("collect", "install") and not args.path:
     raise SystemExit(f"calibrate {args.action}: give the folder (or file) to read")
-  if args.out_dir is None:
-    args.out_dir = str(PERFMODEL_DIR) if args.action == "install" else "runs/calibrate"
+  if args.action == "install" and args.out_dir == RUN_DIR:  # not given: the model's folder
+    args.out_dir = str(PERFMODEL_DIR)

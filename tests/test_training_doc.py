@@ -55,6 +55,7 @@ def ran(tmp_path_factory):
   return commands, folder
 
 
+@pytest.mark.slow  # four example trainings (about 2 minutes); each feature has fast tests of its own
 def test_every_example_command_of_the_training_doc_runs_as_written(ran):
   commands, _ = ran
   assert len(commands) >= 3
@@ -70,6 +71,7 @@ def _records(folder: pathlib.Path, run: str) -> list[dict]:
   return [json.loads(line) for line in (folder / "runs" / run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # four example trainings (about 2 minutes); each feature has fast tests of its own
 def test_the_config_file_example_takes_the_files_settings_under_the_flags_and_its_config_json_is_a_config(ran):
   _, folder = ran
   saved = _saved(folder, "from-file")["train"]
@@ -81,6 +83,7 @@ def test_the_config_file_example_takes_the_files_settings_under_the_flags_and_it
   assert cli.train_config(args) == TrainConfig.from_dict({**saved, "out": "again", "resume": False})
 
 
+@pytest.mark.slow  # four example trainings (about 2 minutes); each feature has fast tests of its own
 def test_the_grad_accum_example_trains_on_the_global_batch(ran):
   _, folder = ran
   saved = _saved(folder, "accum")
@@ -89,6 +92,7 @@ def test_the_grad_accum_example_trains_on_the_global_batch(ran):
   assert [r["step"] for r in records] == list(range(5)) and "val_loss" in records[-1]
 
 
+@pytest.mark.slow  # four example trainings (about 2 minutes); each feature has fast tests of its own
 def test_the_parquet_and_datasets_examples_train_on_the_text_column(ran):
   commands, folder = ran
   runs = ["parquet"] + (["dataset"] if any("code-dataset" in c for c in commands) else [])
