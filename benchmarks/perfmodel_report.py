@@ -147,7 +147,6 @@ def predict(kernels: pathlib.Path, fit_file: pathlib.Path, target: str, baseline
   meta, programs = pv.load_kernels(kernels)
   t, fit = pm.target(target), _fit_of(fit_file)
   c, draws = fit.constants, fit.draws()
-  _TARGET[:] = [target, c]
   models: dict[str, dict] = defaultdict(dict)
   for name, ks in programs.items():
     model, rec = _split_name(name)
@@ -156,7 +155,7 @@ def predict(kernels: pathlib.Path, fit_file: pathlib.Path, target: str, baseline
   for model, recipes in sorted(models.items()):
     if baseline not in recipes or _deeper(model, models) is not None:
       continue  # a shallow program that a deeper one of the same model extends (see `_depth_pair`)
-    pair = _depth_pair(model, models)
+    pair = _depth_pair(model, models, t, c)
     seconds = (lambda ks, c_: pm.program_seconds(ks, t, c_)) if pair is None else pair[1]
     base = recipes[baseline]
     base_draws = np.array([seconds(base, d) for d in draws])
@@ -195,7 +194,7 @@ def _deeper(model: str, models: dict) -> str | None:
   return None
 
 
-def _depth_pair(model: str, models: dict):
+def _depth_pair(model: str, models: dict, t: pm.Target, c: pm.Constants):
   """A model compiled at two depths l1 < l2 (its scanned blocks too large for one chip at the real depth) gives
   the real depth L by linear extrapolation: t(L) = t(l1) + (L - l1) / (l2 - l1) (t(l2) - t(l1)), kernel group by
   kernel group. Returns (name at depth L, seconds(kernels at l2, constants), recipes at both depths,
@@ -216,19 +215,14 @@ def _depth_pair(model: str, models: dict):
   partner = {id(ks): low[rec] for rec, ks in models[model].items() if rec in low}
 
   def seconds(ks, c_):
-    t_ = pm.target(_TARGET[0])
-    return pm.program_seconds(partner[id(ks)], t_, c_) * (1 - w) + pm.program_seconds(ks, t_, c_) * w
+    return pm.program_seconds(partner[id(ks)], t, c_) * (1 - w) + pm.program_seconds(ks, t, c_) * w
 
   def groups(ks):
-    t_, c_ = pm.target(_TARGET[0]), _TARGET[1]
-    a, b = pm.breakdown(partner[id(ks)], t_, c_), pm.breakdown(ks, t_, c_)
+    a, b = pm.breakdown(partner[id(ks)], t, c), pm.breakdown(ks, t, c)
     return {g: a.get(g, 0.0) * (1 - w) + b.get(g, 0.0) * w for g in set(a) | set(b)}
 
   name = f"step_{m['preset']}_L{depth}{m['rest']}"
   return name, seconds, set(low) & set(models[model]), groups, [l1, l2]
-
-
-_TARGET: list = [None, None]  # (target name, constants) of the predict call in progress
 
 
 def _paper_ratio(model: str, rec: str) -> float | None:
