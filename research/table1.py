@@ -253,6 +253,16 @@ def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
   return "\n".join(lines)
 
 
+def stack_by_step(curves: list) -> tuple[np.ndarray, np.ndarray]:
+  """Curves of (step, value) points as one array [curve, step] over the steps every curve has.
+
+  A run that resumed can record a step twice (its step-0 point, say); the last value of a step counts,
+  so each column holds one step of every curve, whatever the curves' lengths."""
+  by_step = [{int(step): float(value) for step, value in curve} for curve in curves]
+  steps = sorted(set.intersection(*(set(c) for c in by_step)))
+  return np.asarray(steps, float), np.asarray([[c[st] for st in steps] for c in by_step], float)
+
+
 def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
   """Left: training loss (EMA) per recipe at its best rate, mean over seeds with a min-max band
   (log steps, as the paper's Figure 3). Right: validation loss at each evaluation, mean ± sample
@@ -271,20 +281,18 @@ def plot_curves(cfg, summaries: dict, rows: dict, path: pathlib.Path) -> None:
     runs = [s for s in runs if s and s["status"] == "done" and s["curve"]]
     if not runs:
       continue
-    curves = [np.asarray(s["curve"], float) for s in runs]
-    n = min(len(c) for c in curves)
-    steps = curves[0][:n, 0]
-    losses = np.stack([_ema(c[:n, 1]) for c in curves])
+    curves = [s["curve"] for s in runs]
+    steps, losses = stack_by_step(curves)
+    losses = np.stack([_ema(row) for row in losses])
     (line,) = ax.plot(steps, losses.mean(axis=0), label=f"{recipe} (lr {row['best_lr']:g}, {len(curves)} seeds)")
     if len(curves) > 1:
       ax.fill_between(steps, losses.min(axis=0), losses.max(axis=0), color=line.get_color(), alpha=0.2)
-    vals = [np.asarray(s["val_curve"], float) for s in runs if s.get("val_curve")]
+    vals = [s["val_curve"] for s in runs if s.get("val_curve")]
     if vals:
-      m = min(len(v) for v in vals)
-      v = np.stack([v[:m, 1] for v in vals])
-      sd = v.std(axis=0, ddof=1) if len(vals) > 1 else np.zeros(m)
+      steps_v, v = stack_by_step(vals)
+      sd = v.std(axis=0, ddof=1) if len(vals) > 1 else np.zeros(len(steps_v))
       offset = (i - (n_recipes - 1) / 2) * 2.0  # spread the markers of one evaluation step apart
-      steps_v, mean = vals[0][:m, 0], v.mean(axis=0)
+      mean = v.mean(axis=0)
       ax_val.errorbar(
         steps_v + offset, mean, yerr=sd, color=line.get_color(), marker="o", ms=3, capsize=2, lw=1, label=recipe
       )

@@ -389,3 +389,31 @@ def test_the_papers_contrasts_are_differences_of_its_losses_as_its_text_quotes_t
   assert paper_diff("int8_rtne", "int8_sr") == pytest.approx(0.177) and paper_diff("s3r", "nope") is None
   diffs = {r: paper_diff(r, "bf16") for r in PAPER_GAP}
   assert all(d is not None and abs(d - PAPER_GAP[r]) <= 0.001 + 1e-9 for r, d in diffs.items())
+
+
+def test_curve_plot_stacks_seeds_by_step_when_a_resumed_run_repeats_step_zero(tmp_path, monkeypatch):
+  """A run that resumed records step 0 twice; the plotted mean over seeds must pair each seed's value at
+  the same step (stacking by position would shift that run by one evaluation)."""
+  import matplotlib.axes
+
+  cfg = _cfg(tmp_path, recipes=("int8_sr",), fixed_lrs={"int8_sr": 4e-3}, seeds=2, steps=20)
+  plain = _summary("int8_sr", 4e-3, 0, 5.0)
+  plain["val_curve"] = [[0, 9.0], [10, 6.0], [20, 5.0]]
+  resumed = _summary("int8_sr", 4e-3, 1, 5.2)
+  resumed["val_curve"] = [[0, 9.0], [0, 9.0], [10, 6.4], [20, 5.2]]
+  resumed["curve"] = [[1, 9.0], [1, 9.0], [5, 8.2], [10, 7.2]]
+  s = {}
+  _add(s, plain, resumed)
+  plotted = {}
+  errorbar = matplotlib.axes.Axes.errorbar
+
+  def record(self, x, y, *args, **kw):
+    plotted["steps"], plotted["mean"] = list(x), list(y)
+    return errorbar(self, x, y, *args, **kw)
+
+  monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", record)
+  table1.plot_curves(cfg, s, table1.build_table(cfg, s), tmp_path / "curves.png")
+  assert plotted["steps"] == pytest.approx([0, 10, 20])
+  assert plotted["mean"] == pytest.approx([9.0, 6.2, 5.1])
+  steps, values = table1.stack_by_step([plain["curve"], resumed["curve"]])
+  assert steps.tolist() == [1, 5, 10] and values[:, -1].tolist() == [7.0, 7.2]
