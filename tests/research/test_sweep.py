@@ -417,3 +417,17 @@ def test_curve_plot_stacks_seeds_by_step_when_a_resumed_run_repeats_step_zero(tm
   assert plotted["mean"] == pytest.approx([9.0, 6.2, 5.1])
   steps, values = table1.stack_by_step([plain["curve"], resumed["curve"]])
   assert steps.tolist() == [1, 5, 10] and values[:, -1].tolist() == [7.0, 7.2]
+
+
+def test_committed_long_arm_curves_stacked_by_step_end_at_each_runs_final_loss():
+  """research/results/dose_long.png's validation panel: every seed's stacked curve ends at step 3200 with that
+  run's final validation loss (one of the committed runs recorded step 0 twice)."""
+  import pathlib
+
+  folder = pathlib.Path(__file__).parents[2] / "research" / "results" / "dose_long" / "runs"
+  summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+  for recipe in sorted({s["recipe"] for s in summaries}):
+    done = [s for s in summaries if s["recipe"] == recipe and s["status"] == "done"]
+    steps, values = table1.stack_by_step([s["val_curve"] for s in done])
+    assert steps[-1] == done[0]["steps"], recipe
+    assert values[:, -1].tolist() == pytest.approx([s["val_losses"]["val"] for s in done]), recipe
