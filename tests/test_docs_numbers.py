@@ -1,6 +1,6 @@
 """The numbers of the README and the reports match the committed results files they come from.
 
-The README quotes one performance sentence and one quality sentence; research/docs/results.md opens
+The README quotes its speed, memory, gradient-error and quality sentences; research/docs/results.md opens
 with the paired Table I contrasts and the dose study's summary, and docs/moe.md's CPU quality check
 with one table. This module rebuilds each from the results files (the same rounding the docs use) and
 compares, so a re-run that changes a results file, or an edit that changes a number, fails here until
@@ -323,53 +323,107 @@ def test_docs_long_arm_section_counts_and_quotes_the_committed_runs():
     assert table in _tables(body), "the section does not quote research/results/dose_long.md's paired table"
 
 
-def long_arm_sentence(doc: dict) -> str:
-  """The README's per-seed gaps of the long INT8 arm, their 95% intervals (research/results/dose_long.json)
-  and the paper's difference beside each (labtools/paper.py)."""
-  from labtools.paper import paper_diff
+LONG_ARM_RUNS = ROOT / "research" / "results" / "dose_long" / "runs"
+RULE_SEEDS = (3, 4, 5)  # run after research/results/dose_long/PREDICTIONS_six_seeds.md fixed the decision rules
 
-  gaps = {}
-  for row in sorted(doc["paired_dose"], key=lambda r: r["seed"]):
-    gaps.setdefault(row["recipe"], []).append(_signed(row["gap"]))
-  join = lambda xs: ", ".join(xs[:-1]) + " and " + xs[-1]
-  ci = {r: "[{}, {}]".format(*map(_signed, doc["paired_tests"][f"{r} − int8_sr"]["ci95"])) for r in gaps}
-  paper = {}
-  for r in gaps:
-    diff = paper_diff(r, "int8_sr")
-    assert diff is not None, r
-    paper[r] = _signed(diff)
-  seeds = {r: len(g) for r, g in gaps.items()}
-  total = doc["sweep"]["seeds"]
-  if min(seeds.values()) < total:  # an interim look: the pre-registered rules decide at the full count only
-    counts = sorted(set(seeds.values()))
-    at = " and ".join(map(str, counts))
-    return (
-      f"(`research/results/dose_long.md`) `s3r` − `int8_sr` is {join(gaps['s3r'])} (95% interval "
-      f"{ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − `int8_sr` is {join(gaps['s3r_ec_dx'])} "
-      f"({ci['s3r_ec_dx']}; the paper: {paper['s3r_ec_dx']}): consistent with the paper's pattern in sign, "
-      f"smaller in size; interim, at {at} of {total} seeds: the pre-registered rules decide at {total}"
-    )
-  # all seeds in: the means and the registered rules' verdicts (research/results/dose_long/PREDICTIONS_six_seeds.md)
-  tests = {r: doc["paired_tests"][f"{r} − int8_sr"] for r in gaps}
-  cost = {"above 0": "shown", "below 0": "refuted", "below +0.01": "refuted"}.get(tests["s3r"]["verdict"], "open")
-  ec = {"equivalent within ±0.01": "shown", "above 0": "refuted"}.get(tests["s3r_ec_dx"]["verdict"], "open")
+
+def long_arm_finals() -> dict:
+  """(recipe, seed, "val" or "c4") -> final validation loss of each finished run of the long INT8 arm."""
+  finals = {}
+  for path in LONG_ARM_RUNS.glob("*.json"):
+    run = json.loads(path.read_text())
+    if run["status"] == "done":
+      for key in ("val", "c4"):
+        finals[run["recipe"], run["seed"], key] = run["val_losses"][key]
+  return finals
+
+
+def long_arm_sentence(doc: dict, finals: dict) -> str:
+  """The README's quality paragraph: the long INT8 arm's six-seed gaps on Wikipedia with the registered
+  rules' verdicts (research/results/dose_long.json), the paper's difference beside each (labtools/paper.py),
+  and the scope of the equivalence: C4 validation and seeds 3-5 alone, recomputed from the run files."""
+  from labtools.paper import paper_diff
+  from research import stats
+
+  tests = {r: doc["paired_tests"][f"{r} − int8_sr"] for r in ("s3r", "s3r_ec_dx")}
+  seeds = sorted({s for (_, s, _) in finals})
+  assert seeds == tests["s3r"]["seeds"] == tests["s3r_ec_dx"]["seeds"], seeds
+
+  def gaps(recipe: str, key: str, over) -> list[float]:
+    return [finals[recipe, s, key] - finals["int8_sr", s, key] for s in over]
+
+  def span(lo_hi) -> str:
+    return "[{}, {}]".format(*map(_signed, lo_hi))
+
+  ci = {r: span(t["ci95"]) for r, t in tests.items()}
+  paper = {r: _signed(paper_diff(r, "int8_sr")) for r in tests}
+  margin = doc["sweep"]["equivalence_margin"]
+  (lr,) = set(doc["sweep"]["fixed_lrs"].values())
+  assert tests["s3r"]["verdict"] == "above 0", "the README says the cost is shown"
+  assert tests["s3r_ec_dx"]["verdict"] == f"equivalent within ±{margin:g}", "the README says equivalence is shown"
+  c4 = stats.tost(gaps("s3r_ec_dx", "c4", seeds), margin)
+  late = stats.tost(gaps("s3r_ec_dx", "val", RULE_SEEDS), margin)
+  late_cost = stats.interval(gaps("s3r", "val", RULE_SEEDS), 0.95)
+  assert not c4["equivalent"] and not late["equivalent"] and late_cost[0] > 0, "the README's scope sentence"
+  first, last = RULE_SEEDS[0], RULE_SEEDS[-1]
   return (
-    f"over {total} seeds (`research/results/dose_long.md`) `s3r` − `int8_sr` is {_signed(tests['s3r']['mean'])} "
-    f"(95% interval {ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − `int8_sr` "
-    f"{_signed(tests['s3r_ec_dx']['mean'])} ({ci['s3r_ec_dx']}; the paper: {paper['s3r_ec_dx']}): by the rules "
-    f"registered before the last three seeds, the cost of sharing one threshold per token is {cost}, and "
-    f"S3R-EC's equivalence to `int8_sr` within ±0.01 is {ec}"
+    f"Does it train as well? On one model, `{doc['sweep']['preset']}` ({doc['cost']['param_count'] / 1e6:.1f} M "
+    f"parameters), at one learning rate ({lr:g}) for {doc['sweep']['steps']:,} steps at INT8, in final Wikipedia "
+    f"validation loss over {len(seeds)} seeds (`research/results/dose_long.md`), `s3r` − `int8_sr` is "
+    f"{_signed(tests['s3r']['mean'])} (95% interval {ci['s3r']}; the paper: {paper['s3r']}) and `s3r_ec_dx` − "
+    f"`int8_sr` {_signed(tests['s3r_ec_dx']['mean'])} ({ci['s3r_ec_dx']}; the paper: {paper['s3r_ec_dx']}). "
+    f"By the rules registered before seeds {first}-{last} ran, these runs show the cost of sharing one threshold "
+    f"per token (its 95% interval lies above 0) and S3R-EC's equivalence to `int8_sr` within ±{margin:g} (90% "
+    f"interval {span(tests['s3r_ec_dx']['tost']['ci'])}). The equivalence covers this setting only: on C4 "
+    f"validation the same runs do not reach it (90% interval {span(c4['ci'])}), and seeds {first}-{last} alone, "
+    f"the seeds run after the rules were written, do not establish it ({span(late['ci'])}); on those three seeds "
+    f"the cost of sharing still lies above 0 (95% interval {span(late_cost)})"
   )
 
 
-def test_readme_long_arm_sentence_matches_the_committed_paired_gaps():
+def test_readme_quality_paragraph_matches_the_long_arm_report_and_run_files():
   readme = " ".join(README.read_text().split())
-  doc = _load("research/results/dose_long.json")
-  assert long_arm_sentence(doc) in readme, long_arm_sentence(doc)
-  changed = copy.deepcopy(doc)  # the check can fail: a per-seed gap (interim looks) or a mean (all seeds in)
-  changed["paired_dose"][0]["gap"] += 0.01
+  doc, finals = _load("research/results/dose_long.json"), long_arm_finals()
+  assert long_arm_sentence(doc, finals) in readme, long_arm_sentence(doc, finals)
+  changed = copy.deepcopy(doc)  # the check can fail: a six-seed mean, or one C4 loss of one run
   changed["paired_tests"]["s3r − int8_sr"]["mean"] += 0.01
-  assert long_arm_sentence(changed) not in readme
+  assert long_arm_sentence(changed, finals) not in readme
+  moved = dict(finals)
+  moved["s3r_ec_dx", 4, "c4"] += 0.002
+  assert long_arm_sentence(doc, moved) not in readme
+
+
+def gradient_error_sentence(table2: list[dict], gate_dose: dict) -> str:
+  """The README's S3R-EC sentence: on `cpu-small`'s Table II checkpoints (steps 400 and 1600) every measured
+  whole-block error of `s3r_ec` and `s3r_ec_dx` lies below `int8_sr`'s; per projection, block 0's gate of the
+  width-768 model keeps a larger dX error at INT8 (research/results/gate_dose.json)."""
+  for doc in table2:
+    err = doc["relative_error"]
+    assert doc["settings"]["model"]["d_model"] == 192 and doc["settings"]["model"]["n_layers"] == 4
+    for recipe in ("s3r_ec", "s3r_ec_dx"):
+      above = [col for col, v in err[recipe].items() if v >= err["int8_sr"][col]]
+      assert not above, (doc["settings"]["step"], recipe, above)
+  steps = " and ".join(str(doc["settings"]["step"]) for doc in table2)
+  entry = gate_dose["entries"]["w768-d4"]
+  (gate,) = [r for r in entry["rows"] if r["layer"] == 0 and r["proj"] == "gate"]
+  ratio = gate["grids"]["int8"]["ratio"]["s3r_ec_dx"][0]
+  return (
+    "small products. On `cpu-small` this brings the gradient error of whole blocks below that of independent SR "
+    f"(dX at the first and last block, dW of block 0 and the embedding gradient, at steps {steps}: "
+    "[research/docs/results.md](research/docs/results.md), Table II), but not that of every projection: in a "
+    f"width-768 model after {entry['step']} steps, block 0's gate projection keeps {ratio:.2f}x independent SR's "
+    "dX error at INT8 (`research/results/gate_dose.md`)."
+  )
+
+
+def test_readme_gradient_error_sentence_matches_table2_and_the_gate_measurement():
+  readme = " ".join(README.read_text().split())
+  table2 = [_load("research/results/table2.json"), _load("research/results/diagnose_long/table2.json")]
+  gate_dose = _load("research/results/gate_dose.json")
+  assert gradient_error_sentence(table2, gate_dose) in readme, gradient_error_sentence(table2, gate_dose)
+  (gate,) = [r for r in gate_dose["entries"]["w768-d4"]["rows"] if r["layer"] == 0 and r["proj"] == "gate"]
+  gate["grids"]["int8"]["ratio"]["s3r_ec_dx"][0] += 0.01
+  assert gradient_error_sentence(table2, gate_dose) not in readme  # the check can fail
 
 
 SCAN_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
