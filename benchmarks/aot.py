@@ -32,7 +32,7 @@ Recipes (`--recipes`): registered names, also at a gradient format and with the 
 Per program and recipe: trace + lowering seconds, XLA compile seconds (wall clock and CPU), `memory_analysis()` (temp,
 argument, output, alias bytes), the GEMMs of the optimized HLO by kind (Triton GEMM fusions with
 their operand types, cuBLAS / cuBLASLt custom calls, cuDNN attention, Pallas Triton kernels), fusion
-and instruction counts; with `--breakdown`, the buffers live at the memory peak (`s3r.analysis.memory`,
+and instruction counts; with `--breakdown`, the buffers live at the memory peak (`labtools.analysis.memory`,
 a second compile with XLA's dump on). Compile options: `--xla NAME=VALUE` (repeatable), passed to XLA
 per compile; `xla_gpu_autotune_level=0` unless given (there is no GPU to autotune on). The programs
 are compiled one at a time, so the seconds are of one compile on this machine (they vary with load; the CPU
@@ -182,7 +182,7 @@ def measure(
   if xla_timers:
     row["xla_timers"] = aot_report.xla_timers(log_text)
   if breakdown:
-    from s3r.analysis import memory as memory_analysis
+    from labtools.analysis import memory as memory_analysis
 
     found, _ = memory_analysis.buffer_breakdown(lowered, compiler_options=options_)
     found["peak"] = found["peak"][: aot_report.BREAKDOWN_ROWS]

@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from labtools.analysis import hlo
 from labtools.results import markdown_table
-from s3r.analysis import hlo
 
 BREAKDOWN_ROWS = 12  # buffers live at the peak kept per program (largest first)
 BREAKDOWN_SHOWN = 6  # of which the Markdown lists the temporaries
@@ -378,7 +378,7 @@ def _gap(gap: dict | None) -> str:
 
 
 def _heap(found: dict[str, dict]) -> list[str]:
-  """Per recipe, the largest temp allocation laid out over offset and program step (`s3r.analysis.heap`)."""
+  """Per recipe, the largest temp allocation laid out over offset and program step (`labtools.analysis.heap`)."""
   rows = {r: b["heap"][0] for r, b in found.items() if b.get("heap")}
   if not rows:
     return []

@@ -4,7 +4,7 @@ For every (mesh, recipe) it builds the train step of `s3r train` (the same shard
 same RULES table), compiles it for the mesh (on CPU: simulated host devices), and sums the
 collectives of the per-device program by kind (all-reduce, reduce-scatter, all-gather,
 all-to-all, collective-permute) and element type (f32, bf16, s32, s8, ...); see
-`s3r.analysis.collectives` for what a collective's "bytes" are. Nothing is executed.
+`labtools.analysis.collectives` for what a collective's "bytes" are. Nothing is executed.
 
 Writes STEM.json (metadata, settings, every collective of every program above `--list-min-kib`)
 and STEM.md (the tables), STEM being `--out` (default runs/results/comm; the committed copies are
@@ -33,7 +33,7 @@ import sys
 import time
 from typing import NoReturn
 
-from s3r.analysis.hlo import hlo_text
+from labtools.analysis.hlo import hlo_text
 
 DEFAULT_RECIPES = ("bf16", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_ec+ungathered")
 DEFAULT_MESHES = ("data=2,fsdp=4", "data=2,fsdp=2,tensor=2")
@@ -69,7 +69,7 @@ def measure(recipe: str, mesh_spec: str, *, preset: str, layers: int | None, bat
   import jax
   import numpy as np
 
-  from s3r.analysis import collectives
+  from labtools.analysis import collectives
   from s3r.model import PRESETS, param_count
   from s3r.train import loop
   from s3r.train.config import TrainConfig
@@ -247,7 +247,7 @@ def report_markdown(doc: dict) -> str:
     "collective (the all-reduced array, the gathered result, the reduce-scatter operand), summed by "
     'kind and element type; "sent (ring)" is what one device sends with ring algorithms (2(n-1)/n of an '
     "all-reduced buffer, (n-1)/n of a gathered or scattered one). Nothing is run; see "
-    "`s3r/analysis/collectives.py` and docs/scaling.md.",
+    "`labtools/analysis/collectives.py` and docs/scaling.md.",
     "",
     "",
   ]

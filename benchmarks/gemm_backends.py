@@ -21,7 +21,7 @@ import math
 import re
 from collections import Counter
 
-from s3r.analysis import hlo
+from labtools.analysis import hlo
 
 _KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
 _TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')

@@ -1,7 +1,7 @@
 """The kernels of an optimized HLO module, as the performance model sees them (`python -m benchmarks perfmodel`).
 
 `kernels(text, tpu=False)` walks the computations a program runs: the entry computation, while-loop
-bodies (times the loop's known trip count, `s3r.analysis.hlo.execution_counts`), called and
+bodies (times the loop's known trip count, `labtools.analysis.hlo.execution_counts`), called and
 conditional computations; fusion bodies are read for what a kernel computes, never as kernels of
 their own. Each launched instruction becomes a `Kernel`:
 
@@ -31,7 +31,7 @@ import math
 import re
 from collections import Counter
 
-from s3r.analysis import hlo
+from labtools.analysis import hlo
 
 BYTES = {**hlo.DTYPE_BYTES, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e8m0fnu": 1, "s4": 1, "u4": 1}
 FP8 = ("f8e4m3fn", "f8e5m2", "f8e4m3")

@@ -23,9 +23,9 @@ import re
 import tempfile
 
 from benchmarks import options
+from labtools.analysis import hlo
+from labtools.analysis.hlo import hlo_text
 from labtools.results import RESULTS_DIR, Run, log, markdown_table, parse_list
-from s3r.analysis import hlo
-from s3r.analysis.hlo import hlo_text
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 _SIZE_LABELS = {"weight": "[H,D]", "t_d": "[T,D]", "t_h": "[T,H]"}

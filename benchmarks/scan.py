@@ -27,8 +27,8 @@ import argparse
 import time
 
 from benchmarks import options, timing
+from labtools.analysis.hlo import hlo_text
 from labtools.results import RESULTS_DIR, Run, loadavg, log, markdown_table, parse_list
-from s3r.analysis.hlo import hlo_text
 
 TARGET_RATIO = 1.25  # deepest / shallowest compile time of the scanned step
 RESOLUTION = 0.05  # the step-time target: unrolled / scanned time at least 1 - RESOLUTION

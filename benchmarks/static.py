@@ -30,7 +30,7 @@ Per recipe, for one quantized linear layer x [T, K] @ w [K, N] forward + backwar
 And for the SwiGLU FFN block (as in `python -m benchmarks ffn`) at the paper shapes: XLA's
 `compiled.memory_analysis()` temp bytes (compile only, nothing is allocated or run). With
 `--memory-breakdown`, also the buffers live where the program's memory peaks, read from XLA's
-buffer assignment (`s3r.analysis.memory`): per recipe, their bytes by element type and the
+buffer assignment (`labtools.analysis.memory`): per recipe, their bytes by element type and the
 largest temporaries with their shape and producing operation.
 """
 
@@ -39,12 +39,12 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import options
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis import memory as memory_analysis
+from labtools.analysis.elementwise import gradient_sized_ops
+from labtools.analysis.hlo import hlo_text
 from labtools.paper import PAPER_EXTRA_OPS
 from labtools.results import RESULTS_DIR, Run, log, markdown_table, parse_list
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis import memory as memory_analysis
-from s3r.analysis.elementwise import gradient_sized_ops
-from s3r.analysis.hlo import hlo_text
 
 DEFAULT_RECIPES = ",".join(options.BENCH_RECIPES)
 DEFAULT_MEMORY_SHAPES = "all"
@@ -120,7 +120,7 @@ def _memory(compiled) -> dict | None:
 
 def ffn_memory(recipe: str, tokens: int, hidden: int, ffn_dim: int, *, breakdown: bool = False) -> dict | None:
   """memory_analysis() of the FFN block fwd+bwd (compile only, from abstract shapes); with
-  `breakdown`, also the buffers live at the peak (`s3r.analysis.memory`) under "breakdown"."""
+  `breakdown`, also the buffers live at the peak (`labtools.analysis.memory`) under "breakdown"."""
   import jax
   import jax.numpy as jnp
 

@@ -3,7 +3,8 @@ library (`s3r/`) and of the tooling beside it (`benchmarks/`, `research/`, and `
 
 Imports are read with `ast` (module level and inside functions alike). A library module's package
 is its first component under `s3r` (`s3r/train/loop.py` is the package `train`, `s3r/__init__.py`
-is `s3r`); every module of `benchmarks/`, `research/` or `labtools/` belongs to that one package.
+is `s3r`); every module of `benchmarks/`, `research/` or `labtools/` belongs to that one package,
+except `labtools/analysis/` (program analysis), a package of its own: a leaf that imports nothing of s3r.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TOOLING = ("benchmarks", "research", "labtools")  # repository-only: they import the library, never the reverse
 SCIENCE = {"jax", "jaxlib", "numpy"}  # the only third-party imports of the numerics core
-LIBRARY = {"s3r", "quant", "nn", "model", "data", "analysis", "train", "cli", "integrations"}
+LIBRARY = {"s3r", "quant", "nn", "model", "data", "train", "cli", "integrations"}
+ANALYSIS = "labtools.analysis"  # jaxpr and HLO readers: the tests and benchmarks use them, the library does not
 
 # package -> the packages it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
@@ -27,19 +29,21 @@ ALLOWED: dict[str, set[str]] = {
   "nn": {"quant"},
   "model": {"quant", "nn"},
   "data": set(),
-  "analysis": set(),
-  "train": {"s3r", "quant", "nn", "model", "data", "analysis"},
-  "cli": {"s3r", "quant", "nn", "model", "data", "train", "analysis"},
+  "train": {"s3r", "quant", "nn", "model", "data"},
+  "cli": {"s3r", "quant", "nn", "model", "data", "train"},
   "integrations": {"quant", "nn"},  # backends for other frameworks (MaxText), which they import lazily
-  "labtools": LIBRARY,  # results files with provenance, the paper's numbers: shared by the two below
-  "research": LIBRARY | {"labtools"},
-  "benchmarks": LIBRARY | {"labtools"},  # never research: measuring the library needs none of the experiments
+  ANALYSIS: set(),
+  "labtools": LIBRARY | {ANALYSIS},  # results files with provenance, the paper's numbers: shared by the two below
+  "research": LIBRARY | {"labtools", ANALYSIS},
+  "benchmarks": LIBRARY | {"labtools", ANALYSIS},  # never research: measuring the library needs none of the experiments
 }
-THIRD_PARTY_ONLY = {"quant": SCIENCE, "analysis": SCIENCE}  # packages limited to these (and the stdlib)
+THIRD_PARTY_ONLY = {"quant": SCIENCE, ANALYSIS: SCIENCE}  # packages limited to these (and the stdlib)
 
 
 def _package(path: pathlib.Path) -> str:
   rel = path.relative_to(REPO)
+  if rel.parts[:2] == tuple(ANALYSIS.split(".")):
+    return ANALYSIS
   if rel.parts[0] in TOOLING:
     return rel.parts[0]
   return "s3r" if rel.parts == ("s3r", "__init__.py") else rel.parts[1].removesuffix(".py")
@@ -64,7 +68,7 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
       if node.level:
         pkg = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
         base = ".".join([*pkg, base] if base else pkg)
-      out += [(node.lineno, f"{base}.{a.name}" if base == "s3r" else base) for a in node.names]
+      out += [(node.lineno, f"{base}.{a.name}" if base in ("s3r", "labtools") else base) for a in node.names]
     elif (
       isinstance(node, ast.Constant)
       and isinstance(node.value, str)
@@ -77,6 +81,8 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
 def _target(name: str) -> str | None:
   """The package an import refers to; None for a third-party or standard-library import."""
   parts = name.split(".")
+  if parts[:2] == ANALYSIS.split("."):
+    return ANALYSIS
   if parts[0] in TOOLING:
     return parts[0]
   if parts[0] != "s3r":
@@ -153,7 +159,7 @@ def test_the_library_imports_no_tooling_and_the_benchmarks_no_research():
 
   assert {"benchmarks", "research", "labtools"} <= set(ALLOWED) and graph.get("benchmarks"), graph
   for pkg in sorted(LIBRARY):
-    assert not reach(pkg) & set(TOOLING), (pkg, reach(pkg))
+    assert not reach(pkg) & {*TOOLING, ANALYSIS}, (pkg, reach(pkg))
   assert "research" not in reach("benchmarks") and "research" not in reach("labtools"), graph
 
 

@@ -87,7 +87,7 @@ def test_a_new_topology_is_one_class_and_its_registry_entry(monkeypatch):
   import numpy as np
 
   import s3r
-  from s3r.analysis import jaxpr as jaxpr_analysis
+  from labtools.analysis import jaxpr as jaxpr_analysis
   from s3r.quant import thresholds
 
   @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""Reading collectives and their bytes from compiled HLO text (s3r.analysis.collectives)."""
+"""Reading collectives and their bytes from compiled HLO text (labtools.analysis.collectives)."""
 
 import pytest
 
-from s3r.analysis.collectives import collectives, volume
+from labtools.analysis.collectives import collectives, volume
 
 HLO = """
 ENTRY %main {

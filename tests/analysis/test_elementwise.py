@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from s3r.analysis.elementwise import gradient_sized_ops
+from labtools.analysis.elementwise import gradient_sized_ops
 
 
 def test_ops_are_weighted_by_trip_counts_and_counted_per_element_of_loop_fusions():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import ffn
-from s3r.analysis import heap, memory
+from labtools.analysis import heap, memory
 from tests.analysis.test_memory import _args  # the FFN block's abstract arguments, T = 64, H = 32, D = 96
 
 

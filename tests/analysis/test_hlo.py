@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from s3r.analysis import hlo
+from labtools.analysis import hlo
 
 TEXT = """HloModule m
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from s3r.analysis import jaxpr as ja
+from labtools.analysis import jaxpr as ja
 
 
 def _draw_in_scan(key):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import ffn
-from s3r.analysis import memory
+from labtools.analysis import memory
 
 T, H, D = 64, 32, 96  # pairwise distinct, so a [T, D] buffer is unambiguous
 
@@ -111,7 +111,7 @@ def test_breakdown_compiles_for_real_when_the_persistent_cache_already_holds_the
 
   code = (
     "import jax, jax.numpy as jnp\n"
-    "from s3r.analysis import memory\n"
+    "from labtools.analysis import memory\n"
     "low = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b.T).lower(jnp.ones((64, 32)), jnp.ones((32, 96)))\n"
     "low.compile()\n"  # written to the cache
     "b, _ = memory.buffer_breakdown(low)\n"

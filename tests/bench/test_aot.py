@@ -465,7 +465,7 @@ import json, sys
 from benchmarks import aot, aot_programs
 aot.use_cpu_host()
 import argparse
-from s3r.analysis import memory
+from labtools.analysis import memory
 p = argparse.ArgumentParser(); aot.add_arguments(p)
 args = p.parse_args(["--target", "h100", "--program", "step", "--preset", "paper-12l", "--layers", "2", "--batch", "1",
                      "--seq", "2048", "--vocab", "512", "--attention", "xla"])

@@ -17,7 +17,7 @@ import pytest
 
 import s3r
 from benchmarks import aot, aot_programs, ffn
-from s3r.analysis import hlo
+from labtools.analysis import hlo
 
 pytestmark = [
   pytest.mark.slow,

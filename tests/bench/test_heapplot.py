@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks import cli, heapplot
-from s3r.analysis import heap
+from labtools.analysis import heap
 from tests.analysis.test_heap import ASSIGNMENT, LIVE_RANGE
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks import ffn, profile
-from s3r.analysis.hlo import hlo_text
+from labtools.analysis.hlo import hlo_text
 
 
 def test_describe_fusions_finds_the_int8_gemms():

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from s3r.analysis.hlo import hlo_text
+from labtools.analysis.hlo import hlo_text
 from tests.distributed.explicit_workers import B, S, explicit_minigpt_worker, explicit_ops_worker, operands
 
 # (fsdp, tensor) factorizations of 8 devices: pure FSDP, mixed, pure TP; None = one device.
@@ -35,7 +35,7 @@ def _mesh_name(shape) -> str:
 def qmatmul_worker(out: pathlib.Path) -> None:
   """Thresholds, Q, Δ, dX and dW of one qmatmul on each mesh; the token dims (B, S) of x and of
   the upstream gradient are sharded over all 8 devices, the weight as in s3r train (fsdp, tensor)."""
-  from s3r.analysis.collectives import collectives
+  from labtools.analysis.collectives import collectives
   from s3r.quant import qmatmul, thresholds
   from s3r.quant.matmul import gradient_codes
 
@@ -80,7 +80,7 @@ def tp_worker(out: pathlib.Path) -> None:
   a row-parallel weight (W split along K) and dX of a column-parallel one (W split along N),
   with per-shard bf16 partial sums (tp=...) and with exact int32 ones (tp=None); also dW of
   int8_rtne with W replicated and split (the same codes X̂ must serve both programs)."""
-  from s3r.analysis.collectives import collectives
+  from labtools.analysis.collectives import collectives
   from s3r.quant import qmatmul
   from s3r.quant.matmul import gradient_codes
 
@@ -171,7 +171,7 @@ def train_worker(out: pathlib.Path, recipe: str, steps: str, *meshes: str) -> No
   a ':int32' suffix selects exact tensor-parallel partial sums, otherwise per-shard bf16),
   the sharding of one weight, the collectives of the compiled step, and (meshes marked with a
   trailing '+delta') the step Δ of every projection in the first step."""
-  from s3r.analysis.collectives import collectives
+  from labtools.analysis.collectives import collectives
   from s3r.train import loop
   from s3r.train.config import TrainConfig
 
@@ -381,7 +381,7 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
   gate expert weight's sharding into result.json."""
   from flax import nnx
 
-  from s3r.analysis.collectives import collectives
+  from labtools.analysis.collectives import collectives
   from s3r.train import sharding
 
   rng = np.random.default_rng(0)

@@ -27,8 +27,8 @@ from maxtext.layers import linears, quantizations  # noqa: E402
 from maxtext.utils import maxtext_utils_nnx, model_creation_utils  # noqa: E402
 
 import s3r  # noqa: E402
-from s3r.analysis import jaxpr as jaxpr_analysis  # noqa: E402
-from s3r.analysis.jaxpr import shaped  # noqa: E402
+from labtools.analysis import jaxpr as jaxpr_analysis  # noqa: E402
+from labtools.analysis.jaxpr import shaped  # noqa: E402
 from s3r.integrations import maxtext as smt  # noqa: E402
 from s3r.nn.dot_general import kernel_fingerprint  # noqa: E402
 from tests.conftest import xla_flags  # noqa: E402

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from labtools.analysis import hlo
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis.jaxpr import shaped
 from s3r import model as M
-from s3r.analysis import hlo
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis.jaxpr import shaped
 from s3r.train import step as train_step
 
 B, S = 2, 24  # T = 48 tokens

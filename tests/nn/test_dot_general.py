@@ -12,8 +12,8 @@ from flax import nnx
 
 import s3r
 import s3r.nn as snn
-from s3r.analysis import jaxpr as inspect
-from s3r.analysis.jaxpr import shaped
+from labtools.analysis import jaxpr as inspect
+from labtools.analysis.jaxpr import shaped
 
 X = jax.random.normal(jax.random.key(0), (2, 8, 16), jnp.bfloat16)
 

@@ -11,7 +11,7 @@ eqx = pytest.importorskip("equinox")
 
 import s3r.nn as snn  # noqa: E402
 from benchmarks import eqx_layers, eqx_transformer  # noqa: E402
-from s3r.analysis import jaxpr as jaxpr_analysis  # noqa: E402
+from labtools.analysis import jaxpr as jaxpr_analysis  # noqa: E402
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS, B, S = 32, 16, 2, 32, 2, 2, 8
 TOKENS = jax.random.randint(jax.random.key(0), (B, S + 1), 0, VOCAB)

@@ -10,7 +10,7 @@ import pytest
 
 import s3r
 import s3r.nn as snn
-from s3r.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis import jaxpr as jaxpr_analysis
 
 KEY = jax.random.key(3)
 B, S, D, F, L = 2, 6, 16, 32, 3

@@ -9,7 +9,7 @@ from flax import nnx
 
 import s3r
 import s3r.nn as snn
-from s3r.analysis import jaxpr as inspect
+from labtools.analysis import jaxpr as inspect
 
 X = jax.random.normal(jax.random.key(0), (2, 4, 8))
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import s3r.nn as snn
-from s3r.analysis.jaxpr import shaped
+from labtools.analysis.jaxpr import shaped
 
 dg_module = importlib.import_module("s3r.nn.dot_general")
 

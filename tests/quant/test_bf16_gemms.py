@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import s3r
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis.jaxpr import shaped
 from s3r import model as M
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis.jaxpr import shaped
 from s3r.train import step as train_step
 
 T, H, F = 48, 32, 80  # tokens, model width, FFN width: distinct

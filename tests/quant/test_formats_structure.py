@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import pytest
 
 import s3r
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis.jaxpr import shaped
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis.jaxpr import shaped
 from s3r.quant.formats import FORMATS, BlockScaledFormat
 
 B, S, K, N = 4, 20, 96, 72  # T = 80 and N = 72: partial blocks of 16 and 32 along N, of 32 along T

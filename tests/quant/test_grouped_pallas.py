@@ -12,7 +12,7 @@ import pytest
 from jax.extend import core
 
 import s3r
-from s3r.analysis.hlo import hlo_text
+from labtools.analysis.hlo import hlo_text
 from s3r.quant import grouped_gemm, grouped_pallas
 
 T, K, N, E = 13, 8, 6, 4

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import s3r
-from s3r.analysis import hlo
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis.jaxpr import shaped
+from labtools.analysis import hlo
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis.jaxpr import shaped
 
 B, S, K, N = 4, 64, 96, 160  # distinct sizes: B*S*N, B*S*K and K*N never coincide
 INT8 = [n for n, r in s3r.RECIPES.items() if r.quantized_gradient]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import s3r
-from s3r.analysis import jaxpr as jaxpr_analysis
-from s3r.analysis.jaxpr import shaped
+from labtools.analysis import jaxpr as jaxpr_analysis
+from labtools.analysis.jaxpr import shaped
 
 V, S, K, N = 4, 6, 16, 8
 KEY = jax.random.key(7)

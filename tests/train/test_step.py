@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from labtools.analysis.jaxpr import is_int8_dot, iter_eqns, shaped
 from s3r import model as M
-from s3r.analysis.jaxpr import is_int8_dot, iter_eqns, shaped
 from s3r.quant import RECIPES
 from s3r.train import optimizer as O
 from s3r.train import step as St

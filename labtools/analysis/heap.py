@@ -8,7 +8,7 @@ leave holes below the one that ends highest).
 
 `heap_layout` reads the buffer-assignment dump (offset and size of every value) and the
 live-range dump (the program step at which each value is defined and its last use) that
-`s3r.analysis.memory.buffer_breakdown` already compiles for, and returns per temp allocation:
+`labtools.analysis.memory.buffer_breakdown` already compiles for, and returns per temp allocation:
 its size, the most bytes live in it at one step and where (the large buffers live then, and every
 buffer live then summed by array type), and
 the buffer that sets the size, with the large buffers below it during its lifetime ("large": at
@@ -26,7 +26,7 @@ import dataclasses
 import re
 from collections import defaultdict
 
-from s3r.analysis import memory
+from labtools.analysis.buffers import Allocation, Value, parse_assignment
 
 _RANGE_RE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}):(\d+)-(\d+)\s*$")
 _COLOR_RE = re.compile(r"color (\d+)")
@@ -66,7 +66,7 @@ class Block:
     return fields | {"buffer": self.values[0], "type": self.type_text.split("{")[0]}
 
 
-def _blocks(values: list[memory.Value], ranges: dict[str, tuple[int, int]]) -> list[Block]:
+def _blocks(values: list[Value], ranges: dict[str, tuple[int, int]]) -> list[Block]:
   """One block per (offset, size) slot and lifetime: values sharing a slot with overlapping lifetimes
   are one block (their lifetimes merged)."""
   by_slot: dict[tuple[int, int], list[tuple[int, int, str, str]]] = defaultdict(list)
@@ -135,7 +135,7 @@ def _largest_gap_below(top: Block, blocks: list[Block]) -> dict:
   }
 
 
-def allocation_layout(allocation: memory.Allocation, values: list[memory.Value], ranges: dict) -> dict | None:
+def allocation_layout(allocation: Allocation, values: list[Value], ranges: dict) -> dict | None:
   """Size, live peak and the buffer that sets the size of one allocation (see the module docstring); None
   where no value of it has a live range."""
   blocks = _blocks([v for v in values if v.allocation == allocation.index], ranges)
@@ -167,7 +167,7 @@ def allocation_layout(allocation: memory.Allocation, values: list[memory.Value],
 
 def heap_layout(assignment: str, live_range: str) -> list[dict]:
   """`allocation_layout` of every temp allocation holding a value with a live range, largest first."""
-  allocs, values = memory.parse_assignment(assignment)
+  allocs, values = parse_assignment(assignment)
   ranges = parse_live_ranges(live_range)
   layouts = [allocation_layout(a, values, ranges) for a in allocs.values() if a.kind == "temp" and a.size]
   return sorted((x for x in layouts if x is not None), key=lambda r: -r["bytes"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from s3r.analysis.hlo import DTYPE_BYTES, Computation, execution_counts, parse_hlo
+from labtools.analysis.hlo import DTYPE_BYTES, Computation, execution_counts, parse_hlo
 
 ELEMENTWISE = frozenset(
   """

@@ -21,7 +21,7 @@ import math
 import re
 from collections import defaultdict
 
-from s3r.analysis.hlo import DTYPE_BYTES, Instr, array_types, parse_hlo
+from labtools.analysis.hlo import DTYPE_BYTES, Instr, array_types, parse_hlo
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 

@@ -15,7 +15,7 @@ directory) and reads three of the files XLA writes for the optimized module:
 `buffer_breakdown` returns, per buffer live at the peak (or, where a backend writes no live-range
 dump, per buffer of the temp allocation): its size, type, where it sits
 (parameter, output, temp) and what produced it; `by_dtype` sums them per element type; "heap"
-lays out each temp allocation over offset and time (`s3r.analysis.heap`: why an allocation is
+lays out each temp allocation over offset and time (`labtools.analysis.heap`: why an allocation is
 larger than what is live in it at once).
 Works on every backend that dumps buffer assignments (CPU and GPU do).
 """
@@ -31,57 +31,11 @@ import tempfile
 from collections import defaultdict
 from typing import Any
 
-from s3r.analysis import hlo
+from labtools.analysis import heap, hlo
+from labtools.analysis.buffers import Allocation, Value, parse_assignment
 
-_ALLOC_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
-_VALUE_RE = re.compile(r"^\s*value: <(\d+) ([^\s>]+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
 _PEAK_RE = re.compile(r"^\s*Live ranges at (\d+) \(peak\):")
 _LIVE_RE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}): (\d+) bytes")
-
-
-@dataclasses.dataclass
-class Allocation:
-  index: int
-  size: int  # bytes
-  flags: str  # XLA's description, e.g. "parameter 1, shape |f32[8]| at ShapeIndex {}" or "preallocated-temp"
-
-  @property
-  def kind(self) -> str:
-    """parameter, constant, thread-local, output (an allocation that may hold a program output;
-    XLA:CPU also places temporaries there before the output is written), temp."""
-    for kind in ("parameter", "constant", "thread-local"):
-      if kind in self.flags:
-        return kind
-    if "maybe-live-out" in self.flags or "output shape" in self.flags:
-      return "output"
-    return "temp"
-
-
-@dataclasses.dataclass
-class Value:
-  id: int
-  name: str  # instruction name with the shape index, e.g. "fusion.3{}" or "custom-call.2{0}"
-  size: int  # bytes
-  offset: int  # bytes into its allocation
-  type_text: str  # e.g. "s32[1024,2048]{1,0}"
-  allocation: int  # index of the allocation holding it
-
-
-def parse_assignment(text: str) -> tuple[dict[int, Allocation], list[Value]]:
-  """Allocations by index and the values placed in them, from a buffer-assignment dump."""
-  allocs: dict[int, Allocation] = {}
-  values: list[Value] = []
-  cur = None
-  for line in text.splitlines():
-    if m := _ALLOC_RE.match(line):
-      cur = int(m.group(1))
-      allocs[cur] = Allocation(cur, int(m.group(2)), m.group(3).lstrip(", "))
-    elif cur is not None and (m := _VALUE_RE.match(line)):
-      name = m.group(2) if "{" in m.group(2) else m.group(2) + "{}"
-      values.append(Value(int(m.group(1)), name, int(m.group(3)), int(m.group(4)), m.group(5).strip(), cur))
-    elif line.startswith(("Total bytes", "Used values")):
-      cur = None
-  return allocs, values
 
 
 def parse_peak(text: str) -> tuple[int | None, list[tuple[str, int]]]:
@@ -174,9 +128,7 @@ def breakdown(assignment: str, live_range: str | None, hlo_text: str) -> dict:
 
 
 def _heap_layout(assignment: str, live_range: str | None) -> list[dict]:
-  """`s3r.analysis.heap.heap_layout` where XLA wrote a live-range dump (else [])."""
-  from s3r.analysis import heap  # heap reads this module's parsers
-
+  """`labtools.analysis.heap.heap_layout` where XLA wrote a live-range dump (else [])."""
   return heap.heap_layout(assignment, live_range) if live_range is not None else []
 
 
