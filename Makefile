@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-slow train quickstart-snapshot bench sweep clean
+.PHONY: install lint test test-slow docs train quickstart-snapshot bench sweep clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { scripts/find-python; exit 1; }
@@ -27,6 +27,11 @@ test: lint
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The API reference from the docstrings (pdoc, the extra `docs` that .[dev] includes): build/docs/index.html.
+docs: $(STAMP)
+	rm -rf build/docs
+	$(PY) scripts/api_docs.py build/docs
 
 train: $(STAMP)
 	$(VENV)/bin/s3r train --recipe s3r_ec_dx --preset cpu-small --out runs/quickstart $(if $(wildcard runs/quickstart/checkpoints),--resume)

@@ -12,6 +12,7 @@ from s3r.quant import (
 )
 
 __version__ = "0.1.0"
+"""The installed version of s3r."""
 __all__ = [
   "DEFAULT_RECIPE",
   "DIAGNOSTIC_RECIPES",

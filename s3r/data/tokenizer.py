@@ -21,6 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from s3r.data.errors import DataError
 
 EOT = "<|endoftext|>"
+"""The end-of-text token of a tokenizer trained here, placed after every document."""
 # Bump when the tokenizer recipe changes so that cached tokenizers are retrained.
 TOKENIZER_VERSION = f"s3r-bytelevel-bpe-v1/tokenizers-{tokenizers.__version__}"
 MIN_VOCAB_SIZE = 257  # 256 byte symbols + <|endoftext|>

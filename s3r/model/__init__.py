@@ -16,3 +16,38 @@ from s3r.model.hf import HFConfigError, HFError, HFTokenizer, hf_config, load_hf
 from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections
 from s3r.model.presets import PRESETS, active_param_count, param_count, preset
 from s3r.model.transformer import Transformer, apply, apply_with_aux, graphdef, init_params, logical_axes
+
+__all__ = [
+  "Decoder",
+  "DeepSeekV2Config",
+  "FAMILIES",
+  "Family",
+  "Gemma3Config",
+  "HFConfigError",
+  "HFError",
+  "HFTokenizer",
+  "ModelConfig",
+  "PRESETS",
+  "PROJECTIONS",
+  "Qwen3Config",
+  "Qwen3MoeConfig",
+  "RopeScaling",
+  "Transformer",
+  "activation_sharding",
+  "active_param_count",
+  "apply",
+  "apply_with_aux",
+  "constrain",
+  "generate",
+  "graphdef",
+  "hf_config",
+  "init_params",
+  "intercept_projections",
+  "load_hf",
+  "load_hf_tokenizer",
+  "logical_axes",
+  "param_count",
+  "preset",
+  "save_hf",
+  "stack",
+]

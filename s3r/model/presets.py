@@ -184,6 +184,8 @@ PRESETS: dict[str, ModelConfig] = {
     n_shared=1,
   ),
 }
+"""The model presets by name (`s3r train --preset`, `preset(name)`): small shapes for the CPU and the
+shapes of the released models."""
 OVERRIDES = {"layers": "n_layers", "seq": "max_seq_len", "width": "d_model"}  # short names accepted by preset()
 
 

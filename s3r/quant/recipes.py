@@ -161,7 +161,9 @@ _RECIPES = (
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
-DEFAULT_RECIPE = "s3r_ec_dx"  # the recommended recipe: every API's default
+"""Every registered recipe by name. `recipe(name)` also takes `NAME@FORMAT` (another gradient format)."""
+DEFAULT_RECIPE = "s3r_ec_dx"
+"""The recommended recipe, the default of every API and of `s3r train --recipe`."""
 DIAGNOSTIC_RECIPES = (
   "s3r_ec_dw",
   "s3r_ec_dw_bcast",
@@ -169,6 +171,8 @@ DIAGNOSTIC_RECIPES = (
   "s3r_split_dxbcast_dw2d",
   "int8_exact_bwd",
 )
+"""The recipes that isolate one part of S3R or S3R-EC (a correction of dW only, G' quantized twice, the
+exact backward of the INT8 forward): for measuring errors, not for training."""
 
 
 FORMAT_SEPARATOR = "@"  # "s3r_ec_dx@int4": a registered recipe at another gradient format

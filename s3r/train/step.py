@@ -36,6 +36,8 @@ from s3r import model as s3r_model
 
 
 class TrainState(NamedTuple):
+  """What a train step updates: the step count, the master weights and the optimizer state."""
+
   step: jax.Array  # int32 scalar: number of updates applied so far
   params: dict  # nested dict of f32 master weights
   opt_state: Any  # optax state of `make_optimizer`

@@ -13,6 +13,7 @@ from s3r.model.families import deepseek_v2, gemma3, llama, qwen3, qwen3_moe
 from s3r.model.families.base import Family, Reader
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama, qwen3, gemma3, qwen3_moe, deepseek_v2)}
+"""Every decoder family by name (a config file's `family` field)."""
 
 
 def family_of(cfg: ModelConfig | type[ModelConfig]) -> Family:

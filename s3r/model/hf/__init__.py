@@ -9,3 +9,15 @@ from s3r.model.hf.load import hf_config, load_hf
 from s3r.model.hf.save import save_hf
 from s3r.model.hf.tensors import tensor_map
 from s3r.model.hf.tokenizer import HFTokenizer, load_hf_tokenizer
+
+__all__ = [
+  "Entry",
+  "HFConfigError",
+  "HFError",
+  "HFTokenizer",
+  "hf_config",
+  "load_hf",
+  "load_hf_tokenizer",
+  "save_hf",
+  "tensor_map",
+]

@@ -133,6 +133,9 @@ class FusedExperts(Layout):
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
+  """One s3r parameter in a checkpoint: its `path` in the params tree, the `hub` tensor names it is made
+  of, and the `layout` that converts between them."""
+
   path: Path
   hub: tuple[str, ...]
   layout: Layout
