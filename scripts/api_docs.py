@@ -21,7 +21,6 @@ DEFAULT_OUT = REPO / "build" / "docs"
 PUBLIC = ("s3r", "s3r.quant", "s3r.nn", "s3r.model", "s3r.model.hf", "s3r.data", "s3r.train")
 # The other packages of s3r/, with what they are for: documented in the reference too, but no API of their own.
 INTERNAL = {
-  "analysis": "what a traced or compiled program does, for the tests and the benchmarks",
   "cli": "the `s3r` command (its API is the command line: `s3r --help`, docs/training.md)",
   "integrations": "backends for other frameworks, used through their configuration (docs/maxtext.md)",
 }
