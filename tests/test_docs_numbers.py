@@ -167,6 +167,30 @@ def moe_rows() -> list[list[str]]:
   return rows
 
 
+def moe_resolution_phrase(quality: dict) -> str:
+  """docs/moe.md's resolution of three seeds: the per-seed sds of the INT8 recipes' paired gaps to `bf16`
+  (research/results/moe_quality.json) and the mean gap a 95% paired t interval then excludes from 0."""
+  from scipy import stats
+
+  sds = [q["paired_vs_bf16"]["sd"] for r, q in quality.items() if r != "bf16"]
+  n = {len(q["paired_vs_bf16"]["seeds"]) for r, q in quality.items() if r != "bf16"}
+  assert n == {3}, n
+  t = stats.t.ppf(0.975, 2)
+  return (
+    f"three seeds resolves a mean gap to `bf16` at the 5% level only beyond {t:.2f} × sd / √3, which for the "
+    f"INT8 recipes' per-seed sds here ({min(sds):.3f}-{max(sds):.3f}) is {t * min(sds) / 3**0.5:.3f}-"
+    f"{t * max(sds) / 3**0.5:.3f}."
+  )
+
+
+def test_docs_moe_resolution_of_three_seeds_matches_the_quality_results():
+  doc = " ".join((ROOT / "docs" / "moe.md").read_text().split())
+  quality = _load("research/results/moe_quality.json")["rows"]
+  assert moe_resolution_phrase(quality) in doc, moe_resolution_phrase(quality)
+  quality["s3r"]["paired_vs_bf16"]["sd"] += 0.002  # the check can fail
+  assert moe_resolution_phrase(quality) not in doc
+
+
 def _mismatches(readme_rows: list[list[str]], expected: list[list[str]]) -> list[str]:
   out = []
   if len(readme_rows) != len(expected):

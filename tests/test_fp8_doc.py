@@ -43,3 +43,34 @@ def test_every_recipe_the_fp8_doc_names_resolves():
   assert len(names) >= 4, names
   for name in names:
     s3r.recipe(name.replace("NAME", "s3r_ec_dx"))
+
+
+def fp8_detectable_phrase(arms: list[dict]) -> str:
+  """What two seeds of the FP8 dose arms can detect: the seed-to-seed sd of the gaps to `int8_sr`, pooled over
+  every (recipe, FP8 grid) pair, and the mean gap a 95% paired t interval excludes from 0 with 1 degree of
+  freedom (one pair alone) and with the pooled degrees of freedom (research/results/dose_fp8/dose.json)."""
+  import numpy as np
+  from scipy import stats
+
+  variances = []
+  for grid in ("e4m3", "e5m2"):
+    for recipe in ("int8_rtne", "s3r", "s3r_ec_dx"):
+      gaps = [a["gap"][recipe] for a in arms if a["grid"] == grid]
+      variances.append(np.var(gaps, ddof=1))
+  sd, n = float(np.sqrt(np.mean(variances))), len(variances)
+  alone, pooled = (stats.t.ppf(0.975, df) * sd / np.sqrt(2) for df in (1, n))
+  return (
+    f"seed-to-seed sd, pooled over the six FP8 recipe-grid pairs, is {sd:.3f}, so one pair's two-seed mean gap "
+    f"is resolved at the 5% level only beyond {stats.t.ppf(0.975, 1):.1f} × sd / √2 = {alone:.2f} (beyond "
+    f"{pooled:.2f} if all six pairs share that spread, with {n} degrees of freedom)"
+  )
+
+
+def test_fp8_doc_states_what_two_seeds_can_detect_from_the_fp8_arms():
+  import json
+
+  arms = json.loads((pathlib.Path(__file__).parents[1] / "research/results/dose_fp8/dose.json").read_text())["arms"]
+  doc = " ".join(DOC.split())
+  assert fp8_detectable_phrase(arms) in doc, fp8_detectable_phrase(arms)
+  arms[-1]["gap"]["s3r"] += 0.02  # the check can fail
+  assert fp8_detectable_phrase(arms) not in doc
