@@ -421,19 +421,25 @@ def gradient_error_sentence(table2: list[dict], gate_dose: dict) -> str:
   """The README's S3R-EC sentence: on `cpu-small`'s Table II checkpoints (steps 400 and 1600) every measured
   whole-block error of `s3r_ec` and `s3r_ec_dx` lies below `int8_sr`'s; per projection, block 0's gate of the
   width-768 model keeps a larger dX error at INT8 (research/results/gate_dose.json)."""
+  names = {"dx_first": "first block's dX", "dx_last": "last block's dX", "dw_first": "block 0's dW"}
+  names["embed"] = "embedding gradient"
+  ratios = {}  # (step, column) -> the larger of the two corrected recipes' errors over int8_sr's
   for doc in table2:
-    err = doc["relative_error"]
+    err, step = doc["relative_error"], doc["settings"]["step"]
     assert doc["settings"]["model"]["d_model"] == 192 and doc["settings"]["model"]["n_layers"] == 4
-    for recipe in ("s3r_ec", "s3r_ec_dx"):
-      above = [col for col, v in err[recipe].items() if v >= err["int8_sr"][col]]
-      assert not above, (doc["settings"]["step"], recipe, above)
+    assert doc["settings"]["keys"] == 16
+    for col in names:
+      ratios[step, col] = max(err[recipe][col] / err["int8_sr"][col] for recipe in ("s3r_ec", "s3r_ec_dx"))
+  (step, col), closest = max(ratios.items(), key=lambda kv: kv[1])
+  assert closest < 1, (step, col, closest)
   steps = " and ".join(str(doc["settings"]["step"]) for doc in table2)
   entry = gate_dose["entries"]["w768-d4"]
   (gate,) = [r for r in entry["rows"] if r["layer"] == 0 and r["proj"] == "gate"]
   ratio = gate["grids"]["int8"]["ratio"]["s3r_ec_dx"][0]
   return (
-    "small products. On `cpu-small` this brings the gradient error of whole blocks below that of independent SR "
-    f"(dX at the first and last block, dW of block 0 and the embedding gradient, at steps {steps}: "
+    "small products. On `cpu-small` the gradient error of whole blocks measures below that of independent SR "
+    f"(dX at the first and last block, dW of block 0 and the embedding gradient, at steps {steps}, over 16 "
+    f"rounding keys; the closest, the {names[col]} at step {step}, {100 * (1 - closest):.0f}% below: "
     "[research/docs/results.md](research/docs/results.md), Table II), but not that of every projection: in a "
     f"width-768 model after {entry['step']} steps, block 0's gate projection keeps {ratio:.2f}x independent SR's "
     "dX error at INT8 (`research/results/gate_dose.md`)."
@@ -448,6 +454,10 @@ def test_readme_gradient_error_sentence_matches_table2_and_the_gate_measurement(
   (gate,) = [r for r in gate_dose["entries"]["w768-d4"]["rows"] if r["layer"] == 0 and r["proj"] == "gate"]
   gate["grids"]["int8"]["ratio"]["s3r_ec_dx"][0] += 0.01
   assert gradient_error_sentence(table2, gate_dose) not in readme  # the check can fail
+  gate["grids"]["int8"]["ratio"]["s3r_ec_dx"][0] -= 0.01
+  table2[1]["relative_error"]["s3r_ec"]["dx_last"] *= 0.9  # ... and another column becomes the closest
+  table2[1]["relative_error"]["s3r_ec_dx"]["dx_last"] *= 0.9
+  assert gradient_error_sentence(table2, gate_dose) not in readme
 
 
 SCAN_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
