@@ -3,7 +3,8 @@ code that makes a doc wrong fails here (and whoever moves updates the doc):
 
 - docs/architecture.md's table of packages equals, both ways, the rule of tests/test_architecture.py
   and the import graph it computes from the source;
-- every doc that lists the kinds of number grid (`s3r/quant/formats.py`) lists all of them and no other.
+- every doc that lists the kinds of number grid (`s3r/quant/formats.py`) lists all of them and no other;
+- every `s3r.…` name that docs/training-step.md gives imports.
 """
 
 from __future__ import annotations
@@ -156,3 +157,43 @@ def test_a_doc_that_leaves_out_a_kind_of_grid_is_caught():
     {"UniformFormat", "E2M1Format", "FloatFormat"},
     {"uniform", "e2m1", "float"},
   ]
+
+
+# docs/training-step.md: every `s3r.…` name it gives exists.
+TRAINING_STEP = REPO / "docs" / "training-step.md"
+_DOTTED = re.compile(r"`(s3r(?:\.\w+)+)")
+
+
+def resolve(dotted: str) -> object:
+  """The object `dotted` names: the longest importable module prefix, then attributes. Raises if absent."""
+  import importlib
+
+  parts = dotted.split(".")
+  for i in range(len(parts), 0, -1):
+    try:
+      obj = importlib.import_module(".".join(parts[:i]))
+    except ModuleNotFoundError:
+      continue
+    for attr in parts[i:]:
+      obj = getattr(obj, attr)
+    return obj
+  raise ModuleNotFoundError(dotted)
+
+
+def test_every_name_the_training_step_walk_gives_exists():
+  names = sorted(set(_DOTTED.findall(TRAINING_STEP.read_text())))
+  assert len(names) >= 40, names  # the walk names the functions of every stage
+  missing = []
+  for name in names:
+    try:
+      resolve(name)
+    except (ImportError, AttributeError) as e:
+      missing.append(f"{name}: {type(e).__name__}: {e}")
+  assert not missing, "docs/training-step.md names what the code does not have:\n" + "\n".join(missing)
+
+
+def test_a_name_that_does_not_exist_is_caught():
+  assert resolve("s3r.quant.matmul.qmatmul") is resolve("s3r.quant.qmatmul")
+  for name in ("s3r.quant.matmul.no_such_function", "s3r.no_such_package.f", "s3r.quant.Recipe.no_such_field"):
+    with pytest.raises((ImportError, AttributeError)):
+      resolve(name)
