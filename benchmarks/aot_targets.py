@@ -16,13 +16,13 @@ PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 MISSING_EXTRA = (
   "python -m benchmarks aot needs JAX's CUDA plugin (no GPU needed): install the optional extra with\n"
   "  pip install -e '.[gpu-aot]' -c constraints.txt\n"
-  "(about 4.3 GB of NVIDIA wheels, at the pinned JAX; see docs/performance.md, 'GPU programs compiled on the CPU')"
+  "(about 4.3 GB of NVIDIA wheels, at the pinned JAX; see docs/performance-gpu.md, 'GPU programs compiled on the CPU')"
 )
 MISSING_TPU_EXTRA = (
   "python -m benchmarks aot --target v5p needs libtpu (no TPU needed): install the optional extra, in an "
   "environment of its own, with\n"
   "  pip install -e '.[tpu-aot]' -c constraints.txt\n"
-  "(libtpu at the pinned JAX; see docs/performance.md, 'TPU v5p programs compiled on the CPU')"
+  "(libtpu at the pinned JAX; see docs/performance-tpu.md, 'TPU v5p programs compiled on the CPU')"
 )
 
 

@@ -2,7 +2,7 @@
 each large buffer a rectangle from its first to its last program step (x) over its bytes in the allocation
 (y), coloured by element type; the buffer that ends highest is outlined, the dashed line is the allocation's
 size and the dotted one the most bytes live at one step. Where the two lines part, the allocation holds
-bytes no step fills (docs/performance.md).
+bytes no step fills (docs/performance-tpu.md).
 
   python -m benchmarks heapplot results/aot/bench_aot_v5p_ffn_heap_cpu.json --config W3 --out runs/heap.png
 

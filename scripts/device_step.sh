@@ -17,7 +17,7 @@
 # Then, if at least CUBLAS_MIN_S (150) seconds are left, the families of CUBLAS_PRESETS
 # ("llama3.1-8b:2,4"; "" skips it) again with XLA's GEMMs on cuBLAS instead of Triton
 # (XLA_FLAGS += --xla_gpu_enable_triton_gemm=false), into cublas/: the GEMM code generation changes
-# speed as well as compile time and memory (docs/performance.md), so both are timed.
+# speed as well as compile time and memory (docs/performance-gpu.md), so both are timed.
 # Brings back device_step.tar.gz (smoke/, cublas/ and bench_step_<preset>_gpu.{json,md} per family, written
 # after every depth) and device_step.log; `bash scripts/device_unpack.sh FILES_AT` puts them in results/.
 # Memory per device: f32 params + 2 Adam moments + f32 grads = 16 B per parameter; Llama 3.1-8B at

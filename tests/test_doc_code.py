@@ -9,6 +9,7 @@ code that makes a doc wrong fails here (and whoever moves updates the doc):
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 
@@ -197,3 +198,181 @@ def test_a_name_that_does_not_exist_is_caught():
   for name in ("s3r.quant.matmul.no_such_function", "s3r.no_such_package.f", "s3r.quant.Recipe.no_such_field"):
     with pytest.raises((ImportError, AttributeError)):
       resolve(name)
+
+
+# Section references: `docs/page.md, "Heading"` in the docs and in the code's comments, and Markdown links
+# `[text](page.md#anchor)`, point at a heading the page has (so a page split or a renamed heading fails here).
+REFERRING = ("README.md", "docs/*.md", "research/**/*.md", "scripts/README.md", "scripts/*.sh", "scripts/*.py")
+REFERRING += tuple(f"{top}/**/*.py" for top in ("s3r", "benchmarks", "research", "labtools"))
+_SECTION_REF = re.compile(
+  r"""(?<![\w/])((?:research/)?docs/[\w-]+\.md),\s*(?:#\s*)?(?P<q>["'])(?P<heading>[^"'`]{3,160}?)(?P=q)""", re.S
+)
+_ANCHOR_LINK = re.compile(r"\]\(([\w./-]*\.md)#([^)\s]+)\)")
+
+
+def headings(page: pathlib.Path) -> list[str]:
+  lines = re.sub(r"```.*?```", "", page.read_text(), flags=re.S).splitlines()
+  return [line.lstrip("#").strip() for line in lines if re.match(r"#{1,6} ", line)]
+
+
+def slug(heading: str) -> str:
+  """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def section_references(text: str) -> list[tuple[str, str]]:
+  """(page, heading) of each `docs/page.md, "Heading"` (or `research/docs/...`) in `text`; a heading may wrap
+  over a comment's lines."""
+  out = []
+  for m in _SECTION_REF.finditer(text):
+    out.append((m.group(1), " ".join(re.sub(r"\n\s*#?\s*", " ", m.group("heading")).split())))
+  return out
+
+
+def _referring_files() -> list[pathlib.Path]:
+  return sorted({p for pattern in REFERRING for p in REPO.glob(pattern) if p.is_file()})
+
+
+def test_every_section_a_doc_or_comment_refers_to_exists():
+  wrong, seen = [], 0
+  for path in _referring_files():
+    text = path.read_text()
+    for page, heading in section_references(text):
+      seen += 1
+      target = REPO / page
+      if not target.is_file() or not any(h == heading or h.startswith(heading) for h in headings(target)):
+        wrong.append(f'{path.relative_to(REPO)}: {page}, "{heading}"')
+    if path.suffix == ".md":
+      for link, anchor in _ANCHOR_LINK.findall(text):
+        target = (path.parent / link).resolve()
+        seen += 1
+        if target.is_file() and anchor not in {slug(h) for h in headings(target)}:
+          wrong.append(f"{path.relative_to(REPO)}: {link}#{anchor}")
+  assert seen > 10, seen
+  assert not wrong, "references to sections that do not exist:\n" + "\n".join(wrong)
+
+
+def test_a_reference_to_a_moved_section_is_caught():
+  text = 'see docs/performance.md, "Where the INT8\n  # compile time goes"'
+  assert section_references(text) == [("docs/performance.md", "Where the INT8 compile time goes")]
+  assert "Where the INT8 compile time goes" not in headings(REPO / "docs" / "performance.md")
+  assert slug("Train step of `paper-12l` at 2 layers, H100 target: memory") == (
+    "train-step-of-paper-12l-at-2-layers-h100-target-memory"
+  )
+
+
+# Committed results files, read as docs/performance.md and docs/results-files.md describe them.
+RESULTS = ("results", "research/results")
+CODE_SUFFIXES = (".py", ".sh")
+
+
+def _run_metadata(node) -> list[dict]:
+  """Every run's metadata in a results JSON (a merged file holds its parts'): dicts with a command and git."""
+  if isinstance(node, dict):
+    own = [node] if isinstance(node.get("command"), str) and isinstance(node.get("git"), dict) else []
+    return own + [m for v in node.values() for m in _run_metadata(v)]
+  if isinstance(node, list):
+    return [m for v in node for m in _run_metadata(v)]
+  return []
+
+
+def _results_metadata() -> dict[str, list[dict]]:
+  import json
+
+  out = {}
+  for top in RESULTS:
+    for path in sorted((REPO / top).rglob("*.json")):
+      try:
+        metas = _run_metadata(json.loads(path.read_text()))
+      except (ValueError, UnicodeDecodeError):
+        continue
+      if metas:
+        out[str(path.relative_to(REPO))] = metas
+  return out
+
+
+def test_every_benchmark_results_file_measured_with_uncommitted_code_is_named_in_the_performance_overview():
+  section = (REPO / "docs" / "performance.md").read_text().split("## Where the numbers come from\n", 1)[1]
+  paragraph = section.strip("\n").split("\n\n", 1)[0]
+  with_code = sorted(
+    path
+    for path, metas in _results_metadata().items()
+    if path.startswith("results/")  # the benchmarks' files, which the performance pages quote
+    and any(p.endswith(CODE_SUFFIXES) for m in metas for p in m["git"].get("dirty_paths") or [])
+  )
+  assert with_code, "no results file records uncommitted code: the paragraph can go"
+  unnamed = [p for p in with_code if not any(f"`{n}`" in paragraph for n in _names(p))]
+  assert not unnamed, f"docs/performance.md does not say these were measured with uncommitted code: {unnamed}"
+
+
+def _names(path: str) -> list[str]:
+  """How a doc may name a results file: its path, its stem with `.*`, or the subfolder of `results/` holding it."""
+  p = pathlib.PurePosixPath(path)
+  return [path, f"{p.with_suffix('')}.*"] + ([f"{p.parent}/"] if len(p.parts) > 2 else [])
+
+
+def command_renames() -> list[tuple[re.Pattern, str]]:
+  """(recorded form as a pattern, today's form) from docs/results-files.md's table; NAME is any name."""
+  section = (REPO / "docs" / "results-files.md").read_text().split("## Commands as recorded\n", 1)[1]
+  rows = [_cells(line) for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("| `")]
+  out = []
+  for recorded, today in rows:
+    (old,), (new,) = _TICKED.findall(recorded), _TICKED.findall(today)
+    pattern = re.escape(old).replace("NAME", r"(?P<name>[\w-]+)")
+    out.append((re.compile(rf"^(?:\S*/)?{pattern}(?=\s|$)"), new))
+  return out
+
+
+def current_command(command: str, renames: list[tuple[re.Pattern, str]]) -> str:
+  for pattern, new in renames:
+    m = pattern.match(command)
+    if m:
+      return new.replace("NAME", m.groupdict().get("name") or "") + command[m.end() :]
+  return command
+
+
+def command_exists(command: str) -> bool | None:
+  """Whether today's repository has `command` (`python -m benchmarks|research ...`); None: not such a command."""
+  words = command.split()
+  if words[:2] != ["python", "-m"] or len(words) < 3:
+    return None
+  module = words[2]
+  if module == "benchmarks":
+    import benchmarks.cli
+
+    return len(words) > 3 and words[3] in benchmarks.cli.COMMANDS
+  if module == "research":
+    tree = ast.parse((REPO / "research" / "__main__.py").read_text())
+    assigns = [n for n in tree.body if isinstance(n, ast.Assign)]
+    commands = next(ast.literal_eval(n.value) for n in assigns if ast.unparse(n.targets[0]) == "COMMANDS")
+    return len(words) > 3 and words[3] in commands
+  if module.startswith(("research.", "benchmarks.")):
+    return (REPO / (module.replace(".", "/") + ".py")).is_file()
+  return False
+
+
+def test_every_recorded_command_runs_today_under_the_appendix_spelling():
+  renames = command_renames()
+  checked, wrong = 0, []
+  for path, metas in _results_metadata().items():
+    for meta in metas:
+      command = current_command(meta["command"], renames)
+      if command.split()[0] in ("README.md,", "scripts/device_smoke.py"):
+        continue  # a documented snippet, a device script: not a command of the two packages
+      checked += 1
+      if not command_exists(command):
+        wrong.append(f"{path}: {meta['command']!r} -> {command!r}")
+  assert checked > 100, checked
+  assert not wrong, "recorded commands that docs/results-files.md does not map to a command of today:\n" + "\n".join(
+    sorted(set(wrong))
+  )
+
+
+def test_a_recorded_command_without_a_row_is_caught():
+  renames = command_renames()
+  assert current_command("cli.py bench ffn --shapes all", renames) == "python -m benchmarks ffn --shapes all"
+  assert current_command("s3r diagnose runs/x", renames) == "python -m research diagnose runs/x"
+  assert current_command("python -m experiments.dose --x", renames) == "python -m research.dose --x"
+  assert command_exists(current_command("python -m s3r.experiments.mechanism", renames))
+  assert not command_exists(current_command("s3r bench no_such_benchmark", renames))
+  assert not command_exists(current_command("s3r profile-old --x", renames))

@@ -464,11 +464,13 @@ SCAN_RECIPES = ("bf16", "int8_rtne", "int8_sr", "s3r", "s3r_ec", "s3r_ec_dx")
 
 
 def _performance_section(heading: str) -> list[list[str]]:
-  return _section_table((ROOT / "docs" / "performance.md").read_text(), heading)
+  """The first table under `heading` in the performance pages (docs/performance*.md, one per kind of hardware)."""
+  pages = sorted((ROOT / "docs").glob("performance*.md"))
+  return _section_table("\n".join(p.read_text() for p in pages), heading)
 
 
 def scan_depth_rows(rows: list[dict]) -> list[list[str]]:
-  """docs/performance.md's Llama 3.1-8B compile table rebuilt from the `aot` results: per recipe the lower +
+  """docs/performance-gpu.md's Llama 3.1-8B compile table rebuilt from the `aot` results: per recipe the lower +
   compile CPU seconds at 2 and 32 layers scanned, 32 / 2 in CPU and wall-clock seconds, and the unrolled
   step's CPU seconds at 2 layers and, where it was compiled, at 32 ("not compiled" otherwise)."""
   from benchmarks import aot_report
@@ -499,7 +501,7 @@ def _ci(v: dict) -> str:
 
 
 def scan_step_rows(step: dict) -> list[list[str]]:
-  """docs/performance.md's step-time table rebuilt from `python -m benchmarks scan`'s step part: per preset and
+  """docs/performance-cpu.md's step-time table rebuilt from `python -m benchmarks scan`'s step part: per preset and
   recipe, unrolled / scanned (paired, 95% interval) and the target's verdict, in wall-clock and CPU seconds."""
   out = []
   for preset, by in step.items():

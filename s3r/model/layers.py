@@ -85,7 +85,7 @@ def folded_keys(key: jax.Array, count: int) -> jax.Array:
   One vectorized threefry hash instead of one per key: a layer takes each projection's key from it,
   and XLA merges the identical hashes of one layer into one (CSE). On the GPU, every separate
   fold_in is a chain of some hundred scalar integer operations that priority fusion fuses one at
-  a time, re-costing the growing fusion at every step (docs/performance.md, "Where the INT8
+  a time, re-costing the growing fusion at every step (docs/performance-gpu.md, "Where the INT8
   compile time goes").
   """
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(count, dtype=jnp.uint32))

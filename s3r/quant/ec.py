@@ -160,7 +160,7 @@ def _centered(r_BxS: jax.Array, m_B: jax.Array) -> jax.Array:
   row mean and the subtraction form the "softmax" pattern that XLA:GPU's Triton softmax rewriter
   turns into a Triton fusion; priority fusion then grows that fusion into the rescale of the dX
   accumulator (and the sum of every dX that shares the layer input), searching Triton tilings at
-  every step: most of the GPU compile time of an S3R-EC layer (docs/performance.md, "Where the INT8
+  every step: most of the GPU compile time of an S3R-EC layer (docs/performance-gpu.md, "Where the INT8
   compile time goes"). The values are the same bit for bit.
   """
   return r_BxS - jax.lax.optimization_barrier(m_B)[:, None]

@@ -98,7 +98,7 @@ def own_layout(w: jax.Array) -> jax.Array:
   stacked layer weights, so the loop's state takes the transposed layout, and XLA transposes
   every stacked f32 weight once before the loop and keeps the copies for the whole step (the
   Llama 3.1-8B step at 32 layers, compiled for an H100: 19 GiB more temporaries than bf16;
-  docs/performance.md). With the weight's own layout pinned where the layer reads it, XLA gives
+  docs/performance-gpu.md). With the weight's own layout pinned where the layer reads it, XLA gives
   the int8 codes the GEMM's layout inside the loop, layer by layer. bf16 GEMMs take either
   layout and need none of this.
   """
@@ -121,7 +121,7 @@ def rescaled(acc_TxN: jax.Array, sx_Tx1: jax.Array, sw_N: jax.Array, dtype: DTyp
   fusions, which keeps an f32 product live until then. With them the output is written once and
   each f32 product dies at its rescale. The barriers are identities around the same multiplies
   and cast in the same order, so the values are the same bit for bit; only fusion boundaries move
-  (docs/performance.md has the memory). Other backends get the plain expression.
+  (docs/performance-gpu.md has the memory). Other backends get the plain expression.
   """
 
   def plain(acc_TxN, sx_Tx1, sw_N):

@@ -349,7 +349,7 @@ def _measure_rows(path: str, recipes: tuple[str, ...], measures: list[str], pref
 
 
 def _docs_table(title: str, nth: int = 0) -> list[list[str]]:
-  text = (REPO / "docs" / "performance.md").read_text()
+  text = "\n".join(p.read_text() for p in sorted((REPO / "docs").glob("performance*.md")))  # one page per hardware
   section = text.split(f"### {title}\n", 1)[1].split("\n#", 1)[0]
   tables = [[]]
   for ln in section.splitlines():
