@@ -10,6 +10,7 @@ code that makes a doc wrong fails here (and whoever moves updates the doc):
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import re
 
@@ -20,6 +21,12 @@ from tests import test_architecture as arch
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 _TICKED = re.compile(r"`([^`]+)`")
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
+  """Package -> the packages it imports, read from the source by tests/test_architecture.py (once per session)."""
+  return arch._graph()[0]
 
 
 def _cells(line: str) -> list[str]:
@@ -60,7 +67,7 @@ def test_architecture_table_has_one_row_per_package_and_only_those():
 def test_architecture_table_imports_are_the_import_graph_both_ways():
   """A row names every package its package imports, and none that it does not import."""
   table = architecture_table(ARCHITECTURE.read_text())
-  graph, _ = arch._graph()
+  graph = _import_graph()
   wrong = [
     f"{pkg}: the table says {sorted(row['imports'])}, the code imports {sorted(graph.get(pkg, set()))}"
     for pkg, row in sorted(table.items())
@@ -90,7 +97,7 @@ def test_a_table_row_that_claims_an_import_the_code_lacks_is_caught():
   bad = row.replace("`labtools` |", "`labtools`, `research` |", 1)
   assert bad != row
   table = architecture_table(text.replace(row, bad))
-  graph, _ = arch._graph()
+  graph = _import_graph()
   assert table["benchmarks"]["imports"] - graph["benchmarks"] == {"research"}
   with pytest.raises(AssertionError, match="two rows"):
     architecture_table(text.replace(row, row + "\n" + row))
