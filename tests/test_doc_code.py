@@ -13,6 +13,7 @@ import ast
 import functools
 import pathlib
 import re
+from typing import NamedTuple
 
 import pytest
 
@@ -33,9 +34,16 @@ def _cells(line: str) -> list[str]:
   return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def architecture_table(text: str) -> dict[str, dict[str, object]]:
-  """package -> {"imports", "may import": sets of package names; "only": the third-party packages it is
-  limited to, or None} from the table under `## The rule`. Package names as tests/test_architecture.py
+class Row(NamedTuple):
+  """One row of docs/architecture.md's table of packages."""
+
+  imports: set[str]  # what the package imports (names as tests/test_architecture.py has them)
+  may_import: set[str]  # what the rule allows it
+  only: set[str] | None  # the third-party packages it is limited to, or None
+
+
+def architecture_table(text: str) -> dict[str, Row]:
+  """package -> its `Row`, from the table under `## The rule`. Package names as tests/test_architecture.py
   has them (`quant` for `s3r.quant`, `s3r` for the top-level package); "the library" is every package of s3r/."""
   section = text.split("## The rule\n", 1)[1].split("\n## ", 1)[0]
   rows = [_cells(line) for line in section.splitlines() if line.startswith("|")]
@@ -45,14 +53,14 @@ def architecture_table(text: str) -> dict[str, dict[str, object]]:
     out = set(arch.LIBRARY) if "the library" in cell else set()
     return out | {n.removeprefix("s3r.") for n in _TICKED.findall(cell)}
 
-  table: dict[str, dict[str, object]] = {}
+  table: dict[str, Row] = {}
   for row in rows[2:]:
     assert len(row) == 4, row
     (package,) = _TICKED.findall(row[0])
     name = package.removeprefix("s3r.")
     assert name not in table, f"two rows for {package}"
     only = set(_TICKED.findall(row[3])) if row[3].endswith(" only") else None
-    table[name] = {"imports": names(row[1]), "may import": names(row[2]), "only": only}
+    table[name] = Row(imports=names(row[1]), may_import=names(row[2]), only=only)
   return table
 
 
@@ -69,9 +77,9 @@ def test_architecture_table_imports_are_the_import_graph_both_ways():
   table = architecture_table(ARCHITECTURE.read_text())
   graph = _import_graph()
   wrong = [
-    f"{pkg}: the table says {sorted(row['imports'])}, the code imports {sorted(graph.get(pkg, set()))}"
+    f"{pkg}: the table says {sorted(row.imports)}, the code imports {sorted(graph.get(pkg, set()))}"
     for pkg, row in sorted(table.items())
-    if row["imports"] != graph.get(pkg, set())
+    if row.imports != graph.get(pkg, set())
   ]
   assert not wrong, "docs/architecture.md's table against the imports of the source:\n" + "\n".join(wrong)
 
@@ -79,14 +87,14 @@ def test_architecture_table_imports_are_the_import_graph_both_ways():
 def test_architecture_table_rule_is_the_rule_the_layering_test_enforces():
   table = architecture_table(ARCHITECTURE.read_text())
   wrong = [
-    f"{pkg}: the table allows {sorted(row['may import'])}, tests/test_architecture.py {sorted(arch.ALLOWED[pkg])}"
+    f"{pkg}: the table allows {sorted(row.may_import)}, tests/test_architecture.py {sorted(arch.ALLOWED[pkg])}"
     for pkg, row in sorted(table.items())
-    if pkg in arch.ALLOWED and row["may import"] != arch.ALLOWED[pkg]
+    if pkg in arch.ALLOWED and row.may_import != arch.ALLOWED[pkg]
   ]
   wrong += [
-    f"{pkg}: third party limited to {row['only']} in the table, to {arch.THIRD_PARTY_ONLY.get(pkg)} in the test"
+    f"{pkg}: third party limited to {row.only} in the table, to {arch.THIRD_PARTY_ONLY.get(pkg)} in the test"
     for pkg, row in sorted(table.items())
-    if row["only"] != arch.THIRD_PARTY_ONLY.get(pkg)
+    if row.only != arch.THIRD_PARTY_ONLY.get(pkg)
   ]
   assert not wrong, "\n".join(wrong)
 
@@ -98,7 +106,7 @@ def test_a_table_row_that_claims_an_import_the_code_lacks_is_caught():
   assert bad != row
   table = architecture_table(text.replace(row, bad))
   graph = _import_graph()
-  assert table["benchmarks"]["imports"] - graph["benchmarks"] == {"research"}
+  assert table["benchmarks"].imports - graph["benchmarks"] == {"research"}
   with pytest.raises(AssertionError, match="two rows"):
     architecture_table(text.replace(row, row + "\n" + row))
 
@@ -291,7 +299,7 @@ def _results_metadata() -> dict[str, list[dict]]:
     for path in sorted((REPO / top).rglob("*.json")):
       try:
         metas = _run_metadata(json.loads(path.read_text()))
-      except (ValueError, UnicodeDecodeError):
+      except ValueError:  # not JSON (UnicodeDecodeError is a ValueError)
         continue
       if metas:
         out[str(path.relative_to(REPO))] = metas
