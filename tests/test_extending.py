@@ -175,18 +175,20 @@ def test_a_new_family_is_one_record_that_every_dispatch_uses(monkeypatch, tmp_pa
   def write(cfg):
     return {**llama.write(cfg), "architectures": ["TinyForCausalLM"], "model_type": "tiny"}
 
+  cfg = TinyConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=16, recipe="bf16"
+  )
   family = families.Family(
     config=TinyConfig,
     block=TinyBlock,
     readers={"TinyForCausalLM": read},
     writer=write,
     block_tensors=llama.block_tensors,
+    presets={"tiny-tiny": cfg},
+    sibling="tiny-tiny",
   )
   monkeypatch.setitem(families.FAMILIES, "tiny", family)
 
-  cfg = TinyConfig(
-    vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=16, recipe="bf16"
-  )
   assert transformer.block_class(cfg) is TinyBlock
   assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
   params = M.init_params(cfg, jax.random.key(0))

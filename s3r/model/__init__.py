@@ -1,16 +1,13 @@
 """Decoder families (Flax NNX) whose block projections are INT8 quantized matmuls: Llama 3, Qwen3,
-Gemma 3, Qwen3-MoE and DeepSeek-V2 (see s3r/model/config.py, s3r/model/presets.py and docs/models.md)."""
+Gemma 3, Qwen3-MoE and DeepSeek-V2, one module each in s3r/model/families (see docs/models.md)."""
 
 from s3r.model import stack
-from s3r.model.config import (
-  DeepSeekV2Config,
-  Gemma3Config,
-  ModelConfig,
-  Qwen3Config,
-  Qwen3MoeConfig,
-  RopeScaling,
-)
+from s3r.model.config import ModelConfig, RopeScaling
 from s3r.model.families import FAMILIES, Family
+from s3r.model.families.deepseek_v2 import DeepSeekV2Config
+from s3r.model.families.gemma3 import Gemma3Config
+from s3r.model.families.qwen3 import Qwen3Config
+from s3r.model.families.qwen3_moe import Qwen3MoeConfig
 from s3r.model.generation import Decoder, generate
 from s3r.model.hf import HFConfigError, HFError, HFTokenizer, hf_config, load_hf, load_hf_tokenizer, save_hf
 from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections

@@ -1,17 +1,11 @@
-"""Model configurations of the five decoder families.
+"""The shared base of the decoder families' configurations.
 
-One frozen config class per family; its record in `s3r.model.families` (registered once) names
-its block and Hugging Face conversion, and every dispatch on the config's class goes through it:
-
-| class             | family        | attention                          | feed-forward                 |
-|-------------------|---------------|------------------------------------|------------------------------|
-| `ModelConfig`     | Llama 3       | GQA, RoPE (Llama 3 scaling)        | SwiGLU                       |
-| `Qwen3Config`     | Qwen3 dense   | GQA + per-head QK-norm             | SwiGLU                       |
-| `Gemma3Config`    | Gemma 3       | GQA + QK-norm, 5 local : 1 global  | GeGLU (tanh), pre+post norms |
-| `Qwen3MoeConfig`  | Qwen3-MoE     | as Qwen3                           | routed MoE                   |
-| `DeepSeekV2Config`| DeepSeek-V2   | multi-head latent attention (MLA)  | first layers dense, then MoE |
-
-Presets of each family and parameter counts: `s3r.model.presets`.
+`ModelConfig` is the Llama-style decoder (the Llama 3 family's config, and the base of every other
+family's config class, which lives in its family's module `s3r.model.families.<name>`); `MoeFields`
+adds the routed mixture-of-experts fields the MoE families share; `RopeScaling` is the long-context
+RoPE rescaling any family may use. What the decoder around the blocks does differently per family is
+a `ClassVar` of the config (`norm_offset`, `embed_scale`). A config's `family` names its record in
+the registry (`s3r.model.registry`), through which a config dict finds its class (`from_dict`).
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from s3r.model import registry
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant import recipe as get_recipe
 from s3r.quant.formats import formats_with, get_format
@@ -33,7 +28,7 @@ ACT_DTYPES = ("bfloat16", "float32")  # activation dtypes (see ModelConfig.act_d
 AUX_LOSS_WEIGHT = 0.001  # default weight of the MoE load-balancing loss (configs and MoEFeedForward)
 
 
-def _check_positive(obj, fields, kind=int):
+def check_positive(obj, fields, kind=int):
   for field in fields:
     value = getattr(obj, field)
     ok = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else isinstance(value, (int, float))
@@ -58,8 +53,8 @@ class RopeScaling:
   def __post_init__(self):
     if self.kind not in ROPE_SCALINGS:
       raise ValueError(f"RopeScaling.kind must be one of {', '.join(ROPE_SCALINGS)}; got {self.kind!r}")
-    _check_positive(self, ("factor", "high_freq_factor", "low_freq_factor", "beta_fast", "beta_slow"), float)
-    _check_positive(self, ("original_max_seq_len",))
+    check_positive(self, ("factor", "high_freq_factor", "low_freq_factor", "beta_fast", "beta_slow"), float)
+    check_positive(self, ("original_max_seq_len",))
     if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
       raise ValueError(
         f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})"
@@ -99,19 +94,19 @@ class ModelConfig:
 
   def __post_init__(self):
     name = type(self).__name__
-    _check_positive(self, ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"))
+    check_positive(self, ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"))
     if self.d_head is None:
       if self.d_model % self.n_heads:
         raise ValueError(
           f"{name}.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) when d_head is None"
         )
     else:
-      _check_positive(self, ("d_head",))
+      check_positive(self, ("d_head",))
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"{name}.n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
     if self.head_dim % 2:
       raise ValueError(f"{name} head dim (d_head or d_model // n_heads) must be even for RoPE, got {self.head_dim}")
-    _check_positive(self, ("rope_theta", "norm_eps", "init_std"), float)
+    check_positive(self, ("rope_theta", "norm_eps", "init_std"), float)
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise ValueError(f"{name}.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
     try:
@@ -140,9 +135,7 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, d: dict) -> ModelConfig:
     d = dict(d)
-    from s3r.model import families  # the registry imports the config classes: looked up on use
-
-    family = families.config_class(d.pop("family", cls.family))
+    family = registry.config_class(d.pop("family", cls.family))
     if d.get("rope_scaling") is not None:
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     return family(**d)
@@ -160,43 +153,6 @@ class ModelConfig:
   def ffn_params(self, layer: int) -> tuple[int, int]:
     """(total, active) parameters of layer `layer`'s feed-forward."""
     return 3 * self.d_model * self.d_ff, 3 * self.d_model * self.d_ff
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Qwen3Config(ModelConfig):
-  """Qwen3 dense: the Llama block plus RMSNorm of each query and key head (QK-norm)."""
-
-  family: ClassVar[str] = "qwen3"
-
-  def norm_params(self) -> int:
-    return 2 * self.d_model + 2 * self.head_dim
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Gemma3Config(ModelConfig):
-  """Gemma 3: GeGLU, RMSNorm (1 + scale) before and after each sublayer, QK-norm, tied
-  embeddings scaled by sqrt(d_model), sliding-window layers with their own RoPE base."""
-
-  family: ClassVar[str] = "gemma3"
-  norm_offset: ClassVar[bool] = True
-  embed_scale: ClassVar[bool] = True
-
-  tie_embeddings: bool = True  # Gemma ties the logits to the embedding
-  sliding_window: int = 1024  # local layers attend to this many most recent positions (self included)
-  global_every: int = 6  # every global_every-th layer (1-based) is global, the others local (5:1)
-  local_rope_theta: float = 10_000.0  # RoPE base of the local layers (no rope_scaling)
-  query_pre_attn_scalar: float = 256.0  # attention scores are scaled by query_pre_attn_scalar ** -0.5
-
-  def __post_init__(self):
-    super().__post_init__()
-    _check_positive(self, ("sliding_window", "global_every"))
-    _check_positive(self, ("local_rope_theta", "query_pre_attn_scalar"), float)
-
-  def is_global(self, layer: int) -> bool:
-    return (layer + 1) % self.global_every == 0
-
-  def norm_params(self) -> int:
-    return 4 * self.d_model + 2 * self.head_dim
 
 
 def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
@@ -226,7 +182,7 @@ class MoeFields(ModelConfig):
   expert_dispatch: str = "gspmd"  # expert-parallel token exchange: "gspmd" (XLA's partitioner) or "all_to_all"
 
   def _check_moe(self):
-    _check_positive(self, ("n_experts", "top_k", "d_expert"))
+    check_positive(self, ("n_experts", "top_k", "d_expert"))
     name = type(self).__name__
     if self.top_k > self.n_experts:
       raise ValueError(f"{name}.top_k ({self.top_k}) must be <= n_experts ({self.n_experts})")
@@ -236,7 +192,7 @@ class MoeFields(ModelConfig):
       raise ValueError(
         f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got {self.dense_layers!r}"
       )
-    _check_positive(self, ("routed_scaling_factor",), float)
+    check_positive(self, ("routed_scaling_factor",), float)
     if self.capacity_factor is not None and not self.capacity_factor > 0:
       raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
     check_dispatch(name, self.expert_dispatch, self.capacity_factor)
@@ -261,49 +217,3 @@ class MoeFields(ModelConfig):
     expert = 3 * self.d_model * self.d_expert
     fixed = self.d_model * self.n_experts + self.n_shared * expert  # router + shared experts
     return fixed + self.n_experts * expert, fixed + self.top_k * expert
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Qwen3MoeConfig(MoeFields, Qwen3Config):
-  """Qwen3-MoE: Qwen3 attention, every layer a routed MoE (renormalized top-k; the published model has
-  no shared expert, the moe-* training presets have one)."""
-
-  family: ClassVar[str] = "qwen3_moe"
-
-  def __post_init__(self):
-    super().__post_init__()
-    self._check_moe()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DeepSeekV2Config(MoeFields, ModelConfig):
-  """DeepSeek-V2: multi-head latent attention (low-rank compressed KV with a decoupled RoPE part),
-  the first `dense_layers` layers dense, the others MoE with shared experts. n_kv_heads, d_head are unused."""
-
-  family: ClassVar[str] = "deepseek_v2"
-
-  q_lora_rank: int | None = None  # rank of the query compression; None: full-rank query projection (V2-Lite)
-  kv_lora_rank: int = 512  # rank C of the compressed key/value latent
-  qk_nope_head_dim: int = 128  # per-head query/key dims without position encoding
-  qk_rope_head_dim: int = 64  # per-head query dims with RoPE; the key's RoPE part is one head shared by all
-  v_head_dim: int = 128  # per-head value dim
-
-  def __post_init__(self):
-    super().__post_init__()
-    self._check_moe()
-    _check_positive(self, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-    if self.q_lora_rank is not None:
-      _check_positive(self, ("q_lora_rank",))
-    if self.qk_rope_head_dim % 2:
-      raise ValueError(f"DeepSeekV2Config.qk_rope_head_dim must be even for RoPE, got {self.qk_rope_head_dim}")
-    if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
-      raise ValueError(
-        f"DeepSeekV2Config.v_head_dim ({self.v_head_dim}) must be <= qk_nope_head_dim + "
-        f"qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})"
-      )
-
-  def attention_params(self) -> int:
-    d, n, qk = self.d_model, self.n_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
-    q = d * n * qk if self.q_lora_rank is None else d * self.q_lora_rank + self.q_lora_rank * (1 + n * qk)
-    kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # + latent RMSNorm
-    return q + kv + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim) + n * self.v_head_dim * d

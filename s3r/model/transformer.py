@@ -1,7 +1,6 @@
 """The decoder in Flax NNX whose block projections are INT8 `qmatmul`s: the model and its
 functional interface. The blocks live in `s3r.model.layers` (the shared pieces and the Llama
-block), `s3r.model.blocks` (Qwen3, Gemma 3, Qwen3-MoE) and `s3r.model.mla` (DeepSeek-V2); each
-family's record (s3r.model.families) names its block.
+block) and in each family's module (s3r.model.families), whose record names its block.
 
 Dimension letters in tensor names:
   B batch, S sequence, D model width, N query heads, K key/value heads, H head dim,

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from s3r.model import ModelConfig
-from s3r.model.config import DeepSeekV2Config, Gemma3Config
+from s3r.model import DeepSeekV2Config, Gemma3Config, ModelConfig
 
 # Dense (no sparsity) bf16 tensor-core peaks per chip, TFLOP/s; vendors' sheets list twice these "with sparsity".
 #   H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet (BF16 Tensor Core 1,979 TFLOPS with sparsity).

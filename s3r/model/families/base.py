@@ -1,9 +1,10 @@
 """The record of one decoder family: everything s3r dispatches on a family's config class.
 
-A family is registered once, as one `Family` in `s3r.model.families.FAMILIES`; the decoder takes its
-block from it (s3r.model.transformer), generation its inference settings (s3r.model.generation), and
-the Hugging Face import and export its `config.json` reader and writer and its tensor mapping
-(s3r.model.hf). docs/extending.md lists the steps for a new family.
+A family is one module `s3r.model.families.<name>` that ends in its `FAMILY`, registered once in
+the registry (`s3r.model.registry.FAMILIES`); the decoder takes its block from it
+(s3r.model.transformer), generation its inference settings (s3r.model.generation), the Hugging Face
+import and export its `config.json` reader and writer and its tensor mapping (s3r.model.hf), and
+`s3r.model.presets` its presets. docs/extending.md lists the steps for a new family.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Family:
   readers: `transformers` architecture name -> the reader of a `config.json` naming it.
   writer: the `config.json` of an s3r config of exactly this class (the inverse of the first reader).
   block_tensors: where each parameter of one layer lives in a checkpoint (s3r.model.hf.layouts).
+  presets: preset name -> config of this family (published sizes, CPU-sized ones), in listing order.
+  sibling: the CPU-sized preset that stands for the family in tests and CPU runs (one of `presets`).
   inference: config fields that generation replaces (e.g. dropless MoE routing).
   """
 
@@ -41,6 +44,8 @@ class Family:
   readers: Mapping[str, Reader]
   writer: Writer
   block_tensors: BlockTensors
+  presets: Mapping[str, ModelConfig]
+  sibling: str
   inference: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
   def __post_init__(self):
@@ -50,6 +55,11 @@ class Family:
       raise TypeError(f"Family.block must be a Block subclass, got {self.block!r}")
     if not self.readers:
       raise ValueError(f"Family.readers of {self.name!r} names no architecture")
+    foreign = [name for name, cfg in self.presets.items() if not isinstance(cfg, self.config)]
+    if foreign:
+      raise TypeError(f"Family.presets of {self.name!r}: {foreign} are not {self.config.__name__}s")
+    if self.sibling not in self.presets:
+      raise ValueError(f"Family.sibling of {self.name!r}: {self.sibling!r} is not one of its presets")
     unknown = set(self.inference) - {f.name for f in dataclasses.fields(self.config)}
     if unknown:
       raise ValueError(f"Family.inference of {self.name!r}: {self.config.__name__} has no field {sorted(unknown)}")
