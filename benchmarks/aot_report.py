@@ -34,7 +34,6 @@ BREAKDOWN_SHOWN = 6  # of which the Markdown lists the temporaries
 MIB = 2**20
 _KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
 _TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
-_CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")
 FP8_TYPES = ("f8e4m3fn", "f8e5m2")  # the element types of the FP8 tensor-core GEMMs in HLO text
 
 
@@ -53,21 +52,14 @@ def memory(compiled) -> dict[str, int]:
   return out
 
 
-def _dot_operands(comps: dict, name: str, depth: int = 0) -> str | None:
+def _dot_operands(comps: dict, name: str) -> str | None:
   """ "a x b": the operand element types of the dot in fusion computation `name` (or one it calls)."""
-  comp = comps.get(name)
-  if comp is None or depth > 4:
+  found = hlo.find_dot(comps, name)
+  if found is None:
     return None
+  dot, comp = found
   types = {i.name: i.dtype for i in comp.instrs}
-  for ins in comp.instrs:
-    if ins.opcode in ("dot", "scaled-dot") and len(ins.operands) >= 2:
-      return " x ".join(str(types.get(o, "?")) for o in ins.operands[:2])
-  for ins in comp.instrs:
-    for callee in _CALLS_RE.findall(ins.attrs):
-      found = _dot_operands(comps, callee, depth + 1)
-      if found:
-        return found
-  return None
+  return " x ".join(str(types.get(o, "?")) for o in dot.operands[:2])
 
 
 def gemm_kinds(text: str) -> dict[str, int]:
@@ -79,7 +71,7 @@ def gemm_kinds(text: str) -> dict[str, int]:
       if ins.opcode == "fusion":
         kind = _KIND_RE.search(ins.attrs)
         if kind and kind.group(1) in ("__triton_gemm", "__triton_nested_gemm_fusion"):
-          callee = _CALLS_RE.search(ins.attrs)
+          callee = hlo.CALLS_RE.search(ins.attrs)
           operands = _dot_operands(comps, callee.group(1)) if callee else None
           found[f"triton_gemm {operands or '?'}"] += 1
         elif kind and kind.group(1) == "__cudnn$fusion":

@@ -25,7 +25,6 @@ from labtools.analysis import hlo
 
 _KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
 _TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
-_CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")
 _DIMS_RE = {
   side: re.compile(side + r"_(contracting|batch)_dims=\{([\d,]*)\}") for side in ("lhs", "rhs")
 }  # dot attributes
@@ -60,22 +59,6 @@ def _config_dims(attrs: str) -> dict[str, list[int]]:
   }
 
 
-def _find_dot(comps: dict, name: str, depth: int = 0):
-  """(dot instruction, its computation) in fusion computation `name` or one it calls (nested GEMM fusions)."""
-  comp = comps.get(name)
-  if comp is None or depth > 4:
-    return None
-  for ins in comp.instrs:
-    if ins.opcode in ("dot", "scaled-dot") and len(ins.operands) >= 2:
-      return ins, comp
-  for ins in comp.instrs:
-    for callee in _CALLS_RE.findall(ins.attrs):
-      found = _find_dot(comps, callee, depth + 1)
-      if found:
-        return found
-  return None
-
-
 def triton_tile(attrs: str) -> str:
   """ "BMxBNxBK wW sS" of a Triton GEMM fusion's backend config ("" if it has none): the legacy
   `triton_gemm_config`, or the nested fusion's `block_level_fusion_config` (output tile; the contracting tile
@@ -108,7 +91,11 @@ def gemms(text: str) -> list[dict]:
   """The GEMMs of an optimized GPU HLO module (see the module docstring)."""
   comps = hlo.parse_hlo(text)
   bodies = {
-    c for comp in comps.values() for ins in comp.instrs if ins.opcode == "fusion" for c in _CALLS_RE.findall(ins.attrs)
+    c
+    for comp in comps.values()
+    for ins in comp.instrs
+    if ins.opcode == "fusion"
+    for c in hlo.CALLS_RE.findall(ins.attrs)
   }
   out = []
   for comp in comps.values():
@@ -119,9 +106,9 @@ def gemms(text: str) -> list[dict]:
       row = None
       if ins.opcode == "fusion":
         kind = _KIND_RE.search(ins.attrs)
-        callee = _CALLS_RE.search(ins.attrs)
+        callee = hlo.CALLS_RE.search(ins.attrs)
         gemm_kind = kind and kind.group(1) in (*TRITON_KINDS, "__cudnn$fusion")
-        found = _find_dot(comps, callee.group(1)) if callee else None
+        found = hlo.find_dot(comps, callee.group(1)) if callee else None
         if gemm_kind or found:
           backend = "xla_fusion" if not gemm_kind else "cudnn" if kind.group(1) == "__cudnn$fusion" else "triton"
           row = {"name": ins.name, "backend": backend, "out": ins.dtype}
@@ -155,7 +142,11 @@ def launches(text: str) -> int:
   """Fusions and custom calls of a module outside fusion bodies: the kernels (and library calls) it launches."""
   comps = hlo.parse_hlo(text)
   bodies = {
-    c for comp in comps.values() for ins in comp.instrs if ins.opcode == "fusion" for c in _CALLS_RE.findall(ins.attrs)
+    c
+    for comp in comps.values()
+    for ins in comp.instrs
+    if ins.opcode == "fusion"
+    for c in hlo.CALLS_RE.findall(ins.attrs)
   }
   return sum(
     ins.opcode in ("fusion", "custom-call") for c in comps.values() if c.name not in bodies for ins in c.instrs

@@ -38,10 +38,10 @@ FP8 = ("f8e4m3fn", "f8e5m2", "f8e4m3")
 _ARRAY_RE = re.compile(r"\b(" + "|".join(sorted(BYTES, key=len, reverse=True)) + r")\[([\d,]*)\]")
 _KIND_RE = re.compile(r'"kind":"(__[\w$]+)"')
 _TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
-_CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")
 _CONTRACT_RE = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _BLAS_CONTRACT_RE = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _DIM_LABELS_RE = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_GEMM_OPCODES = (*hlo.DOT_OPCODES, "convolution")  # a convolution is the GEMM where XLA:TPU writes one
 FREE = {
   "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional",
   "after-all", "partition-id", "replica-id", "opt-barrier", "optimization-barrier", "copy-start", "copy-done",
@@ -102,20 +102,6 @@ class Module:
 
   # --- what a fused computation computes ---------------------------------------------------
 
-  def _dot(self, comp_name: str, depth: int = 0):
-    """(dot instruction, its computation) in a fused computation or one it calls."""
-    comp = self.comps.get(comp_name)
-    if comp is None or depth > 4:
-      return None
-    for ins in comp.instrs:
-      if ins.opcode in ("dot", "convolution", "scaled-dot") and len(ins.operands) >= 2:
-        return ins, comp
-    for ins in comp.instrs:
-      for callee in _CALLS_RE.findall(ins.attrs):
-        if (found := self._dot(callee, depth + 1)) is not None:
-          return found
-    return None
-
   def _dot_flops(self, dot, comp) -> tuple[float, str, str]:
     """(FLOPs, operand type, MxNxK) of a dot or convolution instruction."""
     ops = [self.types[comp.name].get(o) for o in dot.operands[:2]]
@@ -140,7 +126,7 @@ class Module:
       return ops
     for ins in comp.instrs:
       if ins.opcode == "fusion":
-        for callee in _CALLS_RE.findall(ins.attrs):
+        for callee in hlo.CALLS_RE.findall(ins.attrs):
           ops.update(self._vector_ops(callee, depth + 1))
       elif ins.opcode not in MOVES and ins.dtype is not None:
         operand = self.types[comp.name].get(ins.operands[0]) if ins.operands else None
@@ -257,7 +243,7 @@ class Module:
       return None
     if self.tpu and ins.dtype is not None and not ins.dims and op not in ("fusion", "custom-call"):
       return None  # a scalar op on the TPU's scalar unit
-    callee_m = _CALLS_RE.search(ins.attrs)
+    callee_m = hlo.CALLS_RE.search(ins.attrs)
     callee = callee_m.group(1) if callee_m else None
     io = self._io_bytes(ins, comp, callee)
     if op == "dynamic-update-slice" and len(ins.operands) > 1:  # in place: the update read and written
@@ -274,7 +260,7 @@ class Module:
     if op == "fusion":
       kind = _KIND_RE.search(ins.attrs)
       gemm_kind = kind and kind.group(1) in ("__triton_gemm", "__triton_nested_gemm_fusion", "__cudnn$fusion")
-      found = self._dot(callee) if callee and (gemm_kind or self.tpu) else None
+      found = hlo.find_dot(self.comps, callee, _GEMM_OPCODES) if callee and (gemm_kind or self.tpu) else None
       if found is not None:
         flops, dtype, shape = self._dot_flops(*found)
         return Kernel(ins.name, "gemm", count, io, flops, dtype, group=_gemm_group(scope, dtype), shape=shape)

@@ -3,8 +3,9 @@
 `parse_hlo(text)` returns the module's computations, each a list of `Instr` (name, opcode, element
 type and dims, the type text, operands, attributes after the operand list, the JAX `op_name` of
 its metadata); `execution_counts` how often each computation runs per program execution (while
-loops with a known trip count multiply); `full_size_buffers` the entry computation's arrays of a
-given element count (what XLA materializes in memory, outside fusions).
+loops with a known trip count multiply); `find_dot` the dot of a fusion (or of a computation it
+calls); `full_size_buffers` the entry computation's arrays of a given element count (what XLA
+materializes in memory, outside fusions).
 """
 
 from __future__ import annotations
@@ -145,6 +146,29 @@ def execution_counts(comps: dict[str, Computation]) -> tuple[dict[str, int], set
     if c.entry:
       visit(c.name, 1)
   return dict(counts), fused
+
+
+CALLS_RE = re.compile(r"\bcalls=%([\w.\-]+)")  # the computation a fusion (or a call) runs
+DOT_OPCODES = ("dot", "scaled-dot")
+
+
+def find_dot(
+  comps: dict[str, Computation], name: str, opcodes: tuple[str, ...] = DOT_OPCODES, depth: int = 0
+) -> tuple[Instr, Computation] | None:
+  """(the first instruction of `opcodes` with two operands, its computation) in computation `name` or,
+  failing that, in a computation it calls, depth first (a nested GEMM fusion), at most 4 calls deep;
+  None if there is none. `opcodes`: also "convolution" where a convolution counts as the GEMM (XLA:TPU)."""
+  comp = comps.get(name)
+  if comp is None or depth > 4:
+    return None
+  for ins in comp.instrs:
+    if ins.opcode in opcodes and len(ins.operands) >= 2:
+      return ins, comp
+  for ins in comp.instrs:
+    for callee in CALLS_RE.findall(ins.attrs):
+      if (found := find_dot(comps, callee, opcodes, depth + 1)) is not None:
+        return found
+  return None
 
 
 def full_size_buffers(hlo_text: str, num_elements: int) -> list[tuple[str, str, str]]:

@@ -48,3 +48,34 @@ def test_full_size_buffers_lists_entry_arrays_of_that_size_except_parameters():
   assert hlo.full_size_buffers(TEXT, 32) == [("n", "f32", "negate")]
   text = hlo.compiled_text(lambda x: jnp.sin(x) * 2, jax.ShapeDtypeStruct((4, 8), jnp.float32))
   assert [b[1] for b in hlo.full_size_buffers(text, 32)] == ["f32"]  # one fused output, the parameter not listed
+
+
+NESTED = """HloModule m
+
+%inner (a: s8[4,8], b: s8[8,2]) -> s32[4,2] {
+  %a = s8[4,8]{1,0} parameter(0)
+  %b = s8[8,2]{1,0} parameter(1)
+  ROOT %d = s32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%outer (x: s8[4,8], y: s8[8,2]) -> s32[4,2] {
+  %x = s8[4,8]{1,0} parameter(0)
+  %y = s8[8,2]{1,0} parameter(1)
+  ROOT %f = s32[4,2]{1,0} fusion(%x, %y), kind=kCustom, calls=%inner
+}
+
+%conv (p: f32[1,4,4,2], k: f32[1,1,2,3]) -> f32[1,4,4,3] {
+  %p = f32[1,4,4,2]{3,2,1,0} parameter(0)
+  %k = f32[1,1,2,3]{3,2,1,0} parameter(1)
+  ROOT %c = f32[1,4,4,3]{3,2,1,0} convolution(%p, %k), dim_labels=b01f_01io->b01f
+}
+"""
+
+
+def test_find_dot_looks_into_the_computations_a_fusion_calls_and_counts_convolutions_only_when_asked():
+  comps = hlo.parse_hlo(NESTED)
+  dot, comp = hlo.find_dot(comps, "outer")
+  assert (dot.name, comp.name, dot.operands) == ("d", "inner", ["a", "b"])
+  assert hlo.find_dot(comps, "conv") is None
+  conv, _ = hlo.find_dot(comps, "conv", (*hlo.DOT_OPCODES, "convolution"))
+  assert conv.name == "c" and hlo.find_dot(comps, "missing") is None
