@@ -49,8 +49,9 @@ def _package(path: pathlib.Path) -> str:
   return "s3r" if rel.parts == ("s3r", "__init__.py") else rel.parts[1].removesuffix(".py")
 
 
-def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, absolute dotted name) of every import in the module, relative ones resolved.
+def _imports(path: pathlib.Path, names: bool = False) -> list[tuple[int, str]]:
+  """(line, absolute dotted name) of every import in the module, relative ones resolved; with `names`,
+  `from a import b` gives "a.b" (the module a.b, or the name b of module a) whatever a is.
 
   A string constant "s3r.module:function" counts as an import of that module (the CLI imports its
   sub-commands by such names).
@@ -68,7 +69,8 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
       if node.level:
         pkg = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
         base = ".".join([*pkg, base] if base else pkg)
-      out += [(node.lineno, f"{base}.{a.name}" if base in ("s3r", "labtools") else base) for a in node.names]
+      full = names or base in ("s3r", "labtools")
+      out += [(node.lineno, f"{base}.{a.name}" if full else base) for a in node.names]
     elif (
       isinstance(node, ast.Constant)
       and isinstance(node.value, str)
@@ -118,8 +120,30 @@ def _graph() -> tuple[dict[str, set[str]], list[str]]:
   return graph, broken
 
 
+def _module_graph() -> dict[str, set[str]]:
+  """Module -> the modules of the library and the tooling it imports (a package is its `__init__`).
+  An import names the longest module its dotted name starts with: `from s3r.model import stack` the
+  module s3r.model.stack, `from s3r.model import ModelConfig` the package s3r.model."""
+  modules = {}
+  for top in ("s3r", *TOOLING):
+    for path in (REPO / top).rglob("*.py") if (REPO / top).is_dir() else ():
+      parts = path.relative_to(REPO).with_suffix("").parts
+      modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+  def module(name: str) -> str | None:
+    while name and name not in modules:
+      name = name.rpartition(".")[0]
+    return name or None
+
+  graph: dict[str, set[str]] = {}
+  for name, path in sorted(modules.items()):
+    targets = {module(imported) for _, imported in _imports(path, names=True)}
+    graph[name] = targets - {None, name}
+  return graph
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-  """One cycle of the package graph as a path, or None."""
+  """One cycle of a graph (of packages, or of modules) as a path, or None."""
   state: dict[str, int] = {}  # 1: on the current path, 2: done
 
   def visit(node: str, path: list[str]) -> list[str] | None:
@@ -167,6 +191,29 @@ def test_no_import_cycle_between_packages():
   graph, _ = _graph()
   cycle = _cycle(graph)
   assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_no_import_cycle_between_modules():
+  """Module by module (imports inside functions included): no module imports, directly or through
+  others, a module that imports it."""
+  graph = _module_graph()
+  assert "s3r.model.transformer" in graph["s3r.model"] and "labtools.analysis.hlo" in graph["labtools.analysis.memory"]
+  cycle = _cycle(graph)
+  assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_module_graph_finds_a_cycle_through_a_function_level_import(tmp_path, monkeypatch):
+  pkg = tmp_path / "s3r" / "analysis"
+  pkg.mkdir(parents=True)
+  (tmp_path / "s3r" / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("")
+  (pkg / "memory.py").write_text("from s3r.analysis import hlo\ndef f():\n  from s3r.analysis import heap\n")
+  (pkg / "heap.py").write_text("from s3r.analysis.memory import f\n")
+  (pkg / "hlo.py").write_text("")
+  monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+  graph = _module_graph()
+  assert graph["s3r.analysis.memory"] == {"s3r.analysis.hlo", "s3r.analysis.heap"}
+  assert _cycle(graph) == ["s3r.analysis.heap", "s3r.analysis.memory", "s3r.analysis.heap"]
 
 
 @pytest.mark.parametrize(
