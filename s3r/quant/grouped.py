@@ -18,8 +18,10 @@ and dW[e] = (Δ/s_w[e]) X̂_eᵀ Q_e are two more grouped GEMMs on codes, Ŵ and
 the dense layer). Which GEMM each pair of codes gets is `formats.code_dot_general`'s rule: int8 x int8 in
 int32 (the Pallas kernels take these); FP8 x FP8 on the FP8 operands with f32 results (an FP8 GEMM when
 compiled for Hopper, an f32 emulation on XLA:CPU); a mixed pair (int8 with FP8 codes) an exact f32
-emulation. Only int8 x int8 runs in the Pallas kernels: the others take the tiled or ragged GEMMs
-(grouped_gemm.py), under impl="auto" and "pallas" too. Shared thresholds are one
+emulation. Of these only int8 x int8 runs in the Pallas kernels: the others take the tiled or ragged
+GEMMs (grouped_gemm.py), under impl="auto" and "pallas" too. The unquantized `bf16` recipe's three
+GEMMs (bf16 x bf16 -> f32) run in the Pallas kernels like the int8 ones (its full-precision f32
+variant, `compute_dtype=float32`, on the tiled and ragged GEMMs). Shared thresholds are one
 per row for `s3r` (a row is one token's copy for one expert), one per expert segment for the
 `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the error per
 segment (grouped_ec.py).
@@ -47,9 +49,10 @@ from s3r.quant import arguments, backward, ec, explicit, formats, grouped_ec, gr
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
-# impl=None: "auto", the compiled Pallas kernels on CUDA (verified bit for bit against ragged_dot on
-# an H200, where the tiled dW GEMM was not) and the tiled path elsewhere; a platform_dependent choice,
-# so a CPU program holds only the tiled path. Float GEMMs: tiled forward and dX, dW ragged on CUDA.
+# impl=None: "auto", the compiled Pallas kernels on CUDA (the int8 ones verified bit for bit against
+# ragged_dot on an H200, where the tiled dW GEMM was not) and the tiled path elsewhere; a
+# platform_dependent choice, so a CPU program holds only the tiled path. The kernels take the int8
+# codes and the bf16 recipe's bf16 operands; other float GEMMs: tiled forward and dX, dW ragged on CUDA.
 DEFAULT_IMPL = "auto"
 
 
@@ -109,9 +112,10 @@ def grouped_qmatmul(
       work) or "pallas" (the Pallas kernels with the dequantize epilogue fused: compiled on GPU,
       interpret mode elsewhere, which is for tests). All give bit-identical results on the CPU
       for the int8 forward; on a GPU the tiled dW GEMM is not verified (see grouped_gemm), so "auto"
-      runs none there. The kernels take int8 codes only: with the E4M3 forward (or FP8 gradient
-      codes) "auto" and "pallas" run the forward and dX on the tiled path and dW on the ragged
-      path on CUDA (the tiled one elsewhere).
+      runs none there. The kernels take int8 codes and the `bf16` recipe's bf16 operands (f32
+      accumulation: equal to the other paths up to the order of f32 sums): with the E4M3 forward,
+      FP8 gradient codes or f32 operands "auto" and "pallas" run the forward and dX on the tiled
+      path and dW on the ragged path on CUDA (the tiled one elsewhere).
     rows: None (the rows are the whole product), or, inside `shard_map`, where the rows sit in
       the global product (`GlobalRows`): the backward then quantizes each row as the global
       product does (thresholds by global row or expert index, Δ a max over `rows.axes`).

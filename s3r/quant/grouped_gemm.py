@@ -19,19 +19,23 @@ on float codes accumulate in f32, where the paths may differ by the order of the
   [n_tiles, C, N] operand is about twice the size of all expert weights). Work: at most
   (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
 - "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
-  GPU and run in interpret mode on other platforms (for tests). int8 GEMMs only: a float GEMM
-  (the bf16 recipe's, `int8_exact_bwd`'s backward, every GEMM on E4M3 forward codes or FP8
-  gradient codes) runs its forward and dX on the tiled path and its dW on the ragged path
-  on CUDA, the tiled path elsewhere. GEMMs on two FP8 code tensors keep their FP8 operands
+  GPU and run in interpret mode on other platforms (for tests). They take int8 x int8 -> int32
+  (the quantized recipes' codes) and bf16 x bf16 -> f32 at the default precision (the bf16
+  recipe's forward, dX and dW: `_bf16_gemm`). Any other GEMM (f32 operands at full precision:
+  the bf16 recipe's `compute_dtype=float32` and `int8_exact_bwd`'s backward; every GEMM on E4M3
+  forward codes or FP8 gradient codes) runs its forward and dX on the tiled path and its dW on
+  the ragged path on CUDA, the tiled path elsewhere. GEMMs on two FP8 code tensors keep their FP8 operands
   (`_float_codes`): compiled for an H100 they are Triton GEMM fusions with FP8 operands, or
   cuBLASLt FP8 matmuls with Triton GEMMs disabled, on the tiled and the ragged path
   (`python -m benchmarks aot --program moe`); XLA:CPU emulates them in f32.
 - "auto" (grouped_qmatmul's default): the compiled Pallas kernels on GPU (CUDA), the tiled path
-  elsewhere; float GEMMs as under "pallas".
+  elsewhere (bf16 GEMMs too); the other float GEMMs as under "pallas".
 
 On a GPU (an H200) the compiled kernels and the ragged path agreed bit for bit in all three int32
 GEMMs, and so did the tiled forward and dX; the tiled dW did not (`_tgmm_windows`, cause not
 located: on the CPU all paths agree). Hence CUDA runs no tiled dW unless impl="tiled" is asked for.
+The bf16 kernels are checked against ragged_dot in interpret mode (to the rounding of f32 sums) and
+compiled for an H100 without one; no GPU run of them is recorded.
 
 The `*_epilogue` functions add the dequantize epilogue of grouped_qmatmul (y = f32(acc) - sub,
 · row scale, · (expert, column) scale, rows past the sum -> 0, cast): fused into the kernel on
@@ -55,6 +59,7 @@ from s3r.quant import formats, grouped_pallas
 
 _CODES = formats.FORWARD_FORMAT.code_dtype  # the kernels' operand dtype (int8-stored codes)
 _ACC = formats.accumulator(_CODES)  # and their accumulator (int32): the default `out` of the GEMMs
+_BF16 = jnp.dtype(jnp.bfloat16)  # the kernels' float operand dtype (f32 accumulators)
 IMPLS = ("auto", "pallas", "ragged", "tiled")
 _KERNEL_IMPLS = ("auto", "pallas")
 _MAX_TILE = 128
@@ -155,6 +160,8 @@ def _ragged_dims(contract, lhs_ragged, rhs_group):
 
 def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)], [T, N] in `out` (zero rows past the sum)."""
+  if impl in _KERNEL_IMPLS and _bf16_gemm(a_TxC, b_ExCxN, out, precision):
+    return _bf16_rows(a_TxC, b_ExCxN, lay, impl, contract_last=False)
   impl = _float_fallback(impl, a_TxC, b_ExCxN, out, precision)
   if impl in _KERNEL_IMPLS:
     return gmm_epilogue(a_TxC, b_ExCxN, lay, impl, out=out)
@@ -165,6 +172,8 @@ def gmm(a_TxC: jax.Array, b_ExCxN: jax.Array, lay: Layout, impl: str, out=_ACC, 
 
 def gmm_nt(a_TxN: jax.Array, b_ExKxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[t] = a[t] b[e(t)]ᵀ, [T, K] in `out` (zero rows past the sum)."""
+  if impl in _KERNEL_IMPLS and _bf16_gemm(a_TxN, b_ExKxN, out, precision):
+    return _bf16_rows(a_TxN, b_ExKxN, lay, impl, contract_last=True)
   impl = _float_fallback(impl, a_TxN, b_ExKxN, out, precision)
   if impl in _KERNEL_IMPLS:
     return gmm_nt_epilogue(a_TxN, b_ExKxN, lay, impl, out=out)
@@ -198,6 +207,9 @@ def _tile_loop(a_IxLxC, b_ExKxN, contract: int, lay: Layout, out, precision) -> 
 
 def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=_ACC, precision=None) -> jax.Array:
   """out[e] = Σ_{t in segment e} a[t]ᵀ b[t], [E, K, N] in `out` (zero for an empty segment)."""
+  if impl in _KERNEL_IMPLS and _bf16_gemm(a_TxK, b_TxN, out, precision):
+    kernel = functools.partial(_tgmm_kernel, lay.group_sizes, out)
+    return _dispatch(impl, kernel, lambda a, b: tgmm(a, b, lay, "tiled", out=out), a_TxK, b_TxN)
   if impl in _KERNEL_IMPLS and not _int8_codes(a_TxK, b_TxN, out, precision):
     return _float_tgmm(a_TxK, b_TxN, lay, out, precision)
   if impl in _KERNEL_IMPLS:
@@ -208,8 +220,13 @@ def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=_ACC, p
   return _tgmm_windows(a_TxK, b_TxN, lay, out, precision)
 
 
+def _tgmm_kernel(group_sizes, out, a_TxK, b_TxN, interpret):
+  return grouped_pallas.tgmm(a_TxK, b_TxN, group_sizes, out=out, interpret=interpret)
+
+
 def _float_tgmm(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
-  """A float dW under "auto" or "pallas" (no kernel takes it): `ragged_dot_general` on CUDA, where
+  """A float dW under "auto" or "pallas" that no kernel takes (f32 at full precision, FP8 codes; not
+  bf16, see `_bf16_gemm`): `ragged_dot_general` on CUDA (E times the work), where
   the tiled dW is not verified (an int32 check on a GPU found it differing from the Pallas kernel
   and from ragged_dot, which agreed), the tiled windows elsewhere. Only the branch of the platform
   compiled for is lowered, so other platforms run the tiled program unchanged."""
@@ -259,13 +276,33 @@ def _tgmm_windows(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
 
 
 def _int8_codes(a: jax.Array, b: jax.Array, out, precision) -> bool:
-  """Whether a GEMM is one the Pallas kernels take: int8 x int8 -> int32 at the default precision."""
+  """Whether a GEMM is an int8 one the Pallas kernels take (with the fused epilogue): int8 x int8 -> int32
+  at the default precision."""
   return a.dtype == _CODES and b.dtype == _CODES and jnp.dtype(out) == _ACC and precision is None
 
 
+def _bf16_gemm(a: jax.Array, b: jax.Array, out, precision) -> bool:
+  """Whether a float GEMM is one the Pallas kernels take: bf16 x bf16 -> f32 at the default precision
+  (the bf16 recipe's three grouped GEMMs)."""
+  return a.dtype == _BF16 and b.dtype == _BF16 and jnp.dtype(out) == jnp.float32 and precision is None
+
+
+def _bf16_rows(a, b, lay: Layout, impl: str, contract_last: bool) -> jax.Array:
+  """A bf16 forward (or dX, `contract_last`) GEMM with f32 results under "auto" or "pallas": the row
+  kernel (see `_dispatch`), the tiled path where "auto" runs no kernel."""
+  xla = lambda a, b: (gmm_nt if contract_last else gmm)(a, b, lay, "tiled", out=jnp.float32)  # noqa: E731
+
+  def kernel(a, b, interpret):
+    return grouped_pallas.gmm_rows(
+      a, b, lay.group_sizes, contract_last=contract_last, out=jnp.float32, interpret=interpret
+    )
+
+  return _dispatch(impl, kernel, xla, a, b)
+
+
 def _float_fallback(impl: str, a: jax.Array, b: jax.Array, out, precision) -> str:
-  """The Pallas kernels are int8 x int8 -> int32 only: any other forward or dX GEMM takes the
-  tiled path (a float dW: see `_float_tgmm`)."""
+  """A forward or dX GEMM that no kernel takes (neither int8 x int8 -> int32 nor bf16 x bf16 -> f32)
+  takes the tiled path (such a float dW: see `_float_tgmm`)."""
   return "tiled" if impl in _KERNEL_IMPLS and not _int8_codes(a, b, out, precision) else impl
 
 

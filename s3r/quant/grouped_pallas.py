@@ -1,4 +1,7 @@
-"""Pallas kernels of the three int8 grouped GEMMs, with the dequantize epilogue fused.
+"""Pallas kernels of the three grouped GEMMs, with the dequantize epilogue fused.
+
+Two operand types: int8 x int8 with int32 accumulation (the quantized recipes' codes) and
+bf16 x bf16 with f32 accumulation (the `bf16` recipe's unquantized products; no epilogue).
 
 Rows 0..T-1 are sorted by expert (ragged-dot semantics, see grouped_gemm.py): expert e owns
 rows starts[e] .. ends[e] - 1; rows past ends[E-1] belong to no expert.
@@ -6,23 +9,26 @@ rows starts[e] .. ends[e] - 1; rows past ends[E-1] belong to no expert.
 - `gmm_rows(a_TxC, b, sizes)`: out[t] = a[t] b[e(t)] (forward, b = Ŵ [E, K, N]) or
   a[t] b[e(t)]ᵀ (dX, b = Ŵ [E, K, N] contracted on N: `contract_last=True`). Grid (row tile m,
   column block j). Each program loops over the experts whose segments meet its tile (a
-  precomputed tile -> (first, last) expert table), computes the tile's int8 x int8 -> int32
-  product with that expert's weight block (an inner loop over the contracted dim), applies the
+  precomputed tile -> (first, last) expert table), computes the tile's product with that
+  expert's weight block (an inner loop over the contracted dim), applies the
   epilogue and keeps it for the rows of that segment (a select: rows of one tile are disjoint
   between experts, so no output block is written by two programs and nothing is summed in
   float). Rows past the sum are set to zero explicitly.
 - `tgmm(a_TxK, b_TxN, sizes)`: out[e] = Σ_{t in segment e} a[t]ᵀ b[t] (dW). Grid (expert e,
   row block i, column block j); each program loops over the row tiles that meet segment e,
-  zeroes the rows outside the segment and accumulates a_tileᵀ b_tile in int32.
+  zeroes the rows outside the segment and accumulates a_tileᵀ b_tile (int32, or f32 for bf16).
 
 Epilogue (the float ops of the XLA path, in its order): y = f32(acc); y = y - sub; y = y ·
 row[t]; y = y · col[e, d]; rows past the sum -> 0; cast to `out`. Each factor is optional;
-without any, the int32 accumulator itself is returned. int32 accumulation is exact and each
-float op is one IEEE operation on the same operands as the XLA epilogue, so the results are
-bit-identical to the tiled and ragged paths.
+without any, the accumulator itself is returned (the bf16 GEMMs' f32 sums). int32 accumulation
+is exact and each float op is one IEEE operation on the same operands as the XLA epilogue, so
+the int8 results are bit-identical to the tiled and ragged paths. A product of two bf16 values
+is exact in f32, but the f32 sums are taken in the kernel's order (chunks of the contracted dim,
+row tiles for dW): bf16 results agree with the other paths up to the rounding of f32 sums taken
+in another order.
 
 Written against the Triton-compatible Pallas API (BlockSpec, program_id, ref indexing with
-pl.ds, jnp.dot-style dot_general with int32 accumulation): block shapes are powers of two and
+pl.ds, jnp.dot-style dot_general with int32 or f32 accumulation): block shapes are powers of two and
 ≥ 32, so operands are zero-padded to whole blocks (rows to whole tiles) and the outputs cut
 back. `interpret=True` runs the kernels on any backend (the CPU tests); compiled they lower
 through Triton on GPU.
@@ -43,10 +49,11 @@ from jax.experimental import pallas as pl
 from s3r.quant import formats
 
 _ACC = formats.accumulator(formats.FORWARD_FORMAT.code_dtype)  # int32: the accumulator of the int8 code GEMMs
+OPERANDS = (jnp.dtype(formats.FORWARD_FORMAT.code_dtype), jnp.dtype(jnp.bfloat16))  # int8 (int32 acc.), bf16 (f32)
 ROW_TILE = (32, 64)  # bounds of the row tile (power of two ≤ T/E, clipped)
 COL_BLOCK = 128  # largest output-column block of the row GEMMs and of dW's N
 CONTRACT_BLOCK = 64  # largest contracted-dim chunk of the row GEMMs and dW's K block
-_MIN_BLOCK = 32  # Triton's int8 dot wants every block dim ≥ 16 (32 along K) and a power of two
+_MIN_BLOCK = 32  # Triton's dot wants every block dim ≥ 16 (32 along K for int8) and a power of two
 _NUM_WARPS = 4
 
 
@@ -123,7 +130,14 @@ def _blocks(rows: int, experts: int, contract: int, cols: int) -> tuple[int, int
 # --- forward and dX: rows grouped by expert -----------------------------------------------------
 
 
-def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, has_row, has_col, out):
+def _accumulator(fn: str, a: jax.Array, b: jax.Array):
+  """The accumulator of the kernels' GEMM on a and b: int32 for int8, f32 for bf16 (the only pairs)."""
+  if a.dtype != b.dtype or a.dtype not in OPERANDS:
+    raise TypeError(f"{fn}: operands must both be int8 or both bf16, got {a.dtype} and {b.dtype}")
+  return formats.accumulator(a.dtype)
+
+
+def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, has_row, has_col, acc, out):
   first_ref, last_ref, starts_ref, ends_ref, a_ref, b_ref = refs[:6]
   rest = list(refs[6:])
   sub_ref = rest.pop(0) if has_sub else None
@@ -146,9 +160,9 @@ def _row_kernel(*refs, tile, cblock, dblock, n_chunks, contract_last, has_sub, h
       else:  # b[e] is [C, D]
         b_blk = b_ref[e, pl.ds(c0, cblock), pl.ds(d0, dblock)]
         dims = (((1,), (0,)), ((), ()))
-      return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=_ACC)
+      return acc_LxD + lax.dot_general(a_LxC, b_blk, dims, preferred_element_type=acc)
 
-    acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), _ACC))
+    acc_LxD = lax.fori_loop(0, n_chunks, chunk, jnp.zeros((tile, dblock), acc))
     col = None if col_ref is None else col_ref[e, pl.ds(d0, dblock)][None, :]
     in_seg_L = (rows_L >= starts_ref[e]) & (rows_L < ends_ref[e])
     return jnp.where(in_seg_L[:, None], epilogue(acc_LxD, sub, row, col, out=out), y_LxD)
@@ -181,9 +195,11 @@ def gmm_rows(
 ) -> jax.Array:
   """out[t] = epilogue(a[t] b[e(t)]) (or a[t] b[e(t)]ᵀ with `contract_last`), [T, D] in `out`.
 
-  `a` and `b` int8; `group_sizes` [E] sanitized (grouped_gemm.sanitize). Epilogue factors:
+  `a` and `b` both int8 (int32 accumulators) or both bf16 (f32 accumulators); `group_sizes` [E]
+  sanitized (grouped_gemm.sanitize). Epilogue factors:
   `sub_TxD` f32 subtracted, `row_T` f32 per row, `col_ExD` f32 per (expert, output column).
   """
+  acc = _accumulator("gmm_rows", a_TxC, b_ExCxD)
   rows, c_dim = a_TxC.shape
   experts = b_ExCxD.shape[0]
   d_dim = b_ExCxD.shape[1] if contract_last else b_ExCxD.shape[2]
@@ -210,6 +226,7 @@ def gmm_rows(
     has_sub=sub_TxD is not None,
     has_row=row_T is not None,
     has_col=col_ExD is not None,
+    acc=acc,
     out=out,
   )
   y = pl.pallas_call(
@@ -227,7 +244,7 @@ def gmm_rows(
 # --- dW: per-expert contraction over the expert's rows ------------------------------------------
 
 
-def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
+def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, acc, out):
   starts_ref, ends_ref, a_ref, b_ref = refs[:4]
   rest = list(refs[4:])
   sub_ref = rest.pop(0) if has_sub else None
@@ -242,13 +259,14 @@ def _tgmm_kernel(*refs, tile, kblock, nblock, has_sub, has_col, out):
     rows_L = row0 + lax.broadcasted_iota(jnp.int32, (tile,), 0)
     a_LxK = a_ref[pl.ds(row0, tile), pl.ds(k0, kblock)]
     b_LxN = b_ref[pl.ds(row0, tile), pl.ds(n0, nblock)]
-    in_seg_L = (rows_L >= start) & (rows_L < end)
+    in_seg_L = (rows_L >= start) & (rows_L < end)  # both operands masked: a NaN or inf of another row stays out
     a_LxK = jnp.where(in_seg_L[:, None], a_LxK, jnp.zeros_like(a_LxK))
-    prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=_ACC)
+    b_LxN = jnp.where(in_seg_L[:, None], b_LxN, jnp.zeros_like(b_LxN))
+    prod = lax.dot_general(a_LxK, b_LxN, (((0,), (0,)), ((), ())), preferred_element_type=acc)
     return acc_KxN + prod
 
   first, stop = lax.div(start, tile), lax.div(end + tile - 1, tile)  # both ≥ 0: truncation is floor
-  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), _ACC))
+  acc_KxN = lax.fori_loop(first, stop, window, jnp.zeros((kblock, nblock), acc))
   sub = None if sub_ref is None else sub_ref[...]
   col = None if col_ref is None else col_ref[e, pl.ds(n0, nblock)][None, :]
   o_ref[...] = epilogue(acc_KxN, sub, None, col, out=out)
@@ -266,9 +284,10 @@ def tgmm(
 ) -> jax.Array:
   """out[e] = epilogue(Σ_{t in segment e} a[t]ᵀ b[t]), [E, K, N] in `out` (0 for an empty segment).
 
-  `a`, `b` int8; `group_sizes` [E] sanitized. Epilogue: `sub_ExKxN` f32 subtracted, then
+  `a`, `b` both int8 or both bf16; `group_sizes` [E] sanitized. Epilogue: `sub_ExKxN` f32 subtracted, then
   `col_ExN` f32 per (expert, column). Rows outside every segment never enter a product.
   """
+  acc = _accumulator("tgmm", a_TxK, b_TxN)
   rows, k_dim = a_TxK.shape
   n_dim, experts = b_TxN.shape[1], group_sizes.shape[0]
   tile, kblock, nblock = _blocks(rows, experts, k_dim, n_dim)
@@ -287,6 +306,7 @@ def tgmm(
     nblock=nblock,
     has_sub=sub_ExKxN is not None,
     has_col=col_ExN is not None,
+    acc=acc,
     out=out,
   )
   shape = (experts, a_p.shape[1], b_p.shape[1])

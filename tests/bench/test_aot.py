@@ -211,14 +211,16 @@ def test_every_gemm_on_codes_of_an_all_fp8_recipe_is_a_native_fp8_gemm_for_the_h
 
 @pytest.mark.slow
 @needs_plugin
-def test_the_pallas_grouped_gemm_kernels_compile_for_the_h100_target(tmp_path):
+def test_the_int8_and_bf16_grouped_gemms_are_the_pallas_kernels_for_the_h100_target(tmp_path):
+  """Forward, dX and dW of the int8 (s3r) and the bf16 recipe are the three Pallas (Triton) kernels, and no other
+  GEMM remains: no ragged dot expanded into E masked products, no tiled loop of XLA GEMMs."""
   rows = _aot(
-    tmp_path, "--program", "moe", "--moe-shape", "64x32x4", "--moe-tokens", "128", "--moe-impl", "auto",
-    "--recipes", "s3r",
+    tmp_path, "--program", "moe", "--moe-shape", "256x128x8", "--moe-tokens", "512", "--moe-impl", "auto",
+    "--recipes", "s3r,bf16", "--xla", "xla_gpu_enable_cub_radix_sort=false",
   )  # fmt: skip
-  (row,) = rows
-  assert "error" not in row, row.get("error")
-  assert row["hlo"]["gemms"].get("pallas_triton", 0) >= 2
+  assert len(rows) == 2 and all("error" not in r for r in rows), [r.get("error") for r in rows]
+  for row in rows:
+    assert row["hlo"]["gemms"] == {"pallas_triton": 3}, (row["recipe"], row["hlo"]["gemms"])
 
 
 @pytest.mark.slow

@@ -170,7 +170,9 @@ def test_pallas_runs_three_kernels_compiled_on_gpu_and_interpreted_elsewhere():
   assert _pallas_calls("auto") == sorted(compiled)  # elsewhere: the tiled path
   assert _pallas_calls(None) == sorted(compiled)  # the default is "auto"
   assert _pallas_calls("tiled") == []
-  assert _pallas_calls("pallas", recipe="bf16") == []  # float GEMMs take the tiled path
+  assert _pallas_calls("pallas", recipe="bf16") == sorted(compiled + interpreted)  # bf16 x bf16 -> f32 kernels
+  assert _pallas_calls("auto", recipe="bf16") == sorted(compiled)
+  assert _pallas_calls("pallas", recipe="int8_exact_bwd") == sorted(compiled[:1] + interpreted[:1])  # f32 bwd: tiled
 
 
 def test_auto_equals_the_tiled_path_on_cpu():
