@@ -68,17 +68,18 @@ def block_configs(shape: dict, recipes: list[str], tokens: int, seed: int = 0) -
   from flax import nnx
 
   from s3r.model.moe import MoEFeedForward
+  from s3r.model.moe_settings import MoeSettings
+
+  settings = MoeSettings(
+    d_model=shape["hidden"],
+    d_expert=shape["expert_width"],
+    n_experts=shape["experts"],
+    top_k=shape["top_k"],
+    n_shared=shape["shared"],
+  )
 
   def build(recipe, seed_):
-    return MoEFeedForward(
-      d_model=shape["hidden"],
-      d_expert=shape["expert_width"],
-      n_experts=shape["experts"],
-      top_k=shape["top_k"],
-      n_shared=shape["shared"],
-      recipe=recipe,
-      rngs=nnx.Rngs(seed_),
-    )
+    return MoEFeedForward(settings, recipe=recipe, rngs=nnx.Rngs(seed_))
 
   _, state = nnx.split(build(recipes[0], seed))
   k_x, k_dy, k_q = jax.random.split(jax.random.key(seed + 1), 3)

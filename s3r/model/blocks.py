@@ -17,23 +17,7 @@ def moe_feed_forward(cfg: MoeFields, key: jax.Array) -> nnx.Module:
   """The routed MoE feed-forward of an MoE-family config (imported only by the MoE families)."""
   from s3r.model.moe import MoEFeedForward  # noqa: PLC0415 (dense families never need it)
 
-  return MoEFeedForward(
-    d_model=cfg.d_model,
-    d_expert=cfg.d_expert,
-    n_experts=cfg.n_experts,
-    top_k=cfg.top_k,
-    n_shared=cfg.n_shared,
-    d_shared=cfg.n_shared * cfg.d_expert if cfg.n_shared else None,
-    renormalize=cfg.renormalize,
-    routed_scaling_factor=cfg.routed_scaling_factor,
-    capacity_factor=cfg.capacity_factor,
-    expert_dispatch=cfg.expert_dispatch,
-    aux_loss_weight=cfg.aux_loss_weight,
-    recipe=cfg.recipe,
-    compute_dtype=cfg.act_dtype,
-    act="silu",
-    rngs=nnx.Rngs(key),
-  )
+  return MoEFeedForward(cfg.moe_settings, recipe=cfg.recipe, compute_dtype=cfg.act_dtype, rngs=nnx.Rngs(key))
 
 
 def moe_call(moe: nnx.Module, h_BxSxD, layer_key, index: int):

@@ -11,21 +11,20 @@ the registry (`s3r.model.registry`), through which a config dict finds its class
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar, Literal
 
 from s3r.model import registry
+from s3r.model.moe_settings import AUX_LOSS_WEIGHT, MoeSettings, MoeSettingsError
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant import recipe as get_recipe
 from s3r.quant.formats import formats_with, get_format
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
-EXPERT_DISPATCHES = ("gspmd", "all_to_all")  # MoE token exchange under expert parallelism (see MoeFields)
 ATTENTION_IMPLS = ("xla", "cudnn")  # jax.nn.dot_product_attention implementations (see ModelConfig.attention_impl)
 AttentionImpl = Literal["xla", "cudnn"]
 ACT_DTYPES = ("bfloat16", "float32")  # activation dtypes (see ModelConfig.act_dtype)
-
-AUX_LOSS_WEIGHT = 0.001  # default weight of the MoE load-balancing loss (configs and MoEFeedForward)
 
 
 def check_positive(obj, fields, kind=int):
@@ -155,16 +154,6 @@ class ModelConfig:
     return 3 * self.d_model * self.d_ff, 3 * self.d_model * self.d_ff
 
 
-def check_dispatch(owner: str, expert_dispatch, capacity_factor) -> None:
-  """Raises ValueError unless `expert_dispatch` is one of EXPERT_DISPATCHES (all_to_all: dropless only)."""
-  if expert_dispatch not in EXPERT_DISPATCHES:
-    raise ValueError(f"{owner}.expert_dispatch must be one of {EXPERT_DISPATCHES}, got {expert_dispatch!r}")
-  if expert_dispatch == "all_to_all" and capacity_factor is not None:
-    raise ValueError(
-      f"{owner}.expert_dispatch='all_to_all' is dropless: capacity_factor must be None, got {capacity_factor!r}"
-    )
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoeFields(ModelConfig):
   """The fields of the routed mixture-of-experts feed-forward (s3r.model.moe.MoEFeedForward), shared by
@@ -181,21 +170,34 @@ class MoeFields(ModelConfig):
   aux_loss_weight: float = AUX_LOSS_WEIGHT  # weight of the load-balancing loss
   expert_dispatch: str = "gspmd"  # expert-parallel token exchange: "gspmd" (XLA's partitioner) or "all_to_all"
 
+  @functools.cached_property
+  def moe_settings(self) -> MoeSettings:
+    """The settings of the routed feed-forward of the MoE layers (checked when the config is built)."""
+    return MoeSettings(
+      d_model=self.d_model,
+      d_expert=self.d_expert,
+      n_experts=self.n_experts,
+      top_k=self.top_k,
+      n_shared=self.n_shared,
+      renormalize=self.renormalize,
+      routed_scaling_factor=self.routed_scaling_factor,
+      capacity_factor=self.capacity_factor,
+      aux_loss_weight=self.aux_loss_weight,
+      expert_dispatch=self.expert_dispatch,
+    )
+
   def _check_moe(self):
-    check_positive(self, ("n_experts", "top_k", "d_expert"))
+    """The MoE fields' checks: those of MoeSettings (under this config's name), the dense prefix, and the recipe's
+    gradient format, which the grouped expert GEMMs must take."""
     name = type(self).__name__
-    if self.top_k > self.n_experts:
-      raise ValueError(f"{name}.top_k ({self.top_k}) must be <= n_experts ({self.n_experts})")
-    if not isinstance(self.n_shared, int) or self.n_shared < 0:
-      raise ValueError(f"{name}.n_shared must be an int >= 0, got {self.n_shared!r}")
+    try:
+      _ = self.moe_settings  # built (and checked) once, then cached
+    except MoeSettingsError as e:
+      raise ValueError(f"{name}.{e.field} {e.problem}") from None
     if not isinstance(self.dense_layers, int) or not 0 <= self.dense_layers <= self.n_layers:
       raise ValueError(
         f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got {self.dense_layers!r}"
       )
-    check_positive(self, ("routed_scaling_factor",), float)
-    if self.capacity_factor is not None and not self.capacity_factor > 0:
-      raise ValueError(f"{name}.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
-    check_dispatch(name, self.expert_dispatch, self.capacity_factor)
     recipe = get_recipe(self.recipe)
     if (
       self.dense_layers < self.n_layers

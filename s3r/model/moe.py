@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from s3r.model import moe_ep
-from s3r.model.config import AUX_LOSS_WEIGHT, check_dispatch
 from s3r.model.layers import folded_keys, gated, param
+from s3r.model.moe_settings import MoeSettings
 from s3r.quant import grouped_qmatmul, qmatmul
 from s3r.quant import recipe as get_recipe
 
@@ -46,50 +46,35 @@ class MoEFeedForward(nnx.Module):
 
   def __init__(
     self,
+    settings: MoeSettings,
     *,
-    d_model: int,
-    d_expert: int,
-    n_experts: int,
-    top_k: int,
-    n_shared: int = 0,
-    d_shared: int | None = None,
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-    capacity_factor: float | None = None,
-    aux_loss_weight: float = AUX_LOSS_WEIGHT,
     recipe,
-    act: str = "silu",
     rngs: nnx.Rngs,
     init_std: float = 0.02,
     impl: str | None = None,
-    expert_dispatch: str = "gspmd",
     compute_dtype=None,
   ):
-    if not 1 <= top_k <= n_experts:
-      raise ValueError(f"MoEFeedForward: top_k must be in [1, n_experts={n_experts}], got {top_k}")
-    if capacity_factor is not None and not capacity_factor > 0:
-      raise ValueError(f"MoEFeedForward: capacity_factor must be > 0 or None, got {capacity_factor}")
-    if act not in _ACTS:
-      raise ValueError(f"MoEFeedForward: act must be one of {tuple(_ACTS)}, got {act!r}")
-    if n_shared < 0:
-      raise ValueError(f"MoEFeedForward: n_shared must be >= 0, got {n_shared}")
-    check_dispatch("MoEFeedForward", expert_dispatch, capacity_factor)
-    self.expert_dispatch = expert_dispatch
+    """`settings` (checked when built) gives the shape and routing; `recipe` the expert GEMMs' recipe, `impl` their
+    grouped GEMM implementation (see s3r.grouped_qmatmul; None: the default), `compute_dtype` the bf16 recipe's
+    operand dtype (s3r.qmatmul; None: bf16); the matrices are drawn from N(0, init_std^2) with `rngs`."""
+    if not isinstance(settings, MoeSettings):
+      raise TypeError(f"MoEFeedForward: settings must be a s3r.model.moe_settings.MoeSettings, got {settings!r}")
+    self.settings = settings
+    self.expert_dispatch = settings.expert_dispatch
     self.recipe = get_recipe(recipe)
-    self.compute_dtype = compute_dtype  # the bf16 recipe's operand dtype (s3r.qmatmul); None: bf16
-    self.impl = impl  # grouped GEMM implementation of the expert GEMMs (see s3r.grouped_qmatmul); None: default
-    if not routed_scaling_factor > 0:
-      raise ValueError(f"MoEFeedForward: routed_scaling_factor must be > 0, got {routed_scaling_factor}")
-    self.n_experts, self.top_k, self.renormalize = n_experts, top_k, renormalize
-    self.routed_scaling_factor = routed_scaling_factor
-    self.capacity_factor, self.aux_loss_weight, self.act = capacity_factor, aux_loss_weight, act
+    self.compute_dtype = compute_dtype
+    self.impl = impl
+    self.n_experts, self.top_k, self.renormalize = settings.n_experts, settings.top_k, settings.renormalize
+    self.routed_scaling_factor = settings.routed_scaling_factor
+    self.capacity_factor, self.aux_loss_weight = settings.capacity_factor, settings.aux_loss_weight
+    self.act = settings.act
     k = jax.random.split(rngs.params(), 7)
-    d, f, e = d_model, d_expert, n_experts
+    d, f, e = settings.d_model, settings.d_expert, settings.n_experts
     self.router = param(k[0], (d, e), init_std, ("embed", None))
     self.gate = param(k[1], (e, d, f), init_std, ("expert", "embed", "mlp"))
     self.up = param(k[2], (e, d, f), init_std, ("expert", "embed", "mlp"))
     self.down = param(k[3], (e, f, d), init_std, ("expert", "mlp", "embed"))
-    self.d_shared = (d_shared or n_shared * d_expert) if n_shared else 0
+    self.d_shared = settings.shared_width
     if self.d_shared:
       g = self.d_shared
       self.shared_gate = param(k[4], (d, g), init_std, ("embed", "mlp"))

@@ -26,7 +26,6 @@ one-device float32 layer to f32 rounding.
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from s3r.model.config import MoeFields
 from tests.distributed.conftest import run_worker
@@ -99,18 +98,18 @@ def test_all_to_all_with_float32_activations_computes_the_one_device_float32_lay
 
 
 def test_expert_dispatch_is_validated_with_the_field_and_the_allowed_values():
-  from s3r.model.moe import MoEFeedForward
+  from s3r.model.moe_settings import MoeSettings
   from s3r.model.presets import preset
 
-  kw = dict(d_model=8, d_expert=8, n_experts=4, top_k=2, recipe="bf16", rngs=nnx.Rngs(params=0))
+  kw = dict(d_model=8, d_expert=8, n_experts=4, top_k=2)
   with pytest.raises(ValueError, match=r"expert_dispatch must be one of \('gspmd', 'all_to_all'\), got 'ragged'"):
-    MoEFeedForward(**kw, expert_dispatch="ragged")
+    MoeSettings(**kw, expert_dispatch="ragged")
   with pytest.raises(ValueError, match=r"Qwen3MoeConfig.expert_dispatch must be one of"):
     preset("moe-tiny", expert_dispatch="ragged")
   with pytest.raises(ValueError, match="dropless: capacity_factor must be None"):
     preset("moe-tiny", expert_dispatch="all_to_all", capacity_factor=1.0)
   with pytest.raises(ValueError, match="dropless: capacity_factor must be None"):
-    MoEFeedForward(**kw, expert_dispatch="all_to_all", capacity_factor=1.0)
+    MoeSettings(**kw, expert_dispatch="all_to_all", capacity_factor=1.0)
   cfg = preset("moe-tiny", expert_dispatch="all_to_all")
   assert isinstance(cfg, MoeFields) and cfg.expert_dispatch == "all_to_all"
 

@@ -367,9 +367,10 @@ def _moe_block(recipe: str, expert_dispatch: str):
   from flax import nnx
 
   from s3r.model.moe import MoEFeedForward
+  from s3r.model.moe_settings import MoeSettings
 
-  kw = dict(d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, rngs=nnx.Rngs(params=0))
-  return MoEFeedForward(recipe=recipe, expert_dispatch=expert_dispatch, **kw)
+  settings = MoeSettings(d_model=32, d_expert=24, n_experts=8, top_k=2, n_shared=1, expert_dispatch=expert_dispatch)
+  return MoEFeedForward(settings, recipe=recipe, rngs=nnx.Rngs(params=0))
 
 
 def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:

@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 import s3r
+from s3r.model.config import MoeFields
 from s3r.model.moe import MoEFeedForward
+from s3r.model.moe_settings import MoeSettings
 
 # bf16 and the two shared-threshold recipes (plain and error-corrected) run in the default suite; the
 # others (the INT8 baselines, two-way S3R-EC, the diagnostic and per-example variants) compile as many
@@ -21,9 +23,9 @@ EVERY_RECIPE = [r if r in CORE_RECIPES else pytest.param(r, marks=pytest.mark.sl
 D, F, E, TOPK = 16, 24, 4, 2
 
 
-def _block(recipe="bf16", seed=0, **kw):
-  kw = dict[str, Any](d_model=D, d_expert=F, n_experts=E, top_k=TOPK, recipe=recipe, rngs=nnx.Rngs(params=seed)) | kw
-  return MoEFeedForward(**kw)
+def _block(recipe="bf16", seed=0, init_std=0.02, impl=None, **kw):
+  settings = MoeSettings(**(dict[str, Any](d_model=D, d_expert=F, n_experts=E, top_k=TOPK) | kw))
+  return MoEFeedForward(settings, recipe=recipe, init_std=init_std, impl=impl, rngs=nnx.Rngs(params=seed))
 
 
 def _x(b=2, s=5, seed=1):
@@ -158,3 +160,34 @@ def test_impl_reaches_the_three_expert_gemms():
   assert _kernel_names(_block("s3r")) == ["s3r_grouped_gmm"] * 3  # the default is "auto"
   with pytest.raises(ValueError, match="impl must be one of"):
     _block("s3r", impl="triton")(_x(), jax.random.key(0))
+
+
+def test_moe_settings_are_checked_once_per_config_and_passed_whole_to_every_moe_layer(monkeypatch):
+  from s3r.model import Transformer, preset
+
+  checked = []
+  check = MoeSettings.__post_init__
+  monkeypatch.setattr(MoeSettings, "__post_init__", lambda self: (checked.append(self), check(self))[1])
+  cfg = preset("moe-tiny", scan_layers=False)
+  assert isinstance(cfg, MoeFields)
+  model = Transformer(cfg, key=jax.random.key(0))
+  layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, MoEFeedForward)]
+  assert layers
+  assert all(layer.settings is cfg.moe_settings for layer in layers)
+  assert checked == [cfg.moe_settings]  # built and checked once, when the config was
+
+
+def test_a_bad_moe_field_is_refused_by_the_one_check_under_the_name_of_what_was_built():
+  from s3r.model import preset
+
+  with pytest.raises(ValueError, match=r"^MoeSettings\.top_k \(5\) must be <= n_experts \(4\)$"):
+    MoeSettings(d_model=D, d_expert=F, n_experts=E, top_k=E + 1)
+  cfg = preset("moe-tiny")
+  assert isinstance(cfg, MoeFields)
+  n_experts = cfg.n_experts
+  with pytest.raises(ValueError, match=rf"^Qwen3MoeConfig\.top_k \({n_experts + 1}\) must be <= n_experts"):
+    preset("moe-tiny", top_k=n_experts + 1)
+  with pytest.raises(ValueError, match=r"^MoeSettings\.act must be one of \('silu', 'gelu', 'relu'\), got 'tanh'$"):
+    MoeSettings(d_model=D, d_expert=F, n_experts=E, top_k=1, act="tanh")
+  with pytest.raises(TypeError, match="settings must be a s3r.model.moe_settings.MoeSettings"):
+    MoEFeedForward(dict(d_model=D), recipe="bf16", rngs=nnx.Rngs(0))  # pyrefly: ignore[bad-argument-type]
