@@ -103,7 +103,7 @@ def gemm_configs(shape: dict, forms: list[str], rows: int, seed: int = 0) -> dic
   import jax
   import jax.numpy as jnp
 
-  from s3r.quant import grouped_gemm
+  from s3r.quant.grouped import gemm as grouped_gemm
 
   e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
   rng = np.random.default_rng(seed)

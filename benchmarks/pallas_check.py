@@ -81,7 +81,7 @@ def check_gemms(shape: dict, rows: int, seed: int, report: dict) -> None:
   import jax
   import jax.numpy as jnp
 
-  from s3r.quant import grouped_gemm
+  from s3r.quant.grouped import gemm as grouped_gemm
 
   e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
   rng = np.random.default_rng(seed)
@@ -118,7 +118,7 @@ def check_tiled_dw(shape: dict, rows: int, seed: int, report: dict) -> None:
   import jax
   import jax.numpy as jnp
 
-  from s3r.quant import grouped_gemm
+  from s3r.quant.grouped import gemm as grouped_gemm
 
   e, k, n = shape["experts"], shape["hidden"], shape["expert_width"]
   rng = np.random.default_rng(seed)  # the operands of check_gemms

@@ -3,7 +3,7 @@ code that makes a doc wrong fails here (and whoever moves updates the doc):
 
 - docs/architecture.md's table of packages equals, both ways, the rule of tests/test_architecture.py
   and the import graph it computes from the source;
-- every doc that lists the kinds of number grid (`s3r/quant/formats.py`) lists all of them and no other;
+- every doc that lists the kinds of number grid (`s3r/quant/formats/`) lists all of them and no other;
 - every `s3r.…` name that docs/training-step.md gives imports.
 """
 

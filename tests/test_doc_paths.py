@@ -101,7 +101,7 @@ def test_missing_paths_placeholders_without_a_match_and_undefined_names_are_repo
   assert (
     defines("s3r/quant/matmul.py", "qmatmul")
     and defines("matmul.py", "_dx")
-    and defines("grouped.py", "GlobalRows.index")
+    and defines("matmul.py", "GlobalRows.index")
   )
   assert not defines("ec.py", "_dx") and not defines("s3r/quant/matmul.py", "_round")
 

@@ -1,4 +1,4 @@
-"""The quantized backward pass shared by the dense (matmul.py) and grouped (grouped.py) layers.
+"""The quantized backward pass shared by the dense (matmul.py) and grouped (grouped/matmul.py) layers.
 
 Both layers' custom VJPs run the same steps on their own layout of the upstream gradient: quantize
 the scaled gradient G' into codes Q (one step Δ, the recipe's rounding and threshold topology),

@@ -1,4 +1,4 @@
-"""Grid arithmetic shared by the number formats (formats.py): square blocks, scale rounding and the
+"""Grid arithmetic shared by the number formats (formats/): square blocks, scale rounding and the
 gaps of the non-uniform grids (E2M1 and the FP8 floating-point grids).
 
 Dimension letters: T tokens (leading dims flattened), N channels.

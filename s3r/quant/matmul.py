@@ -5,14 +5,14 @@ the recipe's forward format, one GEMM on codes, rescale: int8 x int8 -> int32 by
 E4M3 -> f32 for an all-FP8 recipe (`Recipe.forward_format`; the scales map max|x| onto 448 and are
 applied after the GEMM, as the int8 ones are). Backward: both scales are folded into the upstream
 gradient, G' = s_x G s_w, which is quantized with one per-tensor step Δ into codes Q of the
-recipe's gradient format (formats.py); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more
+recipe's gradient format (formats/); dX = (Δ/s_x) Q Ŵᵀ and dW = (Δ/s_w) X̂ᵀ Q are two more
 GEMMs on codes (`formats.code_dot_general`): int8 x int8 -> int32 for the uniform grids (int8, int6,
 int4) with the int8 forward; FP8 x FP8 -> f32 for FP8 gradients with the E4M3 forward (native FP8
 GEMMs on Hopper, f32 emulations on the CPU); exact f32 emulations for every mixed pair (FP8 or the
 block-scaled FP4 grids nvfp4 and mxfp4, whose Q holds code · s_blk in units of Δ, times int8 codes).
 One quantization (with square blocks for FP4) feeds both GEMMs. The recipe decides how Q is rounded
 (see recipes.py) and whether S3R-EC corrects the products (see ec.py). `scale_gradient` and `round_gradient` are the
-quantizer of the grouped layer too (grouped.py).
+quantizer of the grouped layer too (grouped/matmul.py).
 
 Under tensor parallelism (`tp=`), the GEMM that contracts the split dimension rounds each
 shard's partial product to the output dtype before the cross-shard sum (see tensor_parallel.py).

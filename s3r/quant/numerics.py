@@ -2,7 +2,7 @@
 
 The forward's codes are `formats.FORWARD_FORMAT` (int8 in [-127, 127]) unless a recipe names another
 forward format (E4M3, `Recipe.forward_format`); the grid, dtypes, step and clipping of every format
-live in formats.py.
+live in formats/.
 
 Dimension letters: T tokens (B*S flattened), K input features, N output features.
 """

@@ -11,7 +11,7 @@ Every registered recipe that quantizes the gradient exists at every gradient for
 is `s3r_ec_dx` with `grad_format="int4"` (named "s3r_ec_dx@int4"), and so on for each name in
 formats.FORMATS. Every quantized recipe also exists with an E4M3 forward: `recipe("s3r_ec_dx@e5m2+fwd_e4m3")`
 is `s3r_ec_dx` with E5M2 gradient codes and E4M3 forward codes, an all-FP8 recipe whose six GEMMs
-per layer are FP8 GEMMs (native on Hopper, see formats.py). The registered names themselves use int8.
+per layer are FP8 GEMMs (native on Hopper, see formats/). The registered names themselves use int8.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import s3r
-from s3r.quant import grouped_gemm, quantize_gradient
+from s3r.quant import quantize_gradient
 from s3r.quant.grouped import GlobalRows, quantize_grouped_gradient
+from s3r.quant.grouped import gemm as grouped_gemm
 from tests.quant.reference import np_rtne_codes, np_scale
 
 ALL = list(s3r.RECIPES)

@@ -13,7 +13,8 @@ from jax.extend import core
 
 import s3r
 from labtools.analysis.hlo import hlo_text
-from s3r.quant import grouped_gemm, grouped_pallas
+from s3r.quant.grouped import gemm as grouped_gemm
+from s3r.quant.grouped import pallas as grouped_pallas
 
 T, K, N, E = 13, 8, 6, 4
 ROUTINGS = (

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import s3r
-from s3r.quant import grouped_gemm
+from s3r.quant.grouped import gemm as grouped_gemm
 
 T, K, N = 70, 40, 24  # several row tiles; K and N not multiples of the kernels' blocks
 ROUTINGS = (

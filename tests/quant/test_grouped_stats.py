@@ -17,7 +17,8 @@ import pytest
 from scipy import stats
 
 import s3r
-from s3r.quant import grouped_ec, thresholds
+from s3r.quant import thresholds
+from s3r.quant.grouped import ec as grouped_ec
 from tests.quant.reference import heavy_tailed, np_rtne_codes, np_scale
 
 T, K, N = 40, 16, 12

@@ -3,7 +3,7 @@
 Two operand types: int8 x int8 with int32 accumulation (the quantized recipes' codes) and
 bf16 x bf16 with f32 accumulation (the `bf16` recipe's unquantized products; no epilogue).
 
-Rows 0..T-1 are sorted by expert (ragged-dot semantics, see grouped_gemm.py): expert e owns
+Rows 0..T-1 are sorted by expert (ragged-dot semantics, see gemm.py): expert e owns
 rows starts[e] .. ends[e] - 1; rows past ends[E-1] belong to no expert.
 
 - `gmm_rows(a_TxC, b, sizes)`: out[t] = a[t] b[e(t)] (forward, b = Ŵ [E, K, N]) or
@@ -105,7 +105,7 @@ def _compiler(interpret: bool) -> dict:
 def epilogue(acc, sub=None, row=None, col=None, valid=None, out=jnp.float32) -> jax.Array:
   """f32(acc) - sub, · row, · col (each optional, in this order), 0 where not `valid`, as `out`.
 
-  One definition for the kernels (on one block) and the XLA path of grouped_gemm (on the whole
+  One definition for the kernels (on one block) and the XLA path of gemm.py (on the whole
   product), so both round identically. Without any factor the accumulator is only masked and cast.
   """
   y = acc
@@ -196,7 +196,7 @@ def gmm_rows(
   """out[t] = epilogue(a[t] b[e(t)]) (or a[t] b[e(t)]ᵀ with `contract_last`), [T, D] in `out`.
 
   `a` and `b` both int8 (int32 accumulators) or both bf16 (f32 accumulators); `group_sizes` [E]
-  sanitized (grouped_gemm.sanitize). Epilogue factors:
+  sanitized (gemm.sanitize). Epilogue factors:
   `sub_TxD` f32 subtracted, `row_T` f32 per row, `col_ExD` f32 per (expert, output column).
   """
   acc = _accumulator("gmm_rows", a_TxC, b_ExCxD)

@@ -18,7 +18,7 @@ on float codes accumulate in f32, where the paths may differ by the order of the
   expert's weight, indexed inside the loop (no per-tile copy of the weights: a gathered
   [n_tiles, C, N] operand is about twice the size of all expert weights). Work: at most
   (T + E·tile) rows; `tile_rows` keeps E·tile ≤ T where it can.
-- "pallas": the kernels of grouped_pallas.py on the unpadded rows, compiled through Triton on
+- "pallas": the kernels of pallas.py on the unpadded rows, compiled through Triton on
   GPU and run in interpret mode on other platforms (for tests). They take int8 x int8 -> int32
   (the quantized recipes' codes) and bf16 x bf16 -> f32 at the default precision (the bf16
   recipe's forward, dX and dW: `_bf16_gemm`). Any other GEMM (f32 operands at full precision:
@@ -55,7 +55,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from s3r.quant import formats, grouped_pallas
+from s3r.quant import formats
+from s3r.quant.grouped import pallas
 
 _CODES = formats.FORWARD_FORMAT.code_dtype  # the kernels' operand dtype (int8-stored codes)
 _ACC = formats.accumulator(_CODES)  # and their accumulator (int32): the default `out` of the GEMMs
@@ -221,7 +222,7 @@ def tgmm(a_TxK: jax.Array, b_TxN: jax.Array, lay: Layout, impl: str, out=_ACC, p
 
 
 def _tgmm_kernel(group_sizes, out, a_TxK, b_TxN, interpret):
-  return grouped_pallas.tgmm(a_TxK, b_TxN, group_sizes, out=out, interpret=interpret)
+  return pallas.tgmm(a_TxK, b_TxN, group_sizes, out=out, interpret=interpret)
 
 
 def _float_tgmm(a_TxK, b_TxN, lay: Layout, out, precision) -> jax.Array:
@@ -293,9 +294,7 @@ def _bf16_rows(a, b, lay: Layout, impl: str, contract_last: bool) -> jax.Array:
   xla = lambda a, b: (gmm_nt if contract_last else gmm)(a, b, lay, "tiled", out=jnp.float32)  # noqa: E731
 
   def kernel(a, b, interpret):
-    return grouped_pallas.gmm_rows(
-      a, b, lay.group_sizes, contract_last=contract_last, out=jnp.float32, interpret=interpret
-    )
+    return pallas.gmm_rows(a, b, lay.group_sizes, contract_last=contract_last, out=jnp.float32, interpret=interpret)
 
   return _dispatch(impl, kernel, xla, a, b)
 
@@ -341,10 +340,10 @@ def _row_gemm_epilogue(a, b, lay, impl, contract_last, sub, row, col, out):
     acc = (gmm_nt if contract_last else gmm)(a, b, lay, xla_impl, out=acc_type, precision=precision)
     col_rows = None if col is None else col[jnp.minimum(lay.seg_T, experts - 1)]
     row_col = None if row is None else row.reshape(-1, 1)
-    return grouped_pallas.epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
+    return pallas.epilogue(acc, sub, row_col, col_rows, (lay.seg_T < experts)[:, None], out)
 
   def kernel(a, b, sub, row, col, interpret):
-    return grouped_pallas.gmm_rows(
+    return pallas.gmm_rows(
       a,
       b,
       lay.group_sizes,
@@ -377,10 +376,10 @@ def tgmm_epilogue(a_TxK, b_TxN, lay: Layout, impl: str, *, sub_ExKxN=None, col_E
   def xla(a, b, sub, col):
     a, b, acc_type, precision = _float_codes(a, b)
     acc = tgmm(a, b, lay, xla_impl, out=acc_type, precision=precision)
-    return grouped_pallas.epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
+    return pallas.epilogue(acc, sub, None, None if col is None else col[:, None, :], None, out)
 
   def kernel(a, b, sub, col, interpret):
-    return grouped_pallas.tgmm(a, b, lay.group_sizes, sub_ExKxN=sub, col_ExN=col, out=out, interpret=interpret)
+    return pallas.tgmm(a, b, lay.group_sizes, sub_ExKxN=sub, col_ExN=col, out=out, interpret=interpret)
 
   if float_codes:
     return xla(a_TxK, b_TxN, sub_ExKxN, col_ExN)

@@ -4,7 +4,7 @@
 are sorted by expert, expert e owns `group_sizes[e]` consecutive rows and multiplies them
 by w[e]; rows past `sum(group_sizes)` give zero outputs and zero gradients.
 
-It mirrors the dense layer (matmul.py), and runs the same backward sequence
+It mirrors the dense layer (quant/matmul.py), and runs the same backward sequence
 (`backward.quantized_backward`) on its own layout (`_GroupedLayout`). Forward: per-row activation scales,
 per-(expert, output column) weight scales, RTNE codes of the recipe's forward format, one grouped GEMM
 on codes, rescale: int8 x int8 -> int32 by default; E4M3 x E4M3 -> f32 for an all-FP8 recipe
@@ -19,12 +19,12 @@ the dense layer). Which GEMM each pair of codes gets is `formats.code_dot_genera
 int32 (the Pallas kernels take these); FP8 x FP8 on the FP8 operands with f32 results (an FP8 GEMM when
 compiled for Hopper, an f32 emulation on XLA:CPU); a mixed pair (int8 with FP8 codes) an exact f32
 emulation. Of these only int8 x int8 runs in the Pallas kernels: the others take the tiled or ragged
-GEMMs (grouped_gemm.py), under impl="auto" and "pallas" too. The unquantized `bf16` recipe's three
+GEMMs (gemm.py), under impl="auto" and "pallas" too. The unquantized `bf16` recipe's three
 GEMMs (bf16 x bf16 -> f32) run in the Pallas kernels like the int8 ones (its full-precision f32
 variant, `compute_dtype=float32`, on the tiled and ragged GEMMs). Shared thresholds are one
 per row for `s3r` (a row is one token's copy for one expert), one per expert segment for the
 `_bcast` recipes (the segment plays the dense example's role), and S3R-EC projects the error per
-segment (grouped_ec.py).
+segment (grouped/ec.py).
 
 Sharded rows (expert parallelism, s3r.model.moe_ep): when the rows are one shard's part of a
 larger grouped product, `rows=GlobalRows(...)` says where each sits in the global row order;
@@ -45,7 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s3r.quant import arguments, backward, ec, explicit, formats, grouped_ec, grouped_gemm, matmul, numerics, thresholds
+from s3r.quant import arguments, backward, ec, explicit, formats, matmul, numerics, thresholds
+from s3r.quant.grouped import ec as grouped_ec
+from s3r.quant.grouped import gemm as grouped_gemm
 from s3r.quant.recipes import DEFAULT_RECIPE, Recipe
 
 _NAME = "grouped_qmatmul"
@@ -261,7 +263,7 @@ def _bwd(
 
 class _GroupedLayout(NamedTuple):
   """The grouped layer's steps of `backward.quantized_backward` (G' [T, N] of expert-sorted rows;
-  S3R-EC's "example" is one expert's segment, grouped_ec.py)."""
+  S3R-EC's "example" is one expert's segment, grouped/ec.py)."""
 
   impl: str
   x_dtype: np.dtype

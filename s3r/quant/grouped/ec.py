@@ -1,4 +1,4 @@
-"""S3R-EC over expert-sorted rows: the dense formulas of ec.py with "example" = one expert's segment.
+"""S3R-EC over expert-sorted rows: the dense formulas of quant/ec.py with "example" = one expert's segment.
 
 The rounding error in units of Δ is e = Q - G'/Δ, shape [T, N]; rows past the sum of the
 group sizes have e = 0 and belong to no segment. For segment e (its S_e rows, the rows
