@@ -13,6 +13,7 @@ import pytest
 
 from s3r import cli
 from s3r.cli import common as cli_common
+from s3r.cli import train as cli_train
 from s3r.quant import RECIPES
 from s3r.quant.formats import FORMATS
 from tests.faults.conftest import run_in_process
@@ -207,7 +208,7 @@ def test_every_train_config_field_has_its_flag_and_every_other_flag_is_a_documen
   fields = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("flag", True)}
   unflagged = {f.name for f in dataclasses.fields(TrainConfig)} - fields
   assert unflagged == {"lr_changes"}  # set by resuming with a lower --lr, not by a flag
-  assert set(actions) - fields == set(cli.TRAIN_ONLY_FLAGS)
+  assert set(actions) - fields == set(cli_train.TRAIN_ONLY_FLAGS)
   assert fields <= set(actions)
   for name in fields:
     assert actions[name].option_strings == [flag(name)] and actions[name].help, name
@@ -226,7 +227,7 @@ def test_config_flags_take_the_fields_types_defaults_choices_and_switch_bools_by
     progress: bool = dataclasses.field(default=True, metadata={"help": "no progress bar"})
 
   p = argparse.ArgumentParser()
-  cli._add_config_flags(p, Config)
+  cli_train._add_config_flags(p, Config)
   helps = {a.dest: a.help for a in p._actions}
   assert helps["steps"] == "optimizer steps (AdamW; default: 300)" and helps["lr"] == "learning rate (default: auto)"
   assert vars(p.parse_args([])) == dict.fromkeys(("steps", "lr", "mode", "verbose", "progress"))
@@ -242,5 +243,5 @@ def test_resume_merges_the_given_flags_onto_the_runs_config_and_takes_switches_f
 
   saved = SavedRun(config=TrainConfig(out="run", preset="tiny", steps=60, progress=False), step=60, meta={})
   args = _train_parser().parse_args(["--out", "run", "--resume", "--steps", "80"])
-  cfg = cli.train_config(args, saved)
+  cfg = cli_train.train_config(args, saved)
   assert (cfg.preset, cfg.steps, cfg.resume, cfg.progress) == ("tiny", 80, True, True)

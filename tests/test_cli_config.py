@@ -8,6 +8,7 @@ import json
 import pytest
 
 from s3r import cli
+from s3r.cli import train as cli_train
 from s3r.cli.config_file import apply_config_file, read_config_file
 from s3r.train.config import ConfigError, TrainConfig
 from tests.faults.conftest import run_in_process
@@ -23,7 +24,7 @@ def _config(*argv) -> TrainConfig:
   args = _parse(*argv)
   if args.config:
     apply_config_file(args, args.config)
-  return cli.train_config(args)
+  return cli_train.train_config(args)
 
 
 TOML = """

@@ -15,6 +15,7 @@ import shlex
 import pytest
 
 from s3r import cli
+from s3r.cli import train as cli_train
 from s3r.cli.config_file import apply_config_file
 from s3r.train.config import TrainConfig
 from tests.faults.conftest import run_in_process
@@ -80,7 +81,7 @@ def test_the_config_file_example_takes_the_files_settings_under_the_flags_and_it
   parser = cli.build_parser(["train"])
   args = parser.parse_args(["train", "--config", str(folder / "runs/from-file/config.json"), "--out", "again"])
   apply_config_file(args, args.config)
-  assert cli.train_config(args) == TrainConfig.from_dict({**saved, "out": "again", "resume": False})
+  assert cli_train.train_config(args) == TrainConfig.from_dict({**saved, "out": "again", "resume": False})
 
 
 @pytest.mark.slow  # four example trainings (about 2 minutes); each feature has fast tests of its own

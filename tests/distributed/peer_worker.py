@@ -30,7 +30,7 @@ def main(out: str, port: str, process_id: str, timeout_s: str = "4", hang_at_ste
   )
   from jax.experimental import multihost_utils
 
-  try:  # as `s3r train` (s3r.cli.run_train) wraps the training
+  try:  # as `s3r train` (s3r.cli.train.run_train) wraps the training
     watch.gather("compiled")
     with Interrupts() as interrupts:
       for step in range(1, 100_000):

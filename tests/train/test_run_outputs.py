@@ -285,11 +285,12 @@ def test_cli_refuses_a_bad_profile_in_one_line(tmp_path):
 
 def test_train_flags_set_the_outputs_fields_and_may_change_on_resume():
   from s3r import cli
+  from s3r.cli import train as cli_train
   from s3r.train.config import RESUMABLE_CHANGES
 
   argv = ["train", "--no-tensorboard", "--wandb", "proj", "--profile", "2:3", "--steps", "4", "--out", "x"]
-  cfg = cli.train_config(cli.build_parser(argv).parse_args(argv))
+  cfg = cli_train.train_config(cli.build_parser(argv).parse_args(argv))
   assert (cfg.tensorboard, cfg.wandb, cfg.profile) == (False, "proj", "2:3")
-  defaults = cli.train_config(cli.build_parser(["train"]).parse_args(["train"]))
+  defaults = cli_train.train_config(cli.build_parser(["train"]).parse_args(["train"]))
   assert (defaults.tensorboard, defaults.wandb, defaults.profile) == (True, None, None)
   assert {"tensorboard", "wandb", "profile"} <= set(RESUMABLE_CHANGES)
