@@ -1,7 +1,8 @@
-"""Fixtures for the training tests: a small text corpus and a shared token cache."""
+"""Fixtures for the training tests: a small text corpus, a shared token cache and the config of a short run."""
 
 import pathlib
 import random
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,29 @@ def corpus_dir(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> pathlib.Path:
   return tmp_path_factory.mktemp("cache")
+
+
+def tiny_config(out, corpus_dir, cache_dir, **overrides):
+  """The TrainConfig of a short run of the `tiny` preset on the test corpus (its tokenizer and tokens cached
+  in `cache_dir`) into `out`: S3R-EC (dX), 6 steps at batch 4 x 32 tokens, validated and saved every 3 steps;
+  `overrides` replace any field."""
+  from s3r.train.config import TrainConfig
+
+  fields: dict[str, Any] = dict(
+    out=str(out),
+    preset="tiny",
+    recipe="s3r_ec_dx",
+    steps=6,
+    warmup=2,
+    batch=4,
+    seq=32,
+    lr=3e-3,
+    data=str(corpus_dir),
+    vocab=300,
+    cache_dir=str(cache_dir),
+    eval_every=3,
+    eval_batches=1,
+    ckpt_every=3,
+    progress=False,
+  )
+  return TrainConfig(**{**fields, **overrides})

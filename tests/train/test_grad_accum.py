@@ -17,6 +17,7 @@ from s3r.train import checkpoint, loop
 from s3r.train import optimizer as O
 from s3r.train import step as St
 from s3r.train.config import ConfigError, TrainConfig
+from tests.train.conftest import tiny_config
 
 U_BF16 = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits, round to nearest)
 U_F32 = 2.0**-24
@@ -148,27 +149,6 @@ def test_microbatches_that_do_not_split_over_the_data_parallel_devices_are_refus
   assert "\n" not in message
 
 
-def _config(out, corpus_dir, cache_dir, **overrides):
-  fields: dict[str, Any] = dict(
-    out=str(out),
-    preset="tiny",
-    recipe="s3r",
-    steps=4,
-    warmup=1,
-    batch=4,
-    seq=32,
-    lr=3e-3,
-    data=str(corpus_dir),
-    vocab=300,
-    cache_dir=str(cache_dir),
-    eval_every=4,
-    eval_batches=1,
-    ckpt_every=2,
-    progress=False,
-  )
-  return TrainConfig(**{**fields, **overrides})
-
-
 def _records(cfg):
   return [json.loads(line) for line in open(f"{cfg.out}/metrics.jsonl")]
 
@@ -180,9 +160,10 @@ def _quiet(*_):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus_dir, cache_dir):
   """Two 4-step runs of S3R on `tiny` (checkpoints at 2 and 4): one batch per step, and 2 microbatches per step."""
+  run = dict(recipe="s3r", steps=4, warmup=1, eval_every=4, ckpt_every=2)
   out = tmp_path_factory.mktemp("grad_accum")
-  one = _config(out / "one", corpus_dir, cache_dir)
-  two = _config(out / "two", corpus_dir, cache_dir, grad_accum=2)
+  one = tiny_config(out / "one", corpus_dir, cache_dir, **run)
+  two = tiny_config(out / "two", corpus_dir, cache_dir, **run, grad_accum=2)
   loop.train(one, log=_quiet)
   loop.train(two, log=_quiet)
   return one, two

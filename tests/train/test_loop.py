@@ -12,27 +12,10 @@ import pytest
 
 from s3r.train import checkpoint, loop
 from s3r.train.config import ConfigError, TrainConfig
+from tests.train.conftest import tiny_config
 
-
-def _config(tmp_path, corpus_dir, cache_dir, **overrides):
-  fields: dict[str, Any] = dict(
-    out=str(tmp_path / "run"),
-    preset="tiny",
-    recipe="s3r_ec_dx",
-    steps=8,
-    warmup=2,
-    batch=4,
-    seq=32,
-    lr=3e-3,
-    data=str(corpus_dir),
-    vocab=300,
-    cache_dir=str(cache_dir),
-    eval_every=4,
-    eval_batches=2,
-    ckpt_every=4,
-    progress=False,
-  )
-  return TrainConfig(**{**fields, **overrides})
+# The runs of this module: 8 steps, validated (on 2 batches) and saved every 4.
+RUN: dict[str, Any] = dict(steps=8, eval_every=4, eval_batches=2, ckpt_every=4)
 
 
 def _records(cfg):
@@ -46,7 +29,7 @@ def _quiet(*_):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, corpus_dir, cache_dir):
   """An 8-step tiny run (validation and checkpoints every 4 steps) and its summary."""
-  cfg = _config(tmp_path_factory.mktemp("finished"), corpus_dir, cache_dir)
+  cfg = tiny_config(tmp_path_factory.mktemp("finished") / "run", corpus_dir, cache_dir, **RUN)
   return cfg, loop.train(cfg, log=_quiet)
 
 
@@ -147,7 +130,7 @@ def test_a_train_step_needing_more_memory_than_is_free_is_refused_before_it_runs
 
   monkeypatch.setattr(setup, "free_device_memory", lambda: 1024)
   monkeypatch.setattr(setup, "attention_scores_bytes", lambda *_: 0)  # the compiled estimate, not the early floor
-  cfg = _config(tmp_path, corpus_dir, cache_dir)
+  cfg = tiny_config(tmp_path / "run", corpus_dir, cache_dir, **RUN)
   with pytest.raises(setup.ResourceError, match=r"needs about .* GiB per device .* lower --batch or --seq"):
     loop.train(cfg, log=_quiet)
   assert not (tmp_path / "run").exists()  # the run directory it created is removed again

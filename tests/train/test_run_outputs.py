@@ -7,7 +7,6 @@ import pathlib
 import re
 import shlex
 import shutil
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,28 +15,7 @@ from s3r.model import ModelConfig
 from s3r.train import flops, loop, profiling, report, tracking
 from s3r.train.config import ConfigError, TrainConfig
 from tests.faults.conftest import assert_one_line_error, run_in_process
-
-
-def _config(out, corpus_dir, cache_dir, **overrides) -> TrainConfig:
-  fields: dict[str, Any] = dict(
-    out=str(out),
-    preset="tiny",
-    recipe="s3r_ec_dx",
-    steps=6,
-    warmup=2,
-    batch=4,
-    seq=32,
-    lr=3e-3,
-    data=str(corpus_dir),
-    vocab=300,
-    cache_dir=str(cache_dir),
-    eval_every=3,
-    eval_batches=1,
-    ckpt_every=3,
-    progress=False,
-  )
-  return TrainConfig(**{**fields, **overrides})
-
+from tests.train.conftest import tiny_config
 
 DOCS = pathlib.Path(__file__).parents[2] / "docs" / "training.md"
 
@@ -137,7 +115,7 @@ def test_without_tensorboardx_the_run_says_how_to_get_the_event_files(tmp_path, 
   monkeypatch.setattr(tracking, "has_tensorboard_writer", lambda: False)
   lines: list[str] = []
   outputs = tracking.RunOutputs(
-    _config(tmp_path, corpus_dir, cache_dir), tmp_path, keep_until_step=-1, log=lines.append
+    tiny_config(tmp_path, corpus_dir, cache_dir), tmp_path, keep_until_step=-1, log=lines.append
   )
   outputs.write({"step": 0, "loss": 5.0})
   outputs.close()
@@ -146,7 +124,7 @@ def test_without_tensorboardx_the_run_says_how_to_get_the_event_files(tmp_path, 
 
 
 def test_no_tensorboard_writes_no_event_file_but_the_metrics(tmp_path, corpus_dir, cache_dir):
-  cfg = _config(tmp_path, corpus_dir, cache_dir, tensorboard=False)
+  cfg = tiny_config(tmp_path, corpus_dir, cache_dir, tensorboard=False)
   outputs = tracking.RunOutputs(cfg, tmp_path, keep_until_step=-1, log=print)
   outputs.write({"step": 0, "loss": 5.0, "lr": 0.0})
   outputs.close()
@@ -167,7 +145,7 @@ def wandb_offline(monkeypatch):
 def test_wandb_offline_run_receives_each_step_once_and_a_resume_continues_it(
   tmp_path, corpus_dir, cache_dir, wandb_offline
 ):
-  cfg = _config(tmp_path, corpus_dir, cache_dir, wandb="s3r-test", tensorboard=False)
+  cfg = tiny_config(tmp_path, corpus_dir, cache_dir, wandb="s3r-test", tensorboard=False)
   summaries: list[dict] = []
   ids = []
   # a run that recorded steps 0-2, then its resume from a checkpoint of step 1: steps 2 and 3 again
@@ -208,7 +186,7 @@ def test_wandb_without_its_package_is_refused_before_the_run_naming_the_flag(
   tmp_path, corpus_dir, cache_dir, monkeypatch
 ):
   monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
-  cfg = _config(tmp_path / "run", corpus_dir, cache_dir, wandb="proj")
+  cfg = tiny_config(tmp_path / "run", corpus_dir, cache_dir, wandb="proj")
   with pytest.raises(ConfigError, match=r"^--wandb proj: the wandb package is not installed"):
     loop.train(cfg, log=print)
   assert not (tmp_path / "run").exists()
@@ -274,7 +252,7 @@ def test_profile_of_steps_before_the_restored_one_traces_nothing_and_says_so(tmp
 @pytest.mark.parametrize("spec", ["3", "a:b", "0:2", "5:2", "2:7", "-1:2"])
 def test_bad_profile_steps_are_refused_naming_the_flag(spec, tmp_path, corpus_dir, cache_dir):
   with pytest.raises(ConfigError, match=r"^--profile .*\(TrainConfig.profile\)$"):
-    _config(tmp_path / "run", corpus_dir, cache_dir, profile=spec)
+    tiny_config(tmp_path / "run", corpus_dir, cache_dir, profile=spec)
 
 
 def test_cli_refuses_a_bad_profile_in_one_line(tmp_path):
