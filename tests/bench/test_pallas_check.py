@@ -22,6 +22,14 @@ def test_a_difference_is_reported_by_family_and_name():
   assert pallas_check._compare("pallas", "shape", [1, 2], [1, 2, 3])["bit_exact"] is False
 
 
+def test_a_float_check_passes_within_its_bound_and_fails_beyond_it():
+  within = pallas_check._compare_within("bf16", "bf16 dW pallas vs ragged", [1.0, 2.0], [1.0, 2.5], [0.0, 0.5])
+  beyond = pallas_check._compare_within("bf16", "bf16 dX pallas vs ragged", [1.0, 2.0], [1.0, 2.5], [0.0, 0.4])
+  assert not within["bit_exact"] and pallas_check.passes(within) and not pallas_check.passes(beyond)
+  report = {"checks": [within, beyond], "errors": []}
+  assert pallas_check._failed_families(report) == {"bf16": ["bf16 dX pallas vs ragged"]}
+
+
 def test_the_cpu_run_passes_with_every_family_and_tile(tmp_path, capsys):
   """The smoke stage's call (interpret mode on the CPU), one recipe."""
   argv = ["--shape", "64x8x2x48", "--tokens", "24", "--recipes", "s3r", "--out-dir", str(tmp_path)]
