@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research import taps
 from s3r import model as s3r_model
-from s3r.quant import numerics, qmatmul
+from s3r.quant import numerics
 from s3r.train.step import cross_entropy
 
 REFERENCE = "int8_exact_bwd"
@@ -38,15 +39,17 @@ def _with_recipe(cfg: s3r_model.ModelConfig, recipe: str) -> s3r_model.ModelConf
 
 @functools.lru_cache(maxsize=16)  # one jitted function per (config, recipe): compiled once per batch shape
 def probe_gradients_fn(cfg: s3r_model.ModelConfig, recipe: str) -> Callable:
-  """jit(params, batch_BxS1, key) -> dict of the four gradients that Table II compares."""
-  graphdef = s3r_model.graphdef(_with_recipe(cfg, recipe))
+  """jit(params, batch_BxS1, key) -> dict of the four gradients that Table II compares (dX: the
+  gradient of a zero probe at the block's input, `research.taps`)."""
+  with_recipe = _with_recipe(cfg, recipe)
 
   def fn(params, batch_BxS1, key):
     b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
     probes = [jnp.zeros((b, s, cfg.d_model), jnp.float32) for _ in range(cfg.n_layers)]
 
     def loss(params, probes):
-      logits = s3r_model.apply(graphdef, params, batch_BxS1[:, :-1], key=key, probes=probes)
+      tapped = taps.Taps(probes=probes)
+      logits, _ = taps.apply(with_recipe, params, batch_BxS1[:, :-1], key=key, taps=tapped)
       return cross_entropy(logits, batch_BxS1[:, 1:])
 
     g_params, g_probes = jax.grad(loss, argnums=(0, 1))(params, probes)
@@ -108,13 +111,14 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
   Δ = max|G'|/127 its per-tensor step (docs/algorithm.md §1). Measured on the `int8_rtne`
   backward, i.e. on the gradients an RTNE run would actually see.
   """
-  rtne = _with_recipe(cfg, "int8_rtne")
-  graphdef = s3r_model.graphdef(rtne)
+  # unrolled, as the committed diagnoses were computed: under XLA's excess precision a scanned program may
+  # round a bf16 intermediate differently (docs/models.md), which can move entries across Δ/2
+  rtne = dataclasses.replace(_with_recipe(cfg, "int8_rtne"), scan_layers=False)
   names = [(layer, name) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
 
-  def run(params, batch, zeros):
+  def run(params, batch):
     fractions = []
-    for x, w, g_BxSxN in projection_gradients(graphdef, params, batch, zeros):
+    for x, w, g_BxSxN in projection_gradients(rtne, params, batch):
       sx = numerics.absmax_scale(x, axis=-1)[..., None]
       sw = numerics.absmax_scale(w, axis=0)
       gp = sx * g_BxSxN.astype(jnp.float32) * sw
@@ -122,36 +126,31 @@ def underflow_fractions(cfg, params, batch_BxS1) -> dict:
       fractions.append(jnp.mean(jnp.abs(gp) < delta / 2))
     return jnp.stack(fractions)
 
-  b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
-  shapes = projection_widths(cfg)
-  offsets = [jnp.zeros((b, s, shapes[name]), jnp.float32) for _, name in names]
-  fractions = np.asarray(jax.jit(run)(params, batch_BxS1, offsets))
+  fractions = np.asarray(jax.jit(run)(params, batch_BxS1))
   out: dict = {}
   for (layer, name), f in zip(names, fractions):
     out.setdefault(str(layer), {})[name] = float(f)
   return out
 
 
-def projection_gradients(graphdef, params, batch_BxS1, zeros: list) -> list[tuple]:
-  """[(x, w, G)] of every block projection in call order: its input, weight and upstream gradient.
+def projection_gradients(cfg, params, batch_BxS1) -> list[tuple]:
+  """[(x, w, G)] of every block projection of `cfg`'s Llama-style model, layer by layer, each layer's
+  in `PROJECTIONS` order: its input, weight and upstream gradient, the forward without a key.
 
-  `zeros` holds one zero offset per projection output ([B, S, N_j]); the gradient of the loss
-  with respect to that offset is the projection's G. Traceable (call it inside `jax.jit`).
+  G is the gradient of the loss with respect to a zero offset on the projection's output
+  (`research.taps`). Traceable (call it inside `jax.jit`).
   """
+  b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
+  widths = projection_widths(cfg)
+  zeros = [{n: jnp.zeros((b, s, widths[n]), jnp.float32) for n in s3r_model.PROJECTIONS} for _ in range(cfg.n_layers)]
 
   def loss(offsets):
-    inputs = []
+    tapped = taps.Taps(offsets=offsets, record=True)
+    logits, per_layer = taps.apply(cfg, params, batch_BxS1[:, :-1], key=None, taps=tapped)
+    return cross_entropy(logits, batch_BxS1[:, 1:]), [a["projections"] for a in per_layer]
 
-    def projection(name, x, w, *, key, recipe):
-      inputs.append((x, w))
-      return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(inputs) - 1].astype(x.dtype)
-
-    with s3r_model.intercept_projections(projection):
-      logits = s3r_model.apply(graphdef, params, batch_BxS1[:, :-1], key=None)
-    return cross_entropy(logits, batch_BxS1[:, 1:]), inputs
-
-  g, recorded = jax.grad(loss, has_aux=True)(zeros)
-  return [(x, w, gi) for gi, (x, w) in zip(g, recorded)]
+  g, seen = jax.grad(loss, has_aux=True)(zeros)
+  return [(*seen[layer][name][:2], g[layer][name]) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
 
 
 def projection_widths(cfg) -> dict:

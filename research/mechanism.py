@@ -50,16 +50,11 @@ TOKEN_CENTRED = "token_centred"  # s3r with each token's error centred (see the 
 def projection_operands(cfg: s3r_model.ModelConfig, params, batch_BxS1) -> list[tuple]:
   """[(layer, name, x_BxSxK, w_KxN, g_BxSxN)]: inputs, weights and exact upstream gradients of every
   block projection (the INT8 forward graph with an exact backward)."""
-  graphdef = s3r_model.graphdef(dataclasses.replace(cfg, recipe="int8_exact_bwd"))
+  # unrolled, as the committed results were computed (a scanned program may round bf16 differently)
+  exact_bwd = dataclasses.replace(cfg, recipe="int8_exact_bwd", scan_layers=False)
   names = [(layer, name) for layer in range(cfg.n_layers) for name in s3r_model.PROJECTIONS]
-  widths = gradients.projection_widths(cfg)
-
-  def run(params, batch, offsets):
-    return gradients.projection_gradients(graphdef, params, batch, offsets)
-
-  b, s = batch_BxS1.shape[0], batch_BxS1.shape[1] - 1
-  offsets = [jnp.zeros((b, s, widths[name]), jnp.float32) for _, name in names]
-  out = jax.jit(run)(params, jnp.asarray(batch_BxS1), offsets)
+  run = jax.jit(lambda params, batch: gradients.projection_gradients(exact_bwd, params, batch))
+  out = run(params, jnp.asarray(batch_BxS1))
   return [(layer, name, *map(np.asarray, ops)) for (layer, name), ops in zip(names, out)]
 
 

@@ -10,11 +10,12 @@ from s3r.model.families.qwen3 import Qwen3Config
 from s3r.model.families.qwen3_moe import Qwen3MoeConfig
 from s3r.model.generation import Decoder, generate
 from s3r.model.hf import HFConfigError, HFError, HFTokenizer, hf_config, load_hf, load_hf_tokenizer, save_hf
-from s3r.model.layers import PROJECTIONS, activation_sharding, constrain, intercept_projections
+from s3r.model.layers import PROJECTIONS, Block, activation_sharding, constrain
 from s3r.model.presets import PRESETS, active_param_count, param_count, preset
-from s3r.model.transformer import Transformer, apply, apply_with_aux, graphdef, init_params, logical_axes
+from s3r.model.transformer import Transformer, apply, apply_with_aux, block_class, graphdef, init_params, logical_axes
 
 __all__ = [
+  "Block",
   "Decoder",
   "DeepSeekV2Config",
   "FAMILIES",
@@ -31,6 +32,7 @@ __all__ = [
   "RopeScaling",
   "Transformer",
   "activation_sharding",
+  "block_class",
   "active_param_count",
   "apply",
   "apply_with_aux",
@@ -39,7 +41,6 @@ __all__ = [
   "graphdef",
   "hf_config",
   "init_params",
-  "intercept_projections",
   "load_hf",
   "load_hf_tokenizer",
   "logical_axes",

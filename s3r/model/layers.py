@@ -14,9 +14,8 @@ Generation (s3r.model.generation) passes a `cache.Step` through every block: RoP
 new tokens' positions from it, and attention writes the new keys and values into it and attends
 over the cached ones under its mask.
 
-Two tracing contexts reach into every block without threading arguments through the model:
-`activation_sharding` (how `constrain` tags activations for the mesh) and
-`intercept_projections` (diagnostics replace `qmatmul`).
+One tracing context reaches into every block without threading arguments through the model:
+`activation_sharding` (how `constrain` tags activations for the mesh).
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 _TP_SPLIT = {"q": "column", "k": "column", "v": "column", "o": "row", "gate": "column", "up": "column", "down": "row"}
 
 _constraint: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_activation_constraint", default=None)
-_projection: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("s3r_projection", default=None)
 
 
 @contextlib.contextmanager
@@ -53,24 +51,6 @@ def activation_sharding(fn: Callable[[jax.Array, tuple], jax.Array]):
     yield
   finally:
     _constraint.reset(token)
-
-
-@contextlib.contextmanager
-def intercept_projections(fn: Callable):
-  """While tracing inside this context, every block projection calls
-  `fn(name, x, w, key=..., recipe=...)` instead of `qmatmul` (diagnostics: record inputs,
-  add probes to outputs). Calls come in layer order, then q, k, v, o, gate, up, down."""
-  token = _projection.set(fn)
-  try:
-    yield
-  finally:
-    _projection.reset(token)
-
-
-def intercepting() -> bool:
-  """Whether an `intercept_projections` context is active (the decoder then runs its layers unrolled,
-  so that the interceptor sees every layer's projections in layer order)."""
-  return _projection.get() is not None
 
 
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
@@ -226,9 +206,6 @@ class Block[C: ModelConfig](nnx.Module):
 
   def _proj(self, name: str, x, layer_key):
     key = None if layer_key is None else folded_keys(layer_key, len(self.PROJECTIONS))[self.PROJECTIONS.index(name)]
-    override = _projection.get()
-    if override is not None:
-      return override(name, x, getattr(self, name)[...], key=key, recipe=self.cfg.recipe)
     tp = self.TP_SPLIT[name] if self.cfg.tp_partial_sums == "bf16" else None
     w = getattr(self, name)[...]
     return qmatmul(x, w, key=key, recipe=self.cfg.recipe, tp=tp, compute_dtype=self.cfg.act_dtype)

@@ -17,8 +17,13 @@ Layers: the blocks are stacked (s3r.model.stack): each segment (all layers; the 
 leading dense layers form a segment of their own) is one block module whose parameters have a
 leading layer axis. With `scan_layers` (the default) a segment runs as one `jax.lax.scan`, so XLA
 compiles one block whatever the depth; `scan_layers=False` runs the same parameters in a Python
-loop, one block per layer (debugging, tests that count operations per layer), and so does an
-`intercept_projections` context. Both give the same results. `remat` rematerializes each layer.
+loop, one block per layer (debugging, tests that count operations per layer). Both give the same
+results. `remat` rematerializes each layer.
+
+Extension: `Transformer(cfg, key=..., block=B)` (and `graphdef(cfg, block=B)`) builds the model with B,
+a subclass of the family's block, in place of that block: B can observe or alter what every block
+computes (diagnostics, fault injection) while the decoder runs as usual, scanned or unrolled. The
+parameters are the family's own.
 
 Randomness: one step key enters `Transformer.__call__`; the key of projection j of layer l
 is `fold_in(fold_in(step_key, l), j)` (j: index in the block's PROJECTIONS), so every
@@ -42,7 +47,7 @@ from flax import nnx
 
 from s3r.model import families, stack
 from s3r.model.config import ModelConfig
-from s3r.model.layers import Block, RMSNorm, constrain, intercepting, param
+from s3r.model.layers import Block, RMSNorm, constrain, param
 from s3r.quant import recipe as get_recipe
 
 
@@ -57,12 +62,15 @@ class Transformer(nnx.Module):
   s3r.model.stack), final RMSNorm, logits projection (untied, or the embedding's transpose with
   `tie_embeddings`; Gemma 3 scales the embedding by sqrt(D))."""
 
-  def __init__(self, cfg: ModelConfig, *, key: jax.Array):
+  def __init__(self, cfg: ModelConfig, *, key: jax.Array, block: type[Block] | None = None):
+    """`block`: the block class, a subclass of the family's (default: the family's own; see the module doc)."""
+    if block is not None and not (isinstance(block, type) and issubclass(block, block_class(cfg))):
+      raise ValueError(f"block: must be a subclass of {block_class(cfg).__name__}, got {block!r}")
     embed_key, blocks_key, out_key = jax.random.split(key, 3)
     self.embed = param(embed_key, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"))
     layer_keys = jax.random.split(blocks_key, cfg.n_layers)
     for seg in stack.segments(cfg):
-      setattr(self, seg.name, stacked_block(cfg, seg, layer_keys[seg.start : seg.start + seg.count]))
+      setattr(self, seg.name, stacked_block(cfg, seg, layer_keys[seg.start : seg.start + seg.count], block))
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset, dtype=cfg.act_dtype)
     if not cfg.tie_embeddings:
       self.out = param(out_key, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"))
@@ -73,14 +81,11 @@ class Transformer(nnx.Module):
     tokens_BxS: jax.Array,
     *,
     key: jax.Array | None = None,
-    probes: list | None = None,
     aux: list | None = None,
     cache=None,
   ) -> jax.Array:
     """Returns f32 logits [B, S, V]. `key` (one per step) is required by stochastic recipes.
 
-    `probes` (diagnostics): one [B, S, D] array per block, added to the block's input; the
-    gradient with respect to a zero probe is the activation gradient entering that block.
     `aux`: a list that receives each MoE layer's auxiliary dict (load_balance_loss, dropped_fraction).
     `cache`: a `s3r.model.cache.Step` (generation): the tokens sit at its positions and attend
     over its cached keys and values, which it receives (see s3r.model.generation).
@@ -90,21 +95,18 @@ class Transformer(nnx.Module):
       raise ValueError(f"sequence length {tokens_BxS.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
     if key is None and get_recipe(cfg.recipe).stochastic:
       raise ValueError(f"recipe {cfg.recipe!r} is stochastic: pass a step key")
-    if probes is not None and len(probes) != cfg.n_layers:
-      raise ValueError(f"probes: one per layer ({cfg.n_layers}), got {len(probes)}")
     with float32_matmuls(cfg):
-      return self._forward(tokens_BxS, key, probes, aux, cache)
+      return self._forward(tokens_BxS, key, aux, cache)
 
-  def _forward(self, tokens_BxS, key, probes, aux, cache):
+  def _forward(self, tokens_BxS, key, aux, cache):
     cfg, dt = self.cfg, self.cfg.act_dtype
     x_BxSxD = self.embed[...].astype(dt)[tokens_BxS]
     if cfg.embed_scale:
       x_BxSxD = x_BxSxD * jnp.asarray(math.sqrt(cfg.d_model), dt)
     x_BxSxD = constrain(x_BxSxD, ("batch", "seq", "act_embed"))
-    run = scan_segment if cfg.scan_layers and not intercepting() else loop_segment
+    run = scan_segment if cfg.scan_layers else loop_segment
     for seg in stack.segments(cfg):
-      seg_probes = None if probes is None else probes[seg.start : seg.start + seg.count]
-      x_BxSxD, per_layer = run(getattr(self, seg.name), seg, x_BxSxD, key, seg_probes, cache)
+      x_BxSxD, per_layer = run(getattr(self, seg.name), seg, x_BxSxD, key, cache)
       if aux is not None:
         aux.extend(a for a in per_layer if a)
     h_BxSxD = self.final_norm(x_BxSxD)
@@ -113,10 +115,12 @@ class Transformer(nnx.Module):
     return constrain(logits_BxSxV, ("batch", "seq", "act_vocab"))
 
 
-def stacked_block(cfg: ModelConfig, seg: stack.Segment, keys: jax.Array) -> Block:
-  """One block module of `cfg`'s family for the layers of `seg`, its parameters stacked over them
-  (row i initialized from keys[i], as an unstacked block of layer seg.start + i would be)."""
-  make = lambda k: block_class(cfg)(cfg, k, seg.start)
+def stacked_block(cfg: ModelConfig, seg: stack.Segment, keys: jax.Array, block: type[Block] | None = None) -> Block:
+  """One block module of `cfg`'s family (of class `block`, default the family's) for the layers of `seg`,
+  its parameters stacked over them (row i initialized from keys[i], as an unstacked block of layer
+  seg.start + i would be)."""
+  cls = block or block_class(cfg)
+  make = lambda k: cls(cfg, k, seg.start)
   gdef = nnx.graphdef(nnx.eval_shape(lambda: make(keys[0])))
   return nnx.merge(gdef, jax.vmap(lambda k: nnx.state(make(k)))(keys))
 
@@ -130,40 +134,35 @@ def _layer_call(gdef: nnx.GraphDef, cfg: ModelConfig, cache):
   return jax.checkpoint(call) if cfg.remat and cache is None else call
 
 
-def scan_segment(block: Block, seg: stack.Segment, x_BxSxD, key, probes, cache):
+def scan_segment(block: Block, seg: stack.Segment, x_BxSxD, key, cache):
   """(output, [aux of each layer]) of the segment's layers as one `jax.lax.scan` over the stacked
   parameters (a generation cache rides in the carry, written at the traced layer index)."""
   gdef, state = nnx.split(block)
   call = _layer_call(gdef, block.cfg, cache)
   layers = jnp.arange(seg.start, seg.start + seg.count, dtype=jnp.int32)
-  probes_N = None if probes is None else jnp.stack([p.astype(x_BxSxD.dtype) for p in probes])
 
   def body(carry, xs):
     x, entries = carry
-    st, layer, probe = xs
+    st, layer = xs
     if cache is not None:
       cache.set_entries(entries)
-    if probe is not None:
-      x = x + probe
     x, aux = call(st, x, None if key is None else jax.random.fold_in(key, layer), layer)
     return (x, None if cache is None else cache.entries()), aux
 
   entries = None if cache is None else cache.entries()
-  (x_BxSxD, entries), aux_N = jax.lax.scan(body, (x_BxSxD, entries), (state, layers, probes_N))
+  (x_BxSxD, entries), aux_N = jax.lax.scan(body, (x_BxSxD, entries), (state, layers))
   if cache is not None:
     cache.set_entries(entries)
   return x_BxSxD, [jax.tree.map(lambda a, i=i: a[i], aux_N) for i in range(seg.count)]
 
 
-def loop_segment(block: Block, seg: stack.Segment, x_BxSxD, key, probes, cache):
+def loop_segment(block: Block, seg: stack.Segment, x_BxSxD, key, cache):
   """(output, [aux of each layer]) of the segment's layers in a Python loop (one traced block per layer)."""
   gdef, state = nnx.split(block)
   call = _layer_call(gdef, block.cfg, cache)
   per_layer = []
   for i in range(seg.count):
     layer = seg.start + i
-    if probes is not None:
-      x_BxSxD = x_BxSxD + probes[i].astype(x_BxSxD.dtype)
     layer_key = None if key is None else jax.random.fold_in(key, layer)
     x_BxSxD, aux = call(jax.tree.map(lambda a, i=i: a[i], state), x_BxSxD, layer_key, layer)
     per_layer.append(aux)
@@ -180,9 +179,9 @@ def float32_matmuls(cfg: ModelConfig):
 # the optimizer and the checkpoints see), the module structure as a static graphdef.
 
 
-def graphdef(cfg: ModelConfig) -> nnx.GraphDef:
-  """The static structure of the model (no parameters are allocated)."""
-  return nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, key=jax.random.key(0))))
+def graphdef(cfg: ModelConfig, *, block: type[Block] | None = None) -> nnx.GraphDef:
+  """The static structure of the model (no parameters are allocated); `block` as in `Transformer`."""
+  return nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, key=jax.random.key(0), block=block)))
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
@@ -190,11 +189,9 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
   return nnx.to_pure_dict(nnx.state(Transformer(cfg, key=key)))
 
 
-def apply(
-  graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None, probes: list | None = None
-) -> jax.Array:
+def apply(graphdef: nnx.GraphDef, params: dict, tokens_BxS: jax.Array, *, key: jax.Array | None) -> jax.Array:
   """f32 logits [B, S, V] of the model `graphdef` with parameters `params` (see Transformer)."""
-  return nnx.merge(graphdef, params)(tokens_BxS, key=key, probes=probes)
+  return nnx.merge(graphdef, params)(tokens_BxS, key=key)
 
 
 def apply_with_aux(

@@ -121,16 +121,16 @@ def tp_worker(out: pathlib.Path) -> None:
 
 def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dict]:
   """The step Δ of every projection's backward in the first train step (layer-major, q..down):
-  the upstream gradient G of each projection (the gradient of a zero offset on its output),
-  quantized by `gradient_codes` under the run's shardings; and the operands x, w, G (gathered)."""
+  the upstream gradient G of each projection (the gradient of a zero offset on its output,
+  research.taps), quantized by `gradient_codes` under the run's shardings; and the operands x, w, G
+  (gathered)."""
+  from research import taps
   from s3r import model as s3r_model
-  from s3r.quant import qmatmul
   from s3r.quant.matmul import gradient_codes
   from s3r.train import sharding
   from s3r.train.step import cross_entropy
 
   cfg = setup.model_cfg
-  graphdef = s3r_model.graphdef(cfg)
   widths = {
     "q": cfg.n_heads * cfg.head_dim,
     "k": cfg.n_kv_heads * cfg.head_dim,
@@ -145,20 +145,16 @@ def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dic
 
   def deltas(params, batch):
     def loss(offsets):
-      recorded = []
+      tapped = taps.Taps(offsets=offsets, record=True)
+      logits, per_layer = taps.apply(cfg, params, batch[:, :-1], key=step_key, taps=tapped)
+      return cross_entropy(logits, batch[:, 1:]), [a["projections"] for a in per_layer]
 
-      def projection(name, x, w, *, key, recipe):
-        recorded.append((x, w, key))
-        return qmatmul(x, w, key=key, recipe=recipe) + offsets[len(recorded) - 1].astype(x.dtype)
-
-      with s3r_model.intercept_projections(projection):
-        logits = s3r_model.apply(graphdef, params, batch[:, :-1], key=step_key)
-      return cross_entropy(logits, batch[:, 1:]), recorded
-
-    offsets = [jnp.zeros((b, s, widths[n]), jnp.float32) for _ in range(cfg.n_layers) for n in s3r_model.PROJECTIONS]
-    g, recorded = jax.grad(loss, has_aux=True)(offsets)
-    ds = jnp.stack([gradient_codes(x, w, gi, key=k, recipe=cfg.recipe)[2] for gi, (x, w, k) in zip(g, recorded)])
-    return ds, [(x.astype(jnp.float32), w, gi) for gi, (x, w, _) in zip(g, recorded)]
+    zeros = {n: jnp.zeros((b, s, widths[n]), jnp.float32) for n in s3r_model.PROJECTIONS}
+    offsets = [dict(zeros) for _ in range(cfg.n_layers)]
+    g, seen = jax.grad(loss, has_aux=True)(offsets)
+    found = [(*seen[i][n], g[i][n]) for i in range(cfg.n_layers) for n in s3r_model.PROJECTIONS]
+    ds = jnp.stack([gradient_codes(x, w, gi, key=k, recipe=cfg.recipe)[2] for x, w, k, gi in found])
+    return ds, [(x.astype(jnp.float32), w, gi) for x, w, _, gi in found]
 
   fn = jax.jit(sharding.with_activation_sharding(deltas, setup.mesh))
   ds, operands = fn(params, jax.device_put(batch, setup.batch_sharding))

@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 
 from s3r import model as M
-from s3r import quant
-from s3r.model import layers
 from s3r.quant import recipes
 from s3r.train import guard
 from s3r.train import optimizer as O
@@ -37,11 +35,11 @@ def _cfg(preset: str, recipe: str):
   return M.preset(preset, recipe=recipe, layers=1, width=32, vocab_size=VOCAB, **extra)
 
 
-def _step_and_state(cfg):
+def _step_and_state(cfg, block=None):
   ocfg = O.OptimizerConfig(lr=1e-3, total_steps=10, warmup_steps=0)
   tx = O.make_optimizer(ocfg)
   state = St.init_state(M.init_params(cfg, jax.random.key(0)), tx)
-  return St.make_train_step(M.graphdef(cfg), tx, O.schedule(ocfg)), state
+  return St.make_train_step(M.graphdef(cfg, block=block), tx, O.schedule(ocfg)), state
 
 
 def _visible(metrics) -> bool:
@@ -109,20 +107,20 @@ _poison_cotangent.defvjp(_poison_fwd, _poison_bwd)
 
 def _run_with_injection(cfg, target: str, place: str):
   """The step's metrics when projection `target`'s input (place "x") or upstream gradient ("g")
-  gets one NaN."""
+  gets one NaN (in every layer: the model is built with a block that injects it)."""
 
-  def projection(name, x, w, *, key, recipe):
-    if name == target and place == "x":
-      x = x.at[(0,) * (x.ndim - 1) + (1,)].set(jnp.nan)
-    y = quant.qmatmul(x, w, key=key, recipe=recipe)
-    if name == target and place == "g":
-      where = jnp.zeros(y.shape, bool).at[(0,) * (y.ndim - 1) + (1,)].set(True)
-      y = _poison_cotangent(y, where)
-    return y
+  class Injected(M.block_class(cfg)):
+    def _proj(self, name, x, layer_key):
+      if name == target and place == "x":
+        x = x.at[(0,) * (x.ndim - 1) + (1,)].set(jnp.nan)
+      y = super()._proj(name, x, layer_key)
+      if name == target and place == "g":
+        where = jnp.zeros(y.shape, bool).at[(0,) * (y.ndim - 1) + (1,)].set(True)
+        y = _poison_cotangent(y, where)
+      return y
 
-  step, state = _step_and_state(cfg)
-  with layers.intercept_projections(projection):
-    metrics = jax.jit(step)(state, TOKENS, jax.random.key(1))[1]
+  step, state = _step_and_state(cfg, block=Injected)
+  metrics = jax.jit(step)(state, TOKENS, jax.random.key(1))[1]
   return metrics, state.params
 
 

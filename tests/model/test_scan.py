@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from research import taps
 from s3r import model as M
 from s3r.model import stack
 from s3r.model.transformer import block_class
@@ -36,13 +37,11 @@ def _cfg(name, **overrides):
 
 def _loss_and_grads(cfg, params, tokens_BxS1, key):
   """jit(value_and_grad) of the training loss (+ the MoE balance loss) with respect to the parameters
-  and to one zero probe per layer (the activation gradient entering each layer)."""
-  graphdef = M.graphdef(cfg)
+  and to one zero probe per layer (the activation gradient entering each layer, research.taps)."""
   probes = [jnp.zeros((*tokens_BxS1[:, :-1].shape, cfg.d_model), jnp.float32) for _ in range(cfg.n_layers)]
 
   def loss(params, probes):
-    per_layer = []
-    logits = nnx.merge(graphdef, params)(tokens_BxS1[:, :-1], key=key, probes=probes, aux=per_layer)
+    logits, per_layer = taps.apply(cfg, params, tokens_BxS1[:, :-1], key=key, taps=taps.Taps(probes=probes))
     balance = sum(a["load_balance_loss"] for a in per_layer) if per_layer else 0.0
     return train_step.cross_entropy(logits, tokens_BxS1[:, 1:]) + balance
 
@@ -102,6 +101,7 @@ import dataclasses, json, sys
 import jax, jax.numpy as jnp, numpy as np
 sys.path.insert(0, {root!r})
 from tests.model.test_scan import _cfg, _loss_and_grads
+from research import taps
 from s3r import model as M
 out = {{}}
 for name, recipe in {cases!r}:
