@@ -92,7 +92,7 @@ def run(args) -> int:
   settings = {
     "run": str(args.run),
     "step": loaded["step"],
-    "run_recipe": cfg.recipe,
+    "run_recipe": cfg.recipe.name,
     "keys": args.keys,
     "batch": list(batch.shape),
     "model": cfg.to_dict(),

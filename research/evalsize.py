@@ -84,7 +84,7 @@ def evaluate_checkpoint_full(path: str, step: int | None = None, *, eval_batches
   return {
     "run": pathlib.Path(path).name,
     "step": step,
-    "recipe": cfg.recipe,
+    "recipe": cfg.recipe.name,
     "tokens": int(len(tokens)),
     "batch": cfg.batch,
     "seq": cfg.seq,

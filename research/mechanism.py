@@ -281,7 +281,7 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
         "study": "checkpoints",
         "model": cfg.preset,
         "run": pathlib.Path(path).name,
-        "recipe": cfg.recipe,
+        "recipe": cfg.recipe.name,
         "lr": cfg.lr,
         "d_model": setup.model_cfg.d_model,
         "n_layers": setup.model_cfg.n_layers,

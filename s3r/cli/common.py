@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from s3r.quant import Recipe
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,13 +94,12 @@ def guarded(run, args) -> int:
     return fail(f"internal error: {type(e).__name__}: {e}", EXIT_CODES["internal"])
 
 
-def recipe_name(value: str) -> str:
-  """`--recipe`: a registered recipe name, NAME@FORMAT or NAME[@FORMAT]+fwd_FORMAT (s3r.quant.recipe), refused in
-  one line."""
+def recipe_name(value: str) -> Recipe:
+  """`--recipe`: the Recipe that a registered recipe name, NAME@FORMAT or NAME[@FORMAT]+fwd_FORMAT names (parsed here,
+  once, by s3r.quant.recipe), refused in one line."""
   from s3r.quant import recipe
 
   try:
-    recipe(value)
+    return recipe(value)
   except ValueError as e:
     raise argparse.ArgumentTypeError(f"invalid choice: {value!r}: {e}") from None
-  return value

@@ -19,6 +19,7 @@ import tomllib
 import typing
 from typing import Any
 
+from s3r.quant.recipes import RecipeField
 from s3r.train.config import ConfigError, TrainConfig
 
 SUFFIXES = (".json", ".toml")
@@ -78,13 +79,13 @@ def _type_error(annotation, value) -> str | None:
       return None
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
       return None
-    if kind is str and isinstance(value, str):
+    if kind in (str, RecipeField) and isinstance(value, str):  # a recipe by its name: TrainConfig parses it
       return None
   return _kind_name(kinds) + (" (or null)" if optional else "")
 
 
 def _kind_name(kinds) -> str:
-  names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+  names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", RecipeField: "a recipe name"}
   return " or ".join(names.get(k, getattr(k, "__name__", str(k))) for k in kinds)
 
 

@@ -17,6 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from s3r.quant import Recipe
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what makes a folder a Hugging Face checkpoint
 
@@ -85,7 +89,7 @@ def run_generate(args) -> int:
   return 0
 
 
-def _load(folder: pathlib.Path, recipe: str | None):
+def _load(folder: pathlib.Path, recipe: Recipe | None):
   """(model config, params, encode, decode, stop token) of a Hugging Face folder or a run."""
   if any((folder / name).is_file() for name in HF_WEIGHTS):
     from s3r.model import load_hf, load_hf_tokenizer

@@ -120,7 +120,8 @@ def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
   for f in dataclasses.fields(cls):
     if f.metadata.get("flag", True) is False:  # set another way (e.g. lr_changes, by resuming with a lower --lr)
       continue
-    meta, kind = f.metadata, _flag_type(hints[f.name])
+    meta, parser = f.metadata, _FLAG_PARSERS.get(f.name)  # a field with a parser of its own: the parser's type
+    kind = _flag_type(hints[f.name]) if parser is None else parser
     plain = f.default not in (None, dataclasses.MISSING) and kind is not bool
     shown = meta.get("default_help") or (f.default if plain else None)
     text = _with_default(meta.get("help") or f.name.replace("_", " "), shown)
@@ -128,8 +129,8 @@ def _add_config_flags(p: argparse.ArgumentParser, cls) -> None:
       action = "store_false" if f.default is True else "store_true"
       p.add_argument(field_flag(f), dest=f.name, action=action, default=None, help=text)
     else:
-      choices, metavar, parse = meta.get("choices"), meta.get("metavar"), _FLAG_PARSERS.get(f.name, kind)
-      p.add_argument(field_flag(f), dest=f.name, type=parse, choices=choices, metavar=metavar, default=None, help=text)
+      choices, metavar = meta.get("choices"), meta.get("metavar")
+      p.add_argument(field_flag(f), dest=f.name, type=kind, choices=choices, metavar=metavar, default=None, help=text)
 
 
 def _with_default(text: str, default) -> str:

@@ -16,9 +16,8 @@ from typing import ClassVar, Literal
 
 from s3r.model import registry
 from s3r.model.moe_settings import AUX_LOSS_WEIGHT, MoeSettings, MoeSettingsError
-from s3r.quant import DEFAULT_RECIPE
-from s3r.quant import recipe as get_recipe
 from s3r.quant.formats import formats_with, get_format
+from s3r.quant.recipes import RecipeField
 
 TP_PARTIAL_SUMS = ("bf16", "int32")  # how tensor-parallel partial sums are reduced (see ModelConfig)
 ROPE_SCALINGS = ("llama3", "linear", "yarn")
@@ -82,7 +81,7 @@ class ModelConfig:
   norm_eps: float = 1e-6  # RMSNorm epsilon
   tie_embeddings: bool = False  # logits use the embedding matrix (no separate output projection)
   init_std: float = 0.02  # std of the normal init of all matrices (output projections: / sqrt(2 * n_layers))
-  recipe: str = DEFAULT_RECIPE  # quantization recipe of the block projections (s3r.quant.recipe: NAME or NAME@FORMAT)
+  recipe: RecipeField = RecipeField()  # recipe of the block projections: a Recipe, or a name (NAME or NAME@FORMAT)
   remat: bool = False  # rematerialize each block in the backward pass (saves activation memory)
   scan_layers: bool = True  # run the stacked blocks as a jax.lax.scan (one compiled block); False: a Python loop
   tp_partial_sums: str = (
@@ -108,10 +107,6 @@ class ModelConfig:
     check_positive(self, ("rope_theta", "norm_eps", "init_std"), float)
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise ValueError(f"{name}.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
-    try:
-      get_recipe(self.recipe)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{name}.recipe must be a recipe of s3r.quant (NAME or NAME@FORMAT): {e}") from None
     if self.tp_partial_sums not in TP_PARTIAL_SUMS:
       raise ValueError(
         f"{name}.tp_partial_sums must be one of {', '.join(TP_PARTIAL_SUMS)}; got {self.tp_partial_sums!r}"
@@ -128,7 +123,8 @@ class ModelConfig:
     return self.d_model // self.n_heads if self.d_head is None else self.d_head
 
   def to_dict(self) -> dict:
-    d = dataclasses.asdict(self)
+    """The fields as JSON values (the recipe by its name); `from_dict` reads them back."""
+    d = {**dataclasses.asdict(self), "recipe": self.recipe.name}
     return d if self.family == "llama" else {"family": self.family, **d}
 
   @classmethod
@@ -198,14 +194,14 @@ class MoeFields(ModelConfig):
       raise ValueError(
         f"{name}.dense_layers must be an int in [0, n_layers={self.n_layers}], got {self.dense_layers!r}"
       )
-    recipe = get_recipe(self.recipe)
+    recipe = self.recipe
     if (
       self.dense_layers < self.n_layers
       and recipe.quantized_gradient
       and not get_format(recipe.grad_format).capabilities.grouped
     ):
       raise ValueError(
-        f"{name}.recipe {self.recipe!r}: the expert GEMMs do not take its gradient codes, so the "
+        f"{name}.recipe {self.recipe.name!r}: the expert GEMMs do not take its gradient codes, so the "
         f"{recipe.grad_format} format (emulated in float32) works only in dense models; use one of "
         f"{', '.join(formats_with('grouped'))}"
       )

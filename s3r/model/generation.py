@@ -30,7 +30,6 @@ from s3r.model import cache as kv
 from s3r.model import families
 from s3r.model.config import ModelConfig
 from s3r.model.transformer import graphdef
-from s3r.quant import recipe as get_recipe
 
 PURPOSES = ("sample", "forward")  # fold_in data of the generation key's uses
 
@@ -84,7 +83,7 @@ class Decoder:
     self.cache = kv.empty(self.cfg, len(prompts), self.length)
 
   def _run(self, tokens_BxS, positions_BxS, valid_BxS, key) -> jax.Array:
-    if key is None and get_recipe(self.cfg.recipe).stochastic:
+    if key is None and self.cfg.recipe.stochastic:
       key = jax.random.key(0)  # stochastic recipes want a key; their forward (RTNE) never reads it
     args = (jnp.asarray(tokens_BxS), positions_BxS, jnp.asarray(valid_BxS), jnp.int32(self.index), key)
     logits_BxV, self.cache = _forward(self.gdef, self.params, self.cache, *args)

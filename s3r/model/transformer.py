@@ -48,7 +48,6 @@ from flax import nnx
 from s3r.model import families, stack
 from s3r.model.config import ModelConfig
 from s3r.model.layers import Block, RMSNorm, constrain, param
-from s3r.quant import recipe as get_recipe
 
 
 def block_class(cfg: ModelConfig) -> type[Block]:
@@ -93,8 +92,8 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     if tokens_BxS.shape[1] > cfg.max_seq_len:
       raise ValueError(f"sequence length {tokens_BxS.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
-    if key is None and get_recipe(cfg.recipe).stochastic:
-      raise ValueError(f"recipe {cfg.recipe!r} is stochastic: pass a step key")
+    if key is None and cfg.recipe.stochastic:
+      raise ValueError(f"recipe {cfg.recipe.name!r} is stochastic: pass a step key")
     with float32_matmuls(cfg):
       return self._forward(tokens_BxS, key, aux, cache)
 

@@ -17,7 +17,8 @@ per layer are FP8 GEMMs (native on Hopper, see formats/). The registered names t
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from s3r.quant import formats, thresholds
 
@@ -73,6 +74,10 @@ class Recipe:
       raise ValueError(
         "Recipe.correct_dx/correct_dw are not defined for split quantization (dx_topology != dw_topology)"
       )
+
+  def __str__(self) -> str:
+    """The name, as a user writes the recipe (`s3r.recipe(str(r)) == r` for every recipe it parses)."""
+    return self.name
 
   @property
   def quantized(self) -> bool:
@@ -180,14 +185,21 @@ FORWARD_SEPARATOR = "+fwd_"  # "s3r_ec_dx@e5m2+fwd_e4m3": ... with another forwa
 
 
 def recipe(name_or_recipe: str | Recipe) -> Recipe:
-  """Returns the recipe called `name_or_recipe` (a Recipe passes through): a registered name, or
+  """Returns the recipe called `name_or_recipe` (a Recipe passes through, a name is `parse`d): a registered name, or
   "NAME@FORMAT" for registered recipe NAME with gradient format FORMAT (see `at_format`), either
   optionally followed by "+fwd_FORWARD" for forward format FORWARD (see `at_forward_format`)."""
   if isinstance(name_or_recipe, Recipe):
     return name_or_recipe
   if not isinstance(name_or_recipe, str):
     raise TypeError(f"recipe must be a Recipe or one of {sorted(RECIPES)}, got {type(name_or_recipe).__name__}")
-  head, fwd_sep, fwd = name_or_recipe.partition(FORWARD_SEPARATOR)
+  return parse(name_or_recipe)
+
+
+def parse(name: str) -> Recipe:
+  """The recipe that `name` (NAME, NAME@FORMAT, NAME[@FORMAT]+fwd_FORWARD) names; ValueError listing the valid
+  names otherwise. The one place a recipe's name is read: the library's entry points call it (through `recipe`)
+  where a user's string comes in, and pass the Recipe on."""
+  head, fwd_sep, fwd = name.partition(FORWARD_SEPARATOR)
   base, sep, fmt = head.partition(FORMAT_SEPARATOR)
   if base not in RECIPES:
     raise ValueError(
@@ -225,3 +237,32 @@ def at_format(base: Recipe, grad_format: str) -> Recipe:
       f"recipe {name!r}: unknown gradient format {grad_format!r}; valid formats: {', '.join(formats.FORMATS)}"
     )
   return dataclasses.replace(base, grad_format=grad_format, name=name)
+
+
+class RecipeField:
+  """The recipe field of a frozen config dataclass (`recipe: RecipeField = RecipeField()`): it takes a Recipe, or a
+  name that it parses here, once, when the config is built (`recipe`), and holds the Recipe, which is what every
+  reader gets. A name that is not a recipe raises `error(value, problem)` where given, else a ValueError naming
+  the config class and the field. Serialize the field by its name (`Recipe.name`)."""
+
+  def __init__(self, default: Recipe | None = None, *, error: Callable[[Any, Exception], Exception] | None = None):
+    self.default = RECIPES[DEFAULT_RECIPE] if default is None else default
+    self.error = error
+    self.name = self.attr = ""
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self.name, self.attr = name, f"_{name}"
+
+  def __get__(self, obj: object | None, objtype: type | None = None) -> Recipe:
+    return self.default if obj is None else getattr(obj, self.attr)  # on the class: the dataclass's default
+
+  def __set__(self, obj: object, value: Recipe | str) -> None:
+    try:
+      found = recipe(self.default if value is self else value)
+    except (TypeError, ValueError) as e:
+      if self.error is not None:
+        raise self.error(value, e) from None
+      raise ValueError(
+        f"{type(obj).__name__}.{self.name} must be a recipe of s3r.quant (NAME or NAME@FORMAT): {e}"
+      ) from None
+    object.__setattr__(obj, self.attr, found)

@@ -19,7 +19,7 @@ from s3r.model import PRESETS, ModelConfig, hf_config
 from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import DEFAULT_RECIPE
-from s3r.quant import recipe as get_recipe
+from s3r.quant.recipes import RecipeField
 from s3r.train.optimizer import OptimizerConfig
 from s3r.train.profiling import ProfileError, parse_steps
 
@@ -92,9 +92,12 @@ class TrainConfig:
 
   out: str = _flag(dataclasses.MISSING, "run directory", default_help="runs/<preset>-<recipe>")
   preset: str = _flag("cpu-small", f"model size ({_PRESET_SIZES})", choices=tuple(PRESETS))
-  recipe: str = _flag(
-    DEFAULT_RECIPE,
+  recipe: RecipeField = _flag(  # a Recipe, or a name (parsed once, when the config is built)
+    RecipeField(
+      error=lambda value, e: _error("recipe", f"a recipe of `s3r recipes` (NAME or NAME@FORMAT): {e}", value)
+    ),
     "quantization recipe of the block projections, NAME or NAME@FORMAT (see `s3r recipes`)",
+    default_help=DEFAULT_RECIPE,
     metavar="NAME",
   )
   steps: int = _flag(300, "optimizer steps in the whole run; with --resume, a larger value extends the run")
@@ -200,10 +203,6 @@ class TrainConfig:
     for field, allowed in (("preset", PRESETS), ("tp_partial_sums", TP_PARTIAL_SUMS)):
       if getattr(self, field) not in allowed:
         raise _error(field, f"one of {', '.join(allowed)}", getattr(self, field))
-    try:
-      get_recipe(self.recipe)
-    except (TypeError, ValueError) as e:
-      raise _error("recipe", f"a recipe of `s3r recipes` (NAME or NAME@FORMAT): {e}", self.recipe) from None
     base = PRESETS[self.preset]
     self._check_model_recipe(base)
     for field, default in (("vocab", base.vocab_size), ("seq", base.max_seq_len)):
@@ -257,7 +256,7 @@ class TrainConfig:
     try:
       dataclasses.replace(base, recipe=self.recipe)
     except ValueError as e:
-      raise _error("recipe", f"a recipe the {self.model_name} model can run ({e})", self.recipe) from None
+      raise _error("recipe", f"a recipe the {self.model_name} model can run ({e})", self.recipe.name) from None
 
   @property
   def current_lr(self) -> float:
@@ -325,7 +324,8 @@ class TrainConfig:
     )
 
   def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    """The fields as JSON values (the recipe by its name); `from_dict` reads them back."""
+    return {**dataclasses.asdict(self), "recipe": self.recipe.name}
 
   @classmethod
   def from_dict(cls, d: dict) -> TrainConfig:

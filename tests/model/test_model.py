@@ -69,7 +69,7 @@ def test_every_projection_of_every_layer_gets_its_own_key(monkeypatch):
 
   def recording_qmatmul(x, w, *, key, recipe, tp, compute_dtype):
     seen.append(tuple(np.asarray(jax.random.key_data(key)).tolist()))
-    assert recipe == "s3r" and tp in ("row", "column") and compute_dtype == "bfloat16"
+    assert recipe.name == "s3r" and tp in ("row", "column") and compute_dtype == "bfloat16"
     return jnp.zeros(x.shape[:-1] + w.shape[-1:], x.dtype)
 
   monkeypatch.setattr(layers, "qmatmul", recording_qmatmul)
