@@ -33,6 +33,7 @@ import sys
 
 from labtools import results as provenance
 from research import dose_report, lockstep
+from research.lockstep_config import LAYOUT_FILES
 from research.runs import lists_as_tuples, pid_alive
 from s3r import model as s3r_model
 from s3r.cli import EXIT_CODES
@@ -194,7 +195,7 @@ def token_folder(cfg: DoseConfig, log=print) -> str:
     lockstep.load_tokens(cfg.tokens)  # a missing or partial folder fails here, before any arm
     return cfg.tokens
   folder = pathlib.Path(cfg.runs_dir) / "tokens"
-  if all((folder / f).is_file() for f in lockstep.LAYOUT_FILES):
+  if all((folder / f).is_file() for f in LAYOUT_FILES):
     return str(folder)
   data = cfg.data
   if data is None:

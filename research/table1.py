@@ -17,7 +17,7 @@ import numpy as np
 
 from labtools.paper import PAPER_GAP, paper_diff
 from labtools.results import markdown_table, metadata_markdown, run_metadata, write_json
-from research import dose_report, stats
+from research import dose_paired, stats
 from research.protocol import best_lr
 
 
@@ -161,10 +161,10 @@ def write_tables(cfg, summaries: dict) -> dict:
     "note": _rate_note(cfg),
     "gap_reference": gap_reference(cfg),
     "gap_curves": gap_curves(cfg, summaries, rows),
-    "paired_dose": dose_report.paired_dose(list(summaries.values())),
+    "paired_dose": dose_paired.paired_dose(list(summaries.values())),
   }
   if cfg.equivalence_margin is not None:
-    doc["paired_tests"] = dose_report.paired_tests(doc["paired_dose"], margin=cfg.equivalence_margin)
+    doc["paired_tests"] = dose_paired.paired_tests(doc["paired_dose"], margin=cfg.equivalence_margin)
   write_json(stem.with_suffix(".json"), doc)
   stem.with_suffix(".md").write_text(_markdown(cfg, rows, doc["cost"], meta, doc["contrasts"], doc["paired_dose"]))
   if any(s["status"] == "done" for s in summaries.values()):
@@ -249,7 +249,7 @@ def _markdown(cfg, rows, cost, meta, contrasts=(), paired_dose=()) -> str:
       "paired: per-seed difference, mean ± sd, and the paired t (p)):\n\n"
       + markdown_table(["a - b", "what differs", "ours", "Welch t (p)", "paired", "paper"], c_rows)
     )
-  lines += dose_report.paired_dose_markdown(list(paired_dose), margin=cfg.equivalence_margin)
+  lines += dose_paired.paired_dose_markdown(list(paired_dose), margin=cfg.equivalence_margin)
   return "\n".join(lines)
 
 

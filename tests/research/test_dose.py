@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from research import dose, dose_report, lockstep
+from research import dose, dose_paired, dose_report, lockstep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GRIDS = ("nvfp4",)  # the emulated FP4 grid (the study's code is the same for every grid; the grids: tests/quant)
@@ -276,12 +276,12 @@ def _long_run(tmp_path, recipe, seed, val, errors=None, status="done"):
 
 
 def test_long_arm_points_pair_each_recipe_with_the_baseline_run_of_its_seed(tmp_path):
-  assert dose_report.long_arm_points(tmp_path) == []
+  assert dose_paired.long_arm_points(tmp_path) == []
   _long_run(tmp_path, "int8_sr", 0, 5.0, {"int8_sr": 0.2, "s3r": 0.3, "s3r_ec_dx": 0.1})
   _long_run(tmp_path, "s3r", 0, 5.05)
   _long_run(tmp_path, "s3r_ec_dx", 1, 4.9)  # seed 1 has no int8_sr run yet: no point
   _long_run(tmp_path, "s3r_ec_dx", 0, 5.0, status="diverged")  # unfinished: no point
-  (point,) = dose_report.long_arm_points(tmp_path)
+  (point,) = dose_paired.long_arm_points(tmp_path)
   assert point["recipe"] == "s3r" and point["seed"] == 0 and "seed 0" in point["source"]
   assert point["gap"] == pytest.approx(0.05) and point["excess"] == pytest.approx(0.3**2 - 0.2**2)
 
@@ -298,17 +298,17 @@ def test_paired_dose_reports_each_seed_and_the_sign_count_per_recipe():
     run("s3r", 0, 5.04, {"int8_sr": 0.3, "s3r": 0.4}),  # its own parameters: another excess
     run("s3r", 1, 4.88),
   ]
-  rows = dose_report.paired_dose(runs)
+  rows = dose_paired.paired_dose(runs)
   assert [(r["recipe"], r["seed"]) for r in rows] == [("s3r", 0), ("s3r", 1)]
   assert rows[0]["gap"] == pytest.approx(0.04) and rows[1]["gap"] == pytest.approx(-0.02)
   assert rows[0]["excess"] == pytest.approx(0.05) and rows[0]["excess_own_params"] == pytest.approx(0.07)
   assert rows[1]["excess"] == pytest.approx(0.03) and rows[1]["excess_own_params"] is None
-  md = "\n".join(dose_report.paired_dose_markdown(rows))
+  md = "\n".join(dose_paired.paired_dose_markdown(rows))
   assert "| `s3r` | 0 | +0.040 | +0.0500 | +0.0700 |" in md and "| `s3r` | 1 | -0.020 | +0.0300 | – |" in md
   # t = 0.010 / (0.042 / √2) = 1/3 on 1 degree of freedom: p = 1 − 2·atan(1/3)/π = 0.795
   line = "`s3r` − `int8_sr`: +0.010 ± 0.042 over 2 seed(s), positive on 1 of 2, paired t +0.33 (p 0.795); excess"
   assert line + " +0.0400 ± 0.0141" in md
-  assert dose_report.paired_dose_markdown([]) == []
+  assert dose_paired.paired_dose_markdown([]) == []
 
 
 def test_the_slope_error_says_when_points_near_zero_excess_leave_the_slope_undetermined():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from research import dose_report, stats
+from research import dose_paired, stats
 
 
 def _interval(diffs, level: float = 0.95) -> tuple[float, float]:
@@ -75,16 +75,16 @@ def test_paired_tests_cover_each_recipe_and_each_pair_on_common_seeds():
   rows = [{"recipe": "s3r", "seed": s, "gap": g} for s, g in enumerate([0.009, 0.027, 0.018])] + [
     {"recipe": "s3r_ec_dx", "seed": s, "gap": g} for s, g in enumerate([-0.003, -0.006])
   ]
-  tests = dose_report.paired_tests(rows, margin=0.01)
+  tests = dose_paired.paired_tests(rows, margin=0.01)
   assert set(tests) == {"s3r − int8_sr", "s3r_ec_dx − int8_sr", "s3r − s3r_ec_dx"}
   pair = tests["s3r − s3r_ec_dx"]
   assert pair["seeds"] == [0, 1] and pair["mean"] == pytest.approx(np.mean([0.012, 0.033]))
   assert tests["s3r − int8_sr"]["ci95"] == pytest.approx(stats.interval([0.009, 0.027, 0.018]))
   assert tests["s3r − int8_sr"]["verdict"] == stats.verdict([0.009, 0.027, 0.018], 0.01) == "open"
   assert tests["s3r − s3r_ec_dx"]["tost"] == stats.tost([0.012, 0.033], 0.01)
-  md = "\n".join(dose_report.paired_dose_markdown(
+  md = "\n".join(dose_paired.paired_dose_markdown(
     [r | {"excess": 0.01, "excess_own_params": None} for r in rows], margin=0.01
   ))  # fmt: skip
   assert "95% interval [" in md and "equivalence within ±0.01 (TOST)" in md and "rule: open" in md
   plain = [r | {"excess": 0.01, "excess_own_params": None} for r in rows]
-  assert "TOST" not in "\n".join(dose_report.paired_dose_markdown(plain))  # no margin: the earlier report
+  assert "TOST" not in "\n".join(dose_paired.paired_dose_markdown(plain))  # no margin: the earlier report
