@@ -24,11 +24,11 @@ def use_cpu_host(xla_timers: bool = False) -> None:
 
 
 def target_mesh(devices: list):
-  """The trainer's mesh (axes s3r.train.sharding.MESH_AXES) over one target device."""
+  """The trainer's mesh (axes s3r.train.step.sharding.MESH_AXES) over one target device."""
   import numpy as np
   from jax.sharding import Mesh
 
-  from s3r.train import sharding
+  from s3r.train.step import sharding
 
   return Mesh(np.asarray(devices[:1]).reshape((1,) * len(sharding.MESH_AXES)), sharding.MESH_AXES)
 

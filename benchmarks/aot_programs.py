@@ -122,7 +122,7 @@ def lower_lockstep(mesh, recipe: str, preset: str, layers: int, args: argparse.N
   tokens [B, S + 1], key, lr) -> (state, metrics), the state donated."""
   from labtools import lockstep
   from s3r import model as s3r_model
-  from s3r.train.optimizer import OptimizerConfig, make_optimizer
+  from s3r.train.step.optimizer import OptimizerConfig, make_optimizer
 
   vocab = args.vocab or s3r_model.PRESETS[preset].vocab_size
   mcfg = lockstep.model_config(preset, recipe, vocab, args.seq, "xla", "bf16", layers=layers)

@@ -3,7 +3,7 @@ performance model (`scripts/device_calibrate.sh` runs it on a lent GPU).
 
 run: for each program of `--programs` and each recipe of `--recipes`, compiles the program (its compile
 seconds kept), writes its optimized HLO (`programs/<program>/<recipe>.hlo.txt`, the names its kernels are
-mapped to), warms it up, traces `--iters` calls with `s3r.train.profiling.trace` and reads the kernels'
+mapped to), warms it up, traces `--iters` calls with `s3r.train.run.profiling.trace` and reads the kernels'
 device times back (`benchmarks.trace_kernels`: per HLO instruction, seconds and launches per call), then
 times `--repeats` samples of `--number` calls (`benchmarks.timing`): `programs/<program>/<recipe>.json`,
 written as each finishes. No program starts once `--budget` seconds are spent (`programs/skipped.json`);
@@ -153,7 +153,7 @@ def _trace(call, iters: int, folder: pathlib.Path) -> pathlib.Path | None:
   """Traces `iters` calls into `folder`; the trace file (None if the profiler wrote none)."""
   import jax
 
-  from s3r.train import profiling
+  from s3r.train.run import profiling
 
   with profiling.trace(folder):
     for _ in range(iters):

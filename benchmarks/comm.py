@@ -160,7 +160,7 @@ def checked_settings(args: argparse.Namespace) -> tuple[list[str], list[str], in
   meshes of different device counts, or a --batch/--seq that `s3r train` would refuse for a mesh."""
   from s3r.quant import RECIPES
   from s3r.train.config import ConfigError, TrainConfig
-  from s3r.train.sharding import mesh_shape
+  from s3r.train.step.sharding import mesh_shape
 
   meshes = [m.strip() for m in args.meshes.split(";") if m.strip()]
   recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
@@ -187,7 +187,7 @@ def checked_settings(args: argparse.Namespace) -> tuple[list[str], list[str], in
 
 def run(args: argparse.Namespace) -> dict:
   meshes, recipes, devices = checked_settings(args)
-  from s3r.train.sharding import MESH_AXES
+  from s3r.train.step.sharding import MESH_AXES
 
   ensure_host_devices(devices)
   import jax

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> dict:
 
   from s3r import RECIPES
   from s3r.model import PRESETS
-  from s3r.train import sharding
+  from s3r.train.step import sharding
 
   recipes = parse_list(args.recipes, list(RECIPES), "recipes")
   depths = [int(d) for d in args.depths.split(",") if d.strip()]

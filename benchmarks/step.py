@@ -205,7 +205,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     help="full: rematerialize every block in the backward pass, as the paper's Table IV (default %(default)s)",
   )
   p.add_argument(
-    "--mesh", default=None, help="device mesh, e.g. data=1,fsdp=4,tensor=2 (s3r.train.sharding; default: one device)"
+    "--mesh",
+    default=None,
+    help="device mesh, e.g. data=1,fsdp=4,tensor=2 (s3r.train.step.sharding; default: one device)",
   )
   p.add_argument(
     "--attention",
@@ -242,7 +244,7 @@ def _depths(value: str | None) -> Sequence[int | None]:
 def make_mesh(spec: str | None):
   import jax
 
-  from s3r.train import sharding
+  from s3r.train.step import sharding
 
   try:
     return sharding.make_mesh(sharding.parse_mesh(spec, jax.device_count()))

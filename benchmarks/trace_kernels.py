@@ -1,7 +1,7 @@
 """Per-kernel device times from a `jax.profiler` trace, each mapped to the instruction of the optimized HLO that
 launched it.
 
-A trace (`s3r.train.profiling.trace`) is an XSpace (`<folder>/plugins/profile/<session>/<host>.xplane.pb`),
+A trace (`s3r.train.run.profiling.trace`) is an XSpace (`<folder>/plugins/profile/<session>/<host>.xplane.pb`),
 read with JAX's own reader of it (`jax._src.lib._profile_data`). Where the kernels are:
 - on a GPU, on the planes `/device:GPU:<n>`, one line per CUDA stream (`Stream #<id>(...)`), one event per
   kernel launch or copy; lines that tools derive from those (`XLA Ops`, `XLA Modules`, `Steps`, ...) are

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from s3r import model as s3r_model
-from s3r.train.optimizer import OptimizerConfig
+from s3r.train.step.optimizer import OptimizerConfig
 
 
 def unit_rate(opt: OptimizerConfig) -> OptimizerConfig:

@@ -65,7 +65,7 @@ def measure(args: argparse.Namespace) -> dict:
 
   from research import lockstep
   from s3r.train import attention
-  from s3r.train.optimizer import OptimizerConfig, make_optimizer
+  from s3r.train.step.optimizer import OptimizerConfig, make_optimizer
 
   backend = jax.default_backend()
   out = {"backend": backend, "startup_s": time.monotonic() - t0}

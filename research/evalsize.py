@@ -19,8 +19,8 @@ import numpy as np
 
 from labtools import results as provenance
 from s3r import data as s3r_data
-from s3r.train import checkpoint
 from s3r.train.evaluate import restore_run
+from s3r.train.run import checkpoint
 
 
 def shard9_tokens(tok: s3r_data.Tokenizer) -> np.ndarray:

@@ -62,9 +62,10 @@ from research.lockstep_config import LockstepConfig, build_tokens, load_tokens
 from research.lockstep_report import finite, write_summary
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import attention, compile_cache
-from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
+from s3r.train import attention
+from s3r.train.run import compile_cache
 from s3r.train.step import init_state, make_eval_step
+from s3r.train.step.optimizer import OptimizerConfig, make_optimizer, schedule
 
 # --- the run --------------------------------------------------------------------------------------
 

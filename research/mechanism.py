@@ -40,8 +40,8 @@ from research import gradients
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.quant import numerics, thresholds
-from s3r.train.optimizer import OptimizerConfig, make_optimizer, schedule
 from s3r.train.step import init_state, make_train_step
+from s3r.train.step.optimizer import OptimizerConfig, make_optimizer, schedule
 
 RECIPES = ("int8_sr", "s3r", "s3r_ec_dx")  # the recipes of the propagated errors (research.diagnose)
 TOKEN_CENTRED = "token_centred"  # s3r with each token's error centred (see the module docstring)
@@ -254,10 +254,10 @@ def checkpoint_study(paths: list[str], results: dict, save, *, tokens: int = 256
   """Measures every checkpoint of each run folder in `paths` (read-only) on a batch of enwiki shard 9
   encoded with the run's own tokenizer: the local errors per projection and, with the `python -m research diagnose`
   machinery (research.gradients, `n_keys` keys), the errors propagated to the block inputs."""
-  from s3r.train import checkpoint
   from s3r.train.config import TrainConfig
   from s3r.train.evaluate import checkpoint_tokenizer
   from s3r.train.loop import build, make_mesh
+  from s3r.train.run import checkpoint
 
   for path in paths:
     directory = checkpoint.find_checkpoint_dir(path)

@@ -16,7 +16,7 @@ from typing import Any, overload
 import numpy as np
 
 from labtools.results import repo_relative
-from s3r.train import report
+from s3r.train.run import report
 
 CURVE_EVERY = 5  # keep every 5th step of the training-loss curve in a sweep summary
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from labtools.results import repo_relative, run_metadata, write_json
 from research.runs import portable, read_run
-from s3r.train import report
+from s3r.train.run import report
 
 
 def snapshot(run_dir: str, out: str, *, wall_s: float | None = None) -> dict:

@@ -239,7 +239,7 @@ def test_config_flags_take_the_fields_types_defaults_choices_and_switch_bools_by
 
 def test_resume_merges_the_given_flags_onto_the_runs_config_and_takes_switches_from_the_command():
   from s3r.train.config import TrainConfig
-  from s3r.train.resume import SavedRun
+  from s3r.train.run.resume import SavedRun
 
   saved = SavedRun(config=TrainConfig(out="run", preset="tiny", steps=60, progress=False), step=60, meta={})
   args = _train_parser().parse_args(["--out", "run", "--resume", "--steps", "80"])

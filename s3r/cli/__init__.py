@@ -18,7 +18,7 @@ Exit codes (EXIT_CODES; every error but a crash is one line on stderr, without a
   130  interrupted (Ctrl-C / SIGTERM; `train` saves a checkpoint first; with several processes, a signal to
        any of them stops all of them at one step)
   75   a process of a multi-process run was lost or stuck; the others stopped, naming the last checkpoint
-       every process completed (s3r.train.peers)
+       every process completed (s3r.train.run.peers)
   70   internal error (a bug: the traceback is printed)
 """
 

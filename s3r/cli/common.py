@@ -60,7 +60,7 @@ def guarded(run, args) -> int:
   from s3r.model.hf.errors import HFError
   from s3r.train.builder import ResourceError
   from s3r.train.config import ConfigError
-  from s3r.train.guard import TrainingDiverged, TrainingInterrupted
+  from s3r.train.run.guard import TrainingDiverged, TrainingInterrupted
 
   try:
     return run(args) or 0

@@ -1,5 +1,5 @@
 """`s3r train`: train a decoder with a recipe (s3r.train.loop), one flag per TrainConfig field; resumes a run
-and starts the processes of a multi-process run (s3r.train.peers)."""
+and starts the processes of a multi-process run (s3r.train.run.peers)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def _env_int(name: str) -> int | None:
 
 def start_distributed(args):
   """Starts jax.distributed when asked (flags, $JAX_COORDINATOR_ADDRESS or --distributed) with the watch over
-  the other processes (s3r.train.peers); returns that watch, or None (one process). Must run before anything
+  the other processes (s3r.train.run.peers); returns that watch, or None (one process). Must run before anything
   touches a JAX device."""
   from s3r.train.config import ConfigError
 
@@ -175,7 +175,7 @@ def start_distributed(args):
     if args.num_processes not in (None, 1) or args.process_id not in (None, 0):
       raise ConfigError("--num-processes/--process-id need --coordinator HOST:PORT (or --distributed)")
     return None
-  from s3r.train import peers
+  from s3r.train.run import peers
 
   if args.coordinator:
     if args.num_processes is None or args.process_id is None:
@@ -196,7 +196,7 @@ def start_distributed(args):
 
 
 def train_config(args, saved=None):
-  """The TrainConfig of the flags; with --resume, `saved` (the run in --out, `s3r.train.resume.find_run`) with
+  """The TrainConfig of the flags; with --resume, `saved` (the run in --out, `s3r.train.run.resume.find_run`) with
   the given flags on top (the loop refuses changes other than RESUMABLE_CHANGES and a larger --steps). A bool
   flag (--resume, --no-progress) is this command's (or its --config file's, `config_file`), never the run's."""
   import dataclasses
@@ -218,10 +218,10 @@ def train_out(args) -> str:
 
 
 def run_train(args) -> int:
-  from s3r.train import resume
-  from s3r.train.guard import TrainingDiverged, TrainingInterrupted
   from s3r.train.loop import train
-  from s3r.train.placement import is_main_process
+  from s3r.train.run import resume
+  from s3r.train.run.guard import TrainingDiverged, TrainingInterrupted
+  from s3r.train.run.placement import is_main_process
 
   if args.config is not None:
     from s3r.cli.config_file import apply_config_file

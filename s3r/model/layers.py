@@ -36,7 +36,7 @@ from s3r.quant import qmatmul
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 """The quantized projections of a dense block, in the order of their PRNG keys (index j of the per-projection key)."""
-# Megatron-style split of each projection's weight over the "tensor" mesh axis (s3r.train.sharding
+# Megatron-style split of each projection's weight over the "tensor" mesh axis (s3r.train.step.sharding
 # RULES): column-parallel W [D, F] split along its outputs, row-parallel along its inputs.
 _TP_SPLIT = {"q": "column", "k": "column", "v": "column", "o": "row", "gate": "column", "up": "column", "down": "row"}
 

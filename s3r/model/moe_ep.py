@@ -7,7 +7,7 @@ more than one device; otherwise (one device) it runs the one-device formulation,
 the same. The router, the load-balancing loss and the shared experts stay outside, under XLA's
 partitioner.
 
-Layout. The tokens are sharded over TOKEN_AXES (the `batch` rule of s3r.train.sharding), n
+Layout. The tokens are sharded over TOKEN_AXES (the `batch` rule of s3r.train.step.sharding), n
 devices in all, flat index d (row-major over the axes). The expert weights [E, ...] are sharded
 over EXPERT_AXIS (E_loc = E / X experts per expert rank; replicated when X does not divide E).
 Every expert gets one owner among the devices holding its weights: the devices of one expert
@@ -51,8 +51,8 @@ from s3r.model.layers import gated
 from s3r.quant import grouped_qmatmul
 from s3r.quant.grouped import GlobalRows
 
-EXPERT_AXIS = "expert"  # mesh axis of the routed-expert dimension (s3r.train.sharding.RULES["expert"])
-TOKEN_AXES = ("data", "expert", "fsdp")  # mesh axes of the token dimension (s3r.train.sharding.RULES["batch"])
+EXPERT_AXIS = "expert"  # mesh axis of the routed-expert dimension (s3r.train.step.sharding.RULES["expert"])
+TOKEN_AXES = ("data", "expert", "fsdp")  # mesh axes of the token dimension (s3r.train.step.sharding.RULES["batch"])
 
 
 def token_axes(mesh) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ is `fold_in(fold_in(step_key, l), j)` (j: index in the block's PROJECTIONS), so 
 projection of every step gets its own key, scanned or not.
 
 Sharding: every parameter carries `logical_axes` metadata, and activations are tagged with
-logical names through `constrain`; `s3r.train.sharding` maps both onto the device mesh.
+logical names through `constrain`; `s3r.train.step.sharding` maps both onto the device mesh.
 Under a mesh with a "tensor" axis, `tp_partial_sums="bf16"` (the default) makes the GEMM that
 contracts a projection's tensor-split dimension round each shard's output to bf16 before the
 cross-shard sum, as the paper's TPU runs do; "int32" keeps XLA's exact int32 partial sums.

@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec as P
 
 from s3r import data as s3r_data
 from s3r import model as s3r_model
-from s3r.train import checkpoint, compile_cache, sharding
 from s3r.train.config import ConfigError, TrainConfig
-from s3r.train.optimizer import make_optimizer, schedule
-from s3r.train.step import TrainState, init_state, make_eval_step, make_train_step
+from s3r.train.run import checkpoint, compile_cache
+from s3r.train.step import TrainState, init_state, make_eval_step, make_train_step, sharding
+from s3r.train.step.optimizer import make_optimizer, schedule
 
 
 class ResourceError(RuntimeError):

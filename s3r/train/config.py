@@ -20,8 +20,8 @@ from s3r.model import preset as model_preset
 from s3r.model.config import TP_PARTIAL_SUMS
 from s3r.quant import DEFAULT_RECIPE
 from s3r.quant.recipes import RecipeField
-from s3r.train.optimizer import OptimizerConfig
-from s3r.train.profiling import ProfileError, parse_steps
+from s3r.train.run.profiling import ProfileError, parse_steps
+from s3r.train.step.optimizer import OptimizerConfig
 
 
 class ConfigError(ValueError):

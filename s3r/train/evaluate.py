@@ -25,10 +25,10 @@ import tokenizers
 from s3r import data as s3r_data
 from s3r.data import cache as s3r_cache
 from s3r.data import corpus as s3r_corpus
-from s3r.train import checkpoint, logs
 from s3r.train.builder import Setup, build, compile_eval_step, imported_params, make_mesh, prepare_data
 from s3r.train.config import ConfigError, TrainConfig
-from s3r.train.placement import Batches
+from s3r.train.run import checkpoint, logs
+from s3r.train.run.placement import Batches
 from s3r.train.step import TrainState
 
 

@@ -10,22 +10,22 @@
                    load_balance_loss (weighted, summed over the MoE layers; `loss` is the
                    cross-entropy without it) and dropped_fraction (capacity drops) on steps >= 1
   loss.png         train and validation loss curves (at the end, and when the run stops early)
-  events.out.tfevents.*  the same scalars for TensorBoard; wandb/ with --wandb (s3r.train.tracking)
-  profile/         with --profile, the jax.profiler trace of those steps (s3r.train.profiling)
+  events.out.tfevents.*  the same scalars for TensorBoard; wandb/ with --wandb (s3r.train.run.tracking)
+  profile/         with --profile, the jax.profiler trace of those steps (s3r.train.run.profiling)
   tokenizer/       with --init-from: the checkpoint's tokenizer files (what `s3r export` writes beside the weights)
   checkpoints/     Orbax checkpoints every `ckpt_every` steps, at the end and on Ctrl-C (the last two,
-                   and the newest known-good one: s3r.train.recovery)
-  train.log        the libraries' logs (s3r.train.logs)
+                   and the newest known-good one: s3r.train.run.recovery)
+  train.log        the libraries' logs (s3r.train.run.logs)
   diverged/<step>/ after a divergence at <step>: the checkpoints written after the known-good one
 
-Resuming (`cfg.resume`) continues the run `s3r.train.resume.find_run` reads in `cfg.out` (once:
+Resuming (`cfg.resume`) continues the run `s3r.train.run.resume.find_run` reads in `cfg.out` (once:
 the newest checkpoint with a readable meta, damaged newer ones reported and skipped) and refuses
 a folder without a run; only RESUMABLE_CHANGES and a larger `steps` may differ from the run's
 config, and the corpus must be the run's (the same tokenizer and training tokens). A larger
 `steps` extends the run: the cosine decay is stretched to the new total from the resumed step on. A
 lower `lr` is recorded as a schedule change from the resumed step on (`TrainConfig.lr_changes`).
 
-Safety (s3r.train.guard): one training per run directory (a lock), Ctrl-C saves and stops
+Safety (s3r.train.run.guard): one training per run directory (a lock), Ctrl-C saves and stops
 (`TrainingInterrupted`; a second Ctrl-C waits for a save in progress, and otherwise stops at
 once naming the latest intact checkpoint), a non-finite, blown-up or fast-rising loss or a zero
 gradient norm stops the run (`TrainingDiverged`, naming the checkpoint known to be good and the
@@ -36,7 +36,7 @@ line is removed again.
 
 Several processes (after `jax.distributed.initialize`, see `s3r train --coordinator` and
 docs/scaling.md): every process runs `train(cfg)` with the same config; each loads only its
-rows of every batch (s3r.train.placement) and all of them take part in checkpointing, while
+rows of every batch (s3r.train.run.placement) and all of them take part in checkpointing, while
 process 0 alone writes metrics.jsonl, config.json, loss.png and logs and holds the lock.
 """
 
@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 from s3r import data as s3r_data
 from s3r import model as s3r_model
 from s3r.model.hf.save import copy_tokenizer_files
-from s3r.train import checkpoint, compile_cache, flops, logs, peers, placement, profiling, recovery, report, resume
+from s3r.train import flops
 from s3r.train.builder import (  # noqa: F401
   ResourceError,
   Setup,
@@ -70,7 +70,8 @@ from s3r.train.builder import (  # noqa: F401
 )
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import evaluate, evaluate_checkpoint, open_run, validation_batches  # noqa: F401
-from s3r.train.guard import (
+from s3r.train.run import checkpoint, compile_cache, logs, peers, placement, profiling, recovery, report, resume
+from s3r.train.run.guard import (
   DivergenceMonitor,
   Interrupts,
   RunLock,
@@ -78,9 +79,9 @@ from s3r.train.guard import (
   TrainingInterrupted,
   param_name,
 )
-from s3r.train.placement import Batches, is_main_process
+from s3r.train.run.placement import Batches, is_main_process
+from s3r.train.run.tracking import RunOutputs, check_trackers
 from s3r.train.step import FIRST_NONFINITE_GRAD
-from s3r.train.tracking import RunOutputs, check_trackers
 
 TOKENIZER_DIR = "tokenizer"  # <out>/tokenizer/: the tokenizer files of the --init-from checkpoint
 

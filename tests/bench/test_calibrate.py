@@ -83,7 +83,7 @@ def test_a_cpu_trace_of_a_jitted_program_maps_its_thunks_to_the_hlo(tmp_path):
   import jax
   import jax.numpy as jnp
 
-  from s3r.train import profiling
+  from s3r.train.run import profiling
 
   compiled = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(0)).lower(jnp.ones((128, 128)), jnp.ones((128, 128))).compile()
   a = jnp.ones((128, 128))

@@ -1,4 +1,4 @@
-"""A stand-in for a training process of a multi-process run, without a model: `s3r.train.peers` started as
+"""A stand-in for a training process of a multi-process run, without a model: `s3r.train.run.peers` started as
 `s3r train` starts it, then a loop of one small collective per step with the step loop's hooks.
 
   python tests/distributed/peer_worker.py OUT PORT PROCESS_ID [PEER_TIMEOUT_S [HANG_AT_STEP]]
@@ -16,8 +16,8 @@ import numpy as np
 
 
 def main(out: str, port: str, process_id: str, timeout_s: str = "4", hang_at_step: str = "0") -> int:
-  from s3r.train import peers
-  from s3r.train.guard import Interrupts
+  from s3r.train.run import peers
+  from s3r.train.run.guard import Interrupts
 
   watch = peers.start(
     coordinator=f"127.0.0.1:{port}",

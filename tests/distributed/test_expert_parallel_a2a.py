@@ -116,7 +116,7 @@ def test_expert_dispatch_is_validated_with_the_field_and_the_allowed_values():
 
 def test_the_all_to_all_token_and_expert_axes_are_those_of_the_sharding_rules():
   from s3r.model import moe_ep
-  from s3r.train import sharding
+  from s3r.train.step import sharding
 
   assert sharding.RULES["batch"] == moe_ep.TOKEN_AXES
   assert sharding.RULES["expert"] == moe_ep.EXPERT_AXIS

@@ -1,4 +1,4 @@
-"""The watch over the other processes (s3r.train.peers) on the real runtime: two processes of
+"""The watch over the other processes (s3r.train.run.peers) on the real runtime: two processes of
 tests/distributed/peer_worker.py (jax.distributed, its key-value store, gloo; no model, so each case takes
 seconds). A killed coordinator ends the other process in one console line with exit code 75 (through the
 runtime's own abort, which the watch turns into its line), and SIGTERM to one process stops both after the

@@ -127,8 +127,7 @@ def projection_deltas(setup, params, batch, train_key) -> tuple[list[float], dic
   from research import taps
   from s3r import model as s3r_model
   from s3r.quant.matmul import gradient_codes
-  from s3r.train import sharding
-  from s3r.train.step import cross_entropy
+  from s3r.train.step import cross_entropy, sharding
 
   cfg = setup.model_cfg
   widths = {
@@ -264,8 +263,9 @@ def checkpoint_worker(out: pathlib.Path, corpus: str, cache: str) -> None:
   import shutil
 
   from s3r import cli
-  from s3r.train import checkpoint, loop
+  from s3r.train import loop
   from s3r.train.config import TrainConfig
+  from s3r.train.run import checkpoint
 
   first_mesh = "fsdp=4,tensor=2"
   meshes = {"4x2": first_mesh, "2x4": "fsdp=2,tensor=4", "1": None}
@@ -379,7 +379,7 @@ def _moe_layer_runs(out: pathlib.Path, prefix: str, blocks: dict, runs) -> None:
   from flax import nnx
 
   from labtools.analysis.collectives import collectives
-  from s3r.train import sharding
+  from s3r.train.step import sharding
 
   rng = np.random.default_rng(0)
   x_f32 = rng.normal(size=(8, 16, 32)) * rng.uniform(0.2, 2, size=(8, 16, 1))

@@ -8,7 +8,7 @@ import subprocess
 import jax
 import pytest
 
-from s3r.train import compile_cache
+from s3r.train.run import compile_cache
 
 
 def _train(cli, out, cache, *extra) -> subprocess.CompletedProcess:

@@ -18,9 +18,9 @@ import pytest
 
 from s3r import model as M
 from s3r.quant import recipes
-from s3r.train import guard
-from s3r.train import optimizer as O
 from s3r.train import step as St
+from s3r.train.run import guard
+from s3r.train.step import optimizer as O
 
 VOCAB, BATCH, SEQ = 64, 2, 32
 # every token id is an input of the batch, so that a NaN in any embedding row is read by the step

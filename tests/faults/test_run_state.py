@@ -112,8 +112,9 @@ def test_a_non_finite_loss_stops_with_exit_1_naming_the_checkpoint_and_keeps_met
   import jax
   import numpy as np
 
-  from s3r.train import checkpoint, loop
+  from s3r.train import loop
   from s3r.train.config import TrainConfig
+  from s3r.train.run import checkpoint
 
   shutil.rmtree(run_copy / "checkpoints" / "6")
   ckpt = checkpoint.Checkpointer(run_copy / "checkpoints", create=False)

@@ -167,8 +167,8 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
 def test_moe_family_trains_with_an_all_fp8_recipe(name, layers):
   """E4M3 forward and E5M2 gradients in every projection, the expert GEMMs (grouped_qmatmul) included;
   DeepSeek-V2 with one dense layer and one MoE layer."""
-  from s3r.train import optimizer as opt
   from s3r.train import step as train_step
+  from s3r.train.step import optimizer as opt
 
   cfg = M.preset(name, recipe="s3r_ec_dx@e5m2+fwd_e4m3", layers=layers)
   assert isinstance(cfg, MoeFields) and any(cfg.is_moe(i) for i in range(cfg.n_layers))
@@ -197,8 +197,8 @@ def test_moe_auxiliary_loss_comes_back_from_apply_with_aux():
 @pytest.mark.slow  # compiling a quantized train step takes 15-75 s on a loaded two-core CPU
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_sibling_trains_with_s3r_ec_dx(name):
-  from s3r.train import optimizer as opt
   from s3r.train import step as train_step
+  from s3r.train.step import optimizer as opt
 
   cfg = M.preset(name, recipe="s3r_ec_dx")
   ocfg = opt.OptimizerConfig(lr=3e-3, total_steps=100, warmup_steps=0)

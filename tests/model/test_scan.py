@@ -18,9 +18,9 @@ from s3r import model as M
 from s3r.model import stack
 from s3r.model.transformer import block_class
 from s3r.quant import RECIPES
-from s3r.train import checkpoint
-from s3r.train import optimizer as opt
 from s3r.train import step as train_step
+from s3r.train.run import checkpoint
+from s3r.train.step import optimizer as opt
 from tests.conftest import xla_flags
 
 FAMILIES = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny"]

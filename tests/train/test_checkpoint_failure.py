@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from s3r.train.checkpoint import CheckpointDiskFull, Checkpointer
+from s3r.train.run.checkpoint import CheckpointDiskFull, Checkpointer
 
 
 @pytest.fixture

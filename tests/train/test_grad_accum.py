@@ -13,10 +13,11 @@ import optax
 import pytest
 
 from s3r import model as M
-from s3r.train import checkpoint, loop
-from s3r.train import optimizer as O
+from s3r.train import loop
 from s3r.train import step as St
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import checkpoint
+from s3r.train.step import optimizer as O
 from tests.train.conftest import tiny_config
 
 U_BF16 = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits, round to nearest)

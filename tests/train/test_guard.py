@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from s3r.train.config import ConfigError
-from s3r.train.guard import DivergenceMonitor, Interrupts, RunLock
+from s3r.train.run.guard import DivergenceMonitor, Interrupts, RunLock
 
 
 def test_a_normal_noisy_descent_is_not_flagged():
@@ -110,7 +110,8 @@ def test_a_second_lock_on_the_same_directory_is_refused_and_released_with_the_fi
 
 def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
   code = (
-    f"from s3r.train.guard import RunLock; import os; RunLock({str(tmp_path)!r}).__enter__(); os.kill(os.getpid(), 9)"
+    "from s3r.train.run.guard import RunLock; import os; "
+    f"RunLock({str(tmp_path)!r}).__enter__(); os.kill(os.getpid(), 9)"
   )
   proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == -signal.SIGKILL and (tmp_path / ".lock").exists()

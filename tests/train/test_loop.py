@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from s3r.train import checkpoint, loop
+from s3r.train import loop
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import checkpoint
 from tests.train.conftest import tiny_config
 
 # The runs of this module: 8 steps, validated (on 2 batches) and saved every 4.
@@ -105,7 +106,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_metrics_and_plot(fi
 
 
 def test_resume_with_more_steps_extends_the_run_on_a_stretched_schedule(finished_run, tmp_path):
-  from s3r.train.optimizer import schedule
+  from s3r.train.step.optimizer import schedule
 
   cfg, _ = finished_run
   # checkpoints every 2 steps from the resume on, keeping every 4th besides the last two

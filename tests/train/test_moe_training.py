@@ -14,9 +14,9 @@ import pytest
 import s3r
 from s3r import model as M
 from s3r.train import loop
-from s3r.train import optimizer as O
 from s3r.train import step as St
 from s3r.train.config import TrainConfig
+from s3r.train.step import optimizer as O
 
 MOE_METRICS = ("load_balance_loss", "dropped_fraction")
 

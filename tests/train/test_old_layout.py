@@ -9,7 +9,8 @@ import pytest
 
 from s3r import cli
 from s3r.model import stack
-from s3r.train import checkpoint, evaluate
+from s3r.train import evaluate
+from s3r.train.run import checkpoint
 from tests.train.conftest import write_corpus
 
 

@@ -1,4 +1,4 @@
-"""The watch over the other processes of a run (s3r.train.peers), in one process: `Peers` objects talk through
+"""The watch over the other processes of a run (s3r.train.run.peers), in one process: `Peers` objects talk through
 an in-memory stand-in of the coordination service's key-value store, and the end of a process (`os._exit`) is
 recorded instead. The real runtime, with two processes, is tests/distributed/test_peer_faults.py."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from s3r.train import peers
+from s3r.train.run import peers
 
 TIMEOUT_S, POLL_S = 0.6, 0.03
 

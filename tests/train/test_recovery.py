@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from s3r.train import recovery
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import recovery
 
 
 class _Checkpoints:
@@ -92,7 +92,7 @@ def test_lr_changes_out_of_order_beyond_the_run_or_above_the_maximum_are_refused
 def test_the_known_good_checkpoint_survives_rotation_and_is_forgotten_when_overwritten(tmp_path):
   import jax.numpy as jnp
 
-  from s3r.train.checkpoint import Checkpointer
+  from s3r.train.run.checkpoint import Checkpointer
 
   ckpt = Checkpointer(tmp_path / "checkpoints")
   state, meta = {"w": jnp.ones(3)}, {"train_config": {}}
@@ -109,7 +109,7 @@ def test_the_known_good_checkpoint_survives_rotation_and_is_forgotten_when_overw
 def test_keep_every_keeps_the_multiples_besides_the_last_two_and_the_known_good_one(tmp_path):
   import jax.numpy as jnp
 
-  from s3r.train.checkpoint import Checkpointer
+  from s3r.train.run.checkpoint import Checkpointer
 
   ckpt = Checkpointer(tmp_path / "checkpoints", keep_every=4)
   state, meta = {"w": jnp.ones(3)}, {"train_config": {}}

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from s3r.train import resume
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import resume
 
 
 def test_find_run_refuses_a_folder_without_a_run_and_creates_nothing(tmp_path):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from s3r.model import ModelConfig
-from s3r.train import flops, loop, profiling, report, tracking
+from s3r.train import flops, loop
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import profiling, report, tracking
 from tests.faults.conftest import assert_one_line_error, run_in_process
 from tests.train.conftest import tiny_config
 

@@ -4,7 +4,7 @@ import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from s3r.train import sharding as S
+from s3r.train.step import sharding as S
 
 MESH_2x2x2 = AbstractMesh((2, 1, 2, 2), S.MESH_AXES)  # data x expert x fsdp x tensor
 MESH_EP = AbstractMesh((2, 4, 1, 1), S.MESH_AXES)  # data=2, expert=4

@@ -10,8 +10,8 @@ import pytest
 from labtools.analysis.jaxpr import is_int8_dot, iter_eqns, shaped
 from s3r import model as M
 from s3r.quant import RECIPES
-from s3r.train import optimizer as O
 from s3r.train import step as St
+from s3r.train.step import optimizer as O
 
 INT8_RECIPES = ["int8_rtne", "int8_sr", "s3r", "s3r_ec_dx", "s3r_ec", "s3r_ec_bcast"]
 

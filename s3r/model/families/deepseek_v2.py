@@ -84,7 +84,8 @@ class DeepSeekV2Config(MoeFields, ModelConfig):
 MLA_PROJECTIONS = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "gate", "up", "down")  # index j of the per-projection key
 # The latent norms (q_a, kv_a) use this epsilon whatever norm_eps says, as DeepSeek's reference code does.
 LATENT_NORM_EPS = 1e-6
-# Tensor-parallel split (s3r.train.sharding RULES): heads are split; the latents (q_a, kv_a outputs) are replicated.
+# Tensor-parallel split (s3r.train.step.sharding RULES): heads are split; the latents (q_a, kv_a outputs) are
+# replicated.
 _MLA_TP_SPLIT = {
   "q": "column",
   "q_a": None,

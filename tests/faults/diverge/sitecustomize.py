@@ -9,7 +9,7 @@ import os
 
 import jax.numpy as jnp
 
-from s3r.train import optimizer
+from s3r.train.step import optimizer
 
 _schedule = optimizer.schedule
 STEP = int(os.environ["S3R_TEST_DIVERGE_STEP"])

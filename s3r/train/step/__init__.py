@@ -1,4 +1,5 @@
-"""Pure train and eval steps.
+"""Pure train and eval steps (this module), with what they are built from beside them: the optimizer
+(`optimizer.py`) and the device mesh with its partition rules (`sharding.py`).
 
 Dimension letters: B batch, S sequence, V vocabulary. A batch is int32 [B, S + 1]:
 inputs are its first S tokens, targets its last S.

@@ -4,7 +4,7 @@ A trace is a folder in TensorBoard's profile layout, `<folder>/plugins/profile/<
 (plus `<host>.trace.json.gz` where asked), which the TensorBoard profile plugin and XProf open:
 `xprof --logdir <folder>` or `tensorboard --logdir <folder>` (docs/training.md, "Profiling").
 
-    from s3r.train import profiling
+    from s3r.train.run import profiling
 
     with profiling.trace("runs/x/profile"):              # everything in the block
       step(...)

@@ -31,7 +31,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from s3r.model import stack
-from s3r.train.logs import RUN_LOG
+from s3r.train.run.logs import RUN_LOG
 
 # A restore fallback: the target abstract state -> (the abstract state of an older layout, converter of
 # a state read in that layout to the target's).

@@ -20,10 +20,11 @@ import pathlib
 import jax
 
 from s3r import data as s3r_data
-from s3r.train import checkpoint, sharding
 from s3r.train.builder import Setup, make_mesh
 from s3r.train.config import ConfigError, TrainConfig
 from s3r.train.evaluate import tokenizer_change
+from s3r.train.run import checkpoint
+from s3r.train.step import sharding
 
 NEW_RUN = "start a new run with another --out"
 

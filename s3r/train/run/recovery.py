@@ -21,8 +21,8 @@ import pathlib
 import shutil
 from typing import Protocol
 
-from s3r.train import checkpoint, report
 from s3r.train.config import TrainConfig
+from s3r.train.run import checkpoint, report
 
 GOOD_AFTER = 2  # healthy steps after a checkpoint that make it known good
 GOOD_RATIO, GOOD_NATS = 1.25, 0.5  # how far above the running level those steps' losses may be

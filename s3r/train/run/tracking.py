@@ -26,8 +26,8 @@ import pathlib
 import secrets
 import time
 
-from s3r.train import report
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import report
 
 EVENTS_GLOB = "events.out.tfevents.*"
 PERF_KEYS = ("tokens_per_s", "step_time_s", "tflops_per_s_per_device", "mfu")

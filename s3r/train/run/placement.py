@@ -16,9 +16,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from s3r import data as s3r_data
-from s3r.train import report
 from s3r.train.builder import prepare_data
 from s3r.train.config import ConfigError, TrainConfig
+from s3r.train.run import report
 
 
 def is_main_process() -> bool:
