@@ -237,3 +237,20 @@ def test_rule_checker_catches_an_upward_import(tmp_path, monkeypatch):
     "quant imports scipy (only jax, jaxlib, numpy and the stdlib)",
     "train imports labtools.results",
   ]
+
+
+MAX_MODULE_LINES = 450  # a module a reader holds in mind at once; past it, split by job
+SIZED_ROOTS = ("s3r", "benchmarks", "labtools", "research", "scripts")
+
+
+def _long_modules(roots: tuple[str, ...], limit: int = MAX_MODULE_LINES) -> list[str]:
+  paths = (p for root in roots for p in sorted((REPO / root).rglob("*.py")))
+  return [f"{p.relative_to(REPO)}: {n}" for p in paths if (n := len(p.read_text().splitlines())) > limit]
+
+
+def test_no_module_is_over_450_lines():
+  assert _long_modules(SIZED_ROOTS) == []
+
+
+def test_module_length_check_names_a_long_module():
+  assert _long_modules(("s3r",), limit=100)  # the library has modules over 100 lines: the check sees them
