@@ -133,7 +133,8 @@ def _scales(x, w):
 # --- the steps docs/extending.md gives for a new model family -----------------------------------------
 
 
-def test_every_registered_family_has_a_preset_and_a_checkpoint_fixture_of_each_architecture():
+def test_every_registered_family_has_its_presets_a_checkpoint_fixture_of_each_architecture_and_its_test_facts():
+  import importlib
   import json
 
   import s3r.model as M
@@ -145,56 +146,103 @@ def test_every_registered_family_has_a_preset_and_a_checkpoint_fixture_of_each_a
   assert {p.family for p in M.PRESETS.values()} == set(M.FAMILIES)
   for family in M.FAMILIES.values():
     assert families.family_of(family.config) is family and family.name == family.config.family
+    module = importlib.import_module(f"s3r.model.families.{family.name}")
+    assert module.FAMILY is family, "the family's module is named as the family"
+    facts = importlib.import_module(f"tests.model.families.{family.name}")
+    for field in (
+      "PUBLISHED",
+      "HUB_CONFIGS",
+      "REFUSED",
+      "TOKENIZER",
+      "INVALID",
+      "CLI_RECIPE",
+      "CLI_IN_DEFAULT_SUITE",
+      "LAYERS_DIFFER",
+    ):
+      assert hasattr(facts, field), f"tests/model/families/{family.name}.py has no {field}"
 
 
-def test_a_new_family_is_one_record_that_every_dispatch_uses(monkeypatch, tmp_path):
-  """A family registered as docs/extending.md says (a config class, a block, a `Family` in the registry)
-  builds, generates, round-trips through a config file and through a Hugging Face checkpoint."""
+# A new family as docs/extending.md writes it: one module (here the Llama block with a linear gate in place of
+# SiLU, a change the decoder's numbers show), registered in the registry.
+FAMILY_MODULE = """
+import dataclasses
+from typing import ClassVar
+
+from s3r.model.config import ModelConfig
+from s3r.model.families import llama
+from s3r.model.families.base import Family
+from s3r.model.layers import Block
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SwappedConfig(ModelConfig):
+  family: ClassVar[str] = "swapped"
+
+
+class SwappedBlock(Block[SwappedConfig]):
+  def _act(self, gate_BxSxF):
+    return gate_BxSxF  # a linear gate: the block's output differs from the Llama block's
+
+
+def read(f):
+  cfg = llama.read(f)
+  return SwappedConfig(**{field.name: getattr(cfg, field.name) for field in dataclasses.fields(cfg)})
+
+
+def write(cfg):
+  return {**llama.write(cfg), "architectures": ["SwappedForCausalLM"], "model_type": "swapped"}
+
+
+PRESETS = {
+  "swapped-tiny": SwappedConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=16, recipe="bf16"
+  )
+}
+
+FAMILY = Family(
+  config=SwappedConfig,
+  block=SwappedBlock,
+  readers={"SwappedForCausalLM": read},
+  writer=write,
+  block_tensors=llama.block_tensors,
+  presets=PRESETS,
+  sibling="swapped-tiny",
+)
+"""
+
+
+def test_a_new_family_is_one_module_that_every_dispatch_uses(monkeypatch, tmp_path):
+  """A family written as one module (its config, block, Hugging Face conversion, presets and `Family`) and
+  registered builds, generates, round-trips through a config file and through a Hugging Face checkpoint."""
   import dataclasses
-  from typing import ClassVar
+  import importlib.util
 
   import jax
   import numpy as np
 
   import s3r.model as M
-  from s3r.model import families, transformer
-  from s3r.model.families import llama
-  from s3r.model.layers import Block
+  from s3r.model import registry, transformer
 
-  @dataclasses.dataclass(frozen=True, kw_only=True)
-  class TinyConfig(M.ModelConfig):
-    family: ClassVar[str] = "tiny"
+  (tmp_path / "swapped.py").write_text(FAMILY_MODULE)
+  spec = importlib.util.spec_from_file_location("swapped", tmp_path / "swapped.py")
+  assert spec is not None and spec.loader is not None
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  monkeypatch.setitem(registry.FAMILIES, module.FAMILY.name, module.FAMILY)  # registered for this test only
 
-  class TinyBlock(Block[TinyConfig]):
-    """The Llama block (a real family overrides its hooks)."""
-
-  def read(f):
-    cfg = llama.read(f)
-    return TinyConfig(**{field.name: getattr(cfg, field.name) for field in dataclasses.fields(cfg)})
-
-  def write(cfg):
-    return {**llama.write(cfg), "architectures": ["TinyForCausalLM"], "model_type": "tiny"}
-
-  cfg = TinyConfig(
-    vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=16, recipe="bf16"
-  )
-  family = families.Family(
-    config=TinyConfig,
-    block=TinyBlock,
-    readers={"TinyForCausalLM": read},
-    writer=write,
-    block_tensors=llama.block_tensors,
-    presets={"tiny-tiny": cfg},
-    sibling="tiny-tiny",
-  )
-  monkeypatch.setitem(families.FAMILIES, "tiny", family)
-
-  assert transformer.block_class(cfg) is TinyBlock
+  cfg = M.preset("swapped-tiny")  # the presets come from the registry
+  assert isinstance(cfg, module.SwappedConfig) and "swapped-tiny" in M.PRESETS
+  assert transformer.block_class(cfg) is module.SwappedBlock
   assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
   params = M.init_params(cfg, jax.random.key(0))
+  tokens = jax.numpy.asarray([[1, 2, 3]])
+  llama = M.ModelConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # same fields, Llama block
+  assert not np.allclose(
+    M.apply(M.graphdef(cfg), params, tokens, key=None), M.apply(M.graphdef(llama), params, tokens, key=None)
+  )
   out = M.generate(cfg, params, [[1, 2, 3]], max_new_tokens=2)
   assert out.shape == (1, 2)
-  path = M.save_hf(tmp_path / "tiny", cfg, params, dtype=np.float32)
+  path = M.save_hf(tmp_path / "swapped", cfg, params, dtype=np.float32)
   back_cfg, back = M.load_hf(path, recipe="bf16")  # training fields are not in config.json
   assert back_cfg == cfg
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), back, params))
@@ -213,5 +261,9 @@ def test_a_family_record_refuses_a_wrong_field_naming_it():
     dataclasses.replace(llama.FAMILY, block=cast(Any, M.Transformer))  # not a Block, on purpose
   with pytest.raises(ValueError, match="Family.readers"):
     dataclasses.replace(llama.FAMILY, readers={})
+  with pytest.raises(ValueError, match="Family.sibling"):
+    dataclasses.replace(llama.FAMILY, sibling="qwen3-tiny")  # a preset of another family
+  with pytest.raises(TypeError, match="Family.presets"):
+    dataclasses.replace(llama.FAMILY, presets={**llama.PRESETS, "qwen3-tiny": M.PRESETS["qwen3-tiny"]})
   with pytest.raises(ValueError, match=r"Family.inference .* no field \['capacity_factor'\]"):
     dataclasses.replace(llama.FAMILY, inference={"capacity_factor": None})  # a field of the MoE configs only

@@ -2,7 +2,7 @@
 
 Each family's module (`s3r.model.families.<name>`) holds its presets, with a table of their
 parameter counts: published dimensions (references in docs/models.md), a CPU-sized sibling of each
-family, and the original toy and training presets. `PRESETS` gathers them in the registry's order
+family, and the original toy and training presets. `PRESETS` shows them in the registry's order
 (`s3r models` lists them). `params` is the total, `active` the parameters one token uses (all but
 the routed experts it is not sent to); both checked in tests/model. The CLI may replace
 `vocab_size` by the tokenizer's; the counts are at each preset's own.
@@ -11,6 +11,7 @@ the routed experts it is not sent to); both checked in tests/model. The CLI may 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 
 from s3r.model.config import ModelConfig, MoeFields
 from s3r.model.families import FAMILIES
@@ -26,7 +27,24 @@ def _gathered() -> dict[str, ModelConfig]:
   return out
 
 
-PRESETS: dict[str, ModelConfig] = _gathered()
+class _Presets(Mapping[str, ModelConfig]):
+  """Preset name -> config over every registered family, in the registry's order: a view of the registry
+  (a family registered later shows here too)."""
+
+  def __getitem__(self, name: str) -> ModelConfig:
+    return _gathered()[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(_gathered())
+
+  def __len__(self) -> int:
+    return len(_gathered())
+
+  def __repr__(self) -> str:
+    return f"PRESETS({', '.join(self)})"
+
+
+PRESETS: Mapping[str, ModelConfig] = _Presets()
 """The model presets by name (`s3r train --preset`, `preset(name)`): small shapes for the CPU and the
 shapes of the released models."""
 OVERRIDES = {"layers": "n_layers", "seq": "max_seq_len", "width": "d_model"}  # short names accepted by preset()

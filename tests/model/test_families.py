@@ -1,5 +1,6 @@
-"""The five decoder families: forward pass against an independent reference, published parameter
-counts, presets and overrides, per-projection keys, training steps of each tiny sibling."""
+"""The registered decoder families (their facts in tests/model/families/<name>.py): forward pass against
+an independent reference, published parameter counts, presets and overrides, per-projection keys,
+training steps of each tiny sibling."""
 
 import jax
 import jax.numpy as jnp
@@ -9,10 +10,8 @@ import pytest
 from s3r import model as M
 from s3r.model import layers, moe
 from s3r.model.config import MoeFields
-from tests.model import reference
+from tests.model import family_facts, reference
 
-TINY = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny", "moe-tiny"]
-MOE = {"qwen3-moe-tiny", "deepseek-tiny", "qwen3-30b-a3b", "deepseek-v2-lite", "moe-tiny", "moe-cpu-small"}
 _apply = jax.jit(M.apply, static_argnums=0)
 ROUTING_TIE = 0.002  # router-probability gap below which bf16 activations may flip a top-k choice
 
@@ -34,7 +33,7 @@ def _randomized(params, seed, family: str):
   return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in out])
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", family_facts.TINY)
 def test_bf16_forward_matches_the_independent_reference(name):
   cfg = M.preset(name, recipe="bf16")
   params = _randomized(M.init_params(cfg, jax.random.key(0)), seed=1, family=cfg.family)
@@ -61,13 +60,7 @@ def test_reference_comparison_detects_a_missing_family_feature():
   assert np.linalg.norm(got - want) / np.linalg.norm(want) > 0.1
 
 
-PUBLISHED = {  # total parameters of the published checkpoints (docs/models.md)
-  "llama3.1-8b": 8_030_261_248,
-  "qwen3-8b": 8_190_735_360,
-  "gemma3-12b": 11_766_034_176,
-  "qwen3-30b-a3b": 30_532_122_624,
-  "deepseek-v2-lite": 15_706_484_224,
-}
+PUBLISHED = family_facts.merged("PUBLISHED")  # total parameters of the published checkpoints (docs/models.md)
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -93,7 +86,7 @@ def test_param_count_arithmetic_equals_the_initialized_shapes(name):
   shapes = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
   assert sum(x.size for x in jax.tree.leaves(shapes)) == M.param_count(cfg)
   dense = M.active_param_count(cfg) == M.param_count(cfg)
-  assert dense == (name not in MOE)
+  assert dense == (not isinstance(cfg, MoeFields))
 
 
 @pytest.mark.parametrize("name", list(M.PRESETS))
@@ -116,16 +109,12 @@ def test_overrides_slice_a_real_model():
   assert isinstance(lite, M.DeepSeekV2Config) and lite.dense_layers == 1
 
 
-@pytest.mark.parametrize(
-  "name, overrides, field",
-  [
-    ("gemma3-tiny", {"sliding_window": 0}, "sliding_window"),
-    ("qwen3-moe-tiny", {"top_k": 9}, "top_k"),
-    ("deepseek-tiny", {"v_head_dim": 64}, "v_head_dim"),
-    ("deepseek-tiny", {"dense_layers": 4}, "dense_layers"),
-    ("qwen3-tiny", {"d_head": 0}, "d_head"),
-  ],
-)
+INVALID = [
+  (family.sibling, *case) for family in M.FAMILIES.values() for case in family_facts.FACTS[family.name].INVALID
+]
+
+
+@pytest.mark.parametrize("name, overrides, field", INVALID)
 def test_invalid_family_config_is_rejected_naming_the_field(name, overrides, field):
   with pytest.raises(ValueError, match=field):
     M.preset(name, **overrides)
@@ -142,7 +131,7 @@ def test_config_round_trips_through_its_dict(name):
   assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("name", ["gemma3-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize("name", [s for s in family_facts.SIBLINGS if family_facts.of_sibling(s).LAYERS_DIFFER])
 def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
   cfg = M.preset(name, recipe="s3r", scan_layers=False)  # unrolled: the keys are concrete (the scan draws the same)
   seen = []
@@ -161,9 +150,16 @@ def test_every_projection_of_every_layer_gets_its_own_key(name, monkeypatch):
   assert len(seen) == len(set(seen)) > 7 * cfg.n_layers - 1
 
 
-@pytest.mark.parametrize(
-  "name, layers", [("qwen3-moe-tiny", 1), pytest.param("deepseek-tiny", 2, marks=pytest.mark.slow)]
-)  # 15-25 s each
+MOE_SIBLINGS = {s: cfg for s in family_facts.SIBLINGS if isinstance(cfg := M.PRESETS[s], MoeFields)}
+
+
+@pytest.mark.parametrize(  # 15-25 s each: the first MoE family in the default suite, the others slow
+  "name, layers",
+  [
+    pytest.param(s, cfg.dense_layers + 1, marks=pytest.mark.slow if i else ())
+    for i, (s, cfg) in enumerate(MOE_SIBLINGS.items())
+  ],
+)
 def test_moe_family_trains_with_an_all_fp8_recipe(name, layers):
   """E4M3 forward and E5M2 gradients in every projection, the expert GEMMs (grouped_qmatmul) included;
   DeepSeek-V2 with one dense layer and one MoE layer."""
@@ -195,7 +191,7 @@ def test_moe_auxiliary_loss_comes_back_from_apply_with_aux():
 
 
 @pytest.mark.slow  # compiling a quantized train step takes 15-75 s on a loaded two-core CPU
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", family_facts.TINY)
 def test_tiny_sibling_trains_with_s3r_ec_dx(name):
   from s3r.train import step as train_step
   from s3r.train.step import optimizer as opt

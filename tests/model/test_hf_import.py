@@ -24,7 +24,7 @@ import pytest
 from s3r import model as M
 from s3r.model.config import MoeFields
 from s3r.model.hf import checkpoint, configs, layouts, safetensors, tensors
-from tests.model import reference
+from tests.model import family_facts, reference
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures_hf"
 NAMES = sorted(d.name for d in FIXTURES.iterdir() if (d / "config.json").is_file())  # every fixture checkpoint
@@ -286,32 +286,7 @@ def _config(name: str, **changes) -> dict:
   return config
 
 
-REFUSED = [  # (fixture, changed field (dotted: nested), value, field the message names)
-  ("llama", "hidden_act", "gelu", "hidden_act='gelu'"),
-  ("llama", "attention_bias", True, "attention_bias=True"),
-  ("llama", "mlp_bias", True, "mlp_bias=True"),
-  ("llama", "rope_parameters.rope_type", "dynamic", "rope_type='dynamic'"),
-  ("llama", "rope_parameters.rope_type", "longrope", "rope_type='longrope'"),
-  ("llama", "rope_parameters.partial_rotary_factor", 0.5, "partial_rotary_factor=0.5"),
-  ("qwen3", "use_sliding_window", True, "use_sliding_window=True"),
-  ("qwen3", "layer_types", ["full_attention", "sliding_attention"], "layer_types="),
-  ("gemma3", "final_logit_softcapping", 30.0, "final_logit_softcapping=30.0"),
-  ("gemma3", "attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0"),
-  ("gemma3", "layer_types", ["full_attention", "sliding_attention", "sliding_attention"], "layer_types="),
-  ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
-  ("gemma3", "rope_parameters.sliding_attention.rope_type", "linear", "sliding_attention"),
-  ("gemma3_multimodal", "text_config.final_logit_softcapping", 30.0, "text_config.final_logit_softcapping"),
-  ("qwen3_moe", "mlp_only_layers", [1], "mlp_only_layers=\\[1\\]"),
-  ("qwen3_moe", "decoder_sparse_step", 2, "decoder_sparse_step"),
-  ("deepseek_v2", "topk_method", "group_limited_greedy", "topk_method='group_limited_greedy'"),
-  ("deepseek_v2", "norm_topk_prob", True, "norm_topk_prob=True"),
-  ("deepseek_v2", "scoring_func", "sigmoid", "scoring_func='sigmoid'"),
-  ("deepseek_v2", "moe_layer_freq", 2, "moe_layer_freq=2"),
-  ("deepseek_v2", "num_key_value_heads", 2, "num_key_value_heads=2"),
-  ("deepseek_v2", "rope_parameters.mscale", None, "mscale=None"),
-  ("deepseek_v2", "rope_parameters.attention_factor", 1.2, "attention_factor=1.2"),
-  ("deepseek_v2", "rope_parameters.truncate", False, "truncate=False"),
-]
+REFUSED = family_facts.gathered("REFUSED")  # (fixture, changed field (dotted: nested), value, field the message names)
 
 
 @pytest.mark.parametrize("name, field, value, named", REFUSED)
@@ -353,125 +328,7 @@ def test_yarn_mscale_without_mscale_all_dim_is_ignored_as_the_reference_ignores_
   )  # cos/sin x (0.1 ln(factor) + 1), no softmax term
 
 
-PUBLISHED = {  # config.json of the published checkpoints (their older spelling), the fields that matter
-  "llama3.1-8b": {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-      "factor": 8.0,
-      "low_freq_factor": 1.0,
-      "high_freq_factor": 4.0,
-      "original_max_position_embeddings": 8192,
-      "rope_type": "llama3",
-    },
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-    "pretraining_tp": 1,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-  },
-  "qwen3-30b-a3b": {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "norm_topk_prob": True,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "router_aux_loss_coef": 0.001,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "max_window_layers": 48,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "rope_scaling": None,
-    "sliding_window": None,
-    "use_sliding_window": False,
-    "tie_word_embeddings": False,
-  },
-  "gemma3-12b": {
-    "architectures": ["Gemma3ForConditionalGeneration"],
-    "mm_tokens_per_image": 256,
-    "text_config": {
-      "hidden_size": 3840,
-      "intermediate_size": 15360,
-      "num_hidden_layers": 48,
-      "num_attention_heads": 16,
-      "num_key_value_heads": 8,
-      "head_dim": 256,
-      "vocab_size": 262208,
-      "max_position_embeddings": 131072,
-      "query_pre_attn_scalar": 256,
-      "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-      "rope_theta": 1000000.0,
-      "rope_local_base_freq": 10000.0,
-      "sliding_window": 1024,
-      "sliding_window_pattern": 6,
-      "final_logit_softcapping": None,
-      "attn_logit_softcapping": None,
-      "model_type": "gemma3_text",
-    },
-    "vision_config": {"model_type": "siglip_vision_model"},
-  },
-  "deepseek-v2-lite": {
-    "architectures": ["DeepseekV2ForCausalLM"],
-    "hidden_size": 2048,
-    "intermediate_size": 10944,
-    "moe_intermediate_size": 1408,
-    "num_hidden_layers": 27,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "n_routed_experts": 64,
-    "n_shared_experts": 2,
-    "num_experts_per_tok": 6,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "norm_topk_prob": False,
-    "routed_scaling_factor": 1.0,
-    "scoring_func": "softmax",
-    "topk_method": "greedy",
-    "n_group": 1,
-    "topk_group": 1,
-    "aux_loss_alpha": 0.001,
-    "seq_aux": True,
-    "q_lora_rank": None,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "vocab_size": 102400,
-    "max_position_embeddings": 163840,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000,
-    "rope_scaling": {
-      "type": "yarn",
-      "factor": 40,
-      "original_max_position_embeddings": 4096,
-      "beta_fast": 32,
-      "beta_slow": 1,
-      "mscale": 0.707,
-      "mscale_all_dim": 0.707,
-    },
-    "attention_bias": False,
-    "tie_word_embeddings": False,
-  },
-}
+PUBLISHED = family_facts.merged("HUB_CONFIGS")  # config.json of the published checkpoints (older spelling)
 
 
 @pytest.mark.parametrize("preset", list(PUBLISHED))

@@ -19,6 +19,7 @@ from s3r.data import cache as s3r_cache
 from s3r.model.hf.save import _write_tokenizer
 from s3r.train import builder, evaluate
 from s3r.train.config import TrainConfig
+from tests.model import family_facts
 
 WORDS = ["the", "lazy", "dog", "jumps", "over", "a", "fox"]
 
@@ -42,11 +43,7 @@ def _folder(tmp_path: pathlib.Path, *, bos: str | None, eos: str, post_bos: bool
 
 
 # (family, BOS token, EOS token, whether the post-processor adds BOS, tokenizer_config fields, starts with BOS)
-FAMILIES = [
-  ("llama3", "<|begin_of_text|>", "<|end_of_text|>", True, {}, True),
-  ("qwen3", None, "<|endoftext|>", False, {}, False),
-  ("gemma3", "<bos>", "<eos>", True, {"add_bos_token": True, "add_eos_token": False}, True),
-  ("deepseek_v2", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", False, {"add_bos_token": True}, True),
+FAMILIES = [(name, *facts.TOKENIZER) for name, facts in family_facts.FACTS.items() if facts.TOKENIZER] + [
   ("config_says_no", "<s>", "</s>", True, {"add_bos_token": False}, False),
 ]
 

@@ -22,8 +22,9 @@ from s3r.train import step as train_step
 from s3r.train.run import checkpoint
 from s3r.train.step import optimizer as opt
 from tests.conftest import xla_flags
+from tests.model import family_facts
 
-FAMILIES = ["llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny"]
+FAMILIES = family_facts.SIBLINGS  # one CPU-sized preset per registered family
 # Gemma 3 with a 2-layer local:global period over 3 layers: local, global, local (the remainder).
 GEMMA_PATTERN = {"global_every": 2, "n_layers": 3, "sliding_window": 4}
 
@@ -73,8 +74,9 @@ def test_the_layer_axis_is_never_sharded():
       assert spec[0] is None and len(spec) == len(shape.shape)
 
 
-# the families whose scan differs most from one plain scan: Gemma's per-layer cond, DeepSeek's two segments
-SLOW_FAMILIES = {"llama-tiny", "qwen3-tiny", "qwen3-moe-tiny"}
+# in the default suite: the families whose scan differs most from one plain scan (e.g. Gemma's per-layer
+# cond, DeepSeek's two segments); the others in the slow suite
+SLOW_FAMILIES = {s for s in FAMILIES if not family_facts.of_sibling(s).LAYERS_DIFFER}
 
 
 @pytest.mark.parametrize(

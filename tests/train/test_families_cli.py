@@ -3,11 +3,11 @@ recipe of `s3r recipes`, and its loss falls.
 
 Each case runs the real CLI entry in-process (`s3r.cli.main`) on the conftest corpus (tokenizer vocabulary V = 300,
 batch 4 x seq 32, 24 steps at lr 1e-2) with an empty data root (no c4 validation set to encode) and reads the run's
-metrics.jsonl. Each family has its own recipe (DEFAULT, five different ones); the default suite trains two of them
-(IN_DEFAULT_SUITE: the dense Llama block, and the routed MoE block with its logged metrics); the other three and the
-whole family x recipe grid are marked slow: `pytest -m slow tests/train/test_families_cli.py`. (Every family's
-forward is compared with its reference implementation in the default suite by tests/model; compiling one family's
-train step here costs 15-55 s.)
+metrics.jsonl. Each family has its own recipe (DEFAULT: `CLI_RECIPE` of its facts in tests/model/families/<name>.py,
+all different); the default suite trains those whose facts say `CLI_IN_DEFAULT_SUITE` (the dense Llama block, and
+the routed MoE block with its logged metrics); the others and the whole family x recipe grid are marked slow:
+`pytest -m slow tests/train/test_families_cli.py`. (Every family's forward is compared with its reference
+implementation in the default suite by tests/model; compiling one family's train step here costs 15-55 s.)
 
 Why the loss criterion cannot pass by chance: at initialization the logits are nearly uniform, so every token costs
 about ln V whichever token it is, and batch sampling cannot move the step-0 loss (it sits within a few hundredths of a
@@ -30,17 +30,13 @@ import pytest
 
 from s3r import cli
 from s3r import model as M
+from s3r.model.config import MoeFields
 from s3r.quant import RECIPES
+from tests.model import family_facts
 
-SIBLINGS = ("llama-tiny", "qwen3-tiny", "gemma3-tiny", "qwen3-moe-tiny", "deepseek-tiny")  # one per family
-DEFAULT = {  # the default suite's run per family: five different recipes
-  "llama-tiny": "s3r_ec_dx",
-  "qwen3-tiny": "int8_sr",
-  "gemma3-tiny": "s3r_ec",
-  "qwen3-moe-tiny": "s3r",
-  "deepseek-tiny": "s3r_ec_dx_bcast",
-}
-IN_DEFAULT_SUITE = ("llama-tiny", "qwen3-moe-tiny")
+SIBLINGS = family_facts.SIBLINGS  # one per registered family
+DEFAULT = {p: family_facts.of_sibling(p).CLI_RECIPE for p in SIBLINGS}  # each family's own recipe
+IN_DEFAULT_SUITE = tuple(p for p in SIBLINGS if family_facts.of_sibling(p).CLI_IN_DEFAULT_SUITE)
 STEPS, LR, VOCAB = 24, 1e-2, 300
 LAST = 6  # logged training losses averaged at the end of a run
 FALL_NATS = (
@@ -48,7 +44,6 @@ FALL_NATS = (
 )
 Z = 6.0  # required fall in standard errors of the last LAST losses
 MOE_METRICS = ("load_balance_loss", "dropped_fraction")
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v2")
 
 
 def _train(out: pathlib.Path, preset: str, recipe: str, corpus: pathlib.Path, cache: pathlib.Path, lr: float = LR):
@@ -85,7 +80,7 @@ def _check_run(code: int, records: list[dict], preset: str, recipe: str) -> None
   assert abs(records[0]["loss"] - math.log(VOCAB)) < 0.3, f"{name}: step-0 loss {records[0]['loss']:.3f} is not ~ln V"
   fall, stderr, val_fall = loss_fall(records)
   assert learned(records), f"{name}: loss fell {fall:.3f} +- {stderr:.3f} nats, validation {val_fall:.3f}"
-  if M.PRESETS[preset].family in MOE_FAMILIES:
+  if isinstance(M.PRESETS[preset], MoeFields):
     for r in records[1:]:
       assert set(MOE_METRICS) <= set(r), f"{name}: step {r['step']} lacks {MOE_METRICS}"
       assert r["load_balance_loss"] > 0 and math.isfinite(r["load_balance_loss"]), (name, r)
@@ -98,11 +93,9 @@ def empty_data_root(tmp_path, monkeypatch):
   (tmp_path / "empty-root").mkdir()
 
 
-def test_the_siblings_cover_every_family_and_the_default_runs_rotate_the_recipes():
-  assert sorted(M.PRESETS[p].family for p in SIBLINGS) == sorted(M.FAMILIES)
-  assert set(DEFAULT) == set(SIBLINGS) and len(set(DEFAULT.values())) == len(SIBLINGS)
+def test_the_families_default_runs_rotate_the_recipes():
+  assert len(set(DEFAULT.values())) == len(SIBLINGS)
   assert set(DEFAULT.values()) <= set(RECIPES)
-  assert {M.PRESETS[p].family for p in SIBLINGS if getattr(M.PRESETS[p], "n_experts", 0)} == set(MOE_FAMILIES)
 
 
 GRID = [

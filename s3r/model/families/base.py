@@ -27,14 +27,14 @@ BlockTensors = Callable[[Any, int, str, bool], list[Entry]]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Family:
-  """One decoder family: its config class, its block, and its Hugging Face conversion.
+  """One decoder family: its config class, its block, its Hugging Face conversion and its presets.
 
   config: the frozen config class; `config.family` is the family's name (config files, presets).
   block: the block module (s3r.model.layers.Block or a subclass), built as block(cfg, key, layer).
   readers: `transformers` architecture name -> the reader of a `config.json` naming it.
   writer: the `config.json` of an s3r config of exactly this class (the inverse of the first reader).
   block_tensors: where each parameter of one layer lives in a checkpoint (s3r.model.hf.layouts).
-  presets: preset name -> config of this family (published sizes, CPU-sized ones), in listing order.
+  presets: preset name -> config of exactly this class (published sizes, CPU-sized ones), in listing order.
   sibling: the CPU-sized preset that stands for the family in tests and CPU runs (one of `presets`).
   inference: config fields that generation replaces (e.g. dropless MoE routing).
   """
@@ -55,9 +55,9 @@ class Family:
       raise TypeError(f"Family.block must be a Block subclass, got {self.block!r}")
     if not self.readers:
       raise ValueError(f"Family.readers of {self.name!r} names no architecture")
-    foreign = [name for name, cfg in self.presets.items() if not isinstance(cfg, self.config)]
+    foreign = [name for name, cfg in self.presets.items() if type(cfg) is not self.config]
     if foreign:
-      raise TypeError(f"Family.presets of {self.name!r}: {foreign} are not {self.config.__name__}s")
+      raise TypeError(f"Family.presets of {self.name!r}: {foreign} are not of exactly {self.config.__name__}")
     if self.sibling not in self.presets:
       raise ValueError(f"Family.sibling of {self.name!r}: {self.sibling!r} is not one of its presets")
     unknown = set(self.inference) - {f.name for f in dataclasses.fields(self.config)}
