@@ -132,7 +132,7 @@ def _entries(name: str):
   return ckpt, tensors.tensor_map(M.hf_config(FIXTURES / name), ckpt.names)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen3_moe", "deepseek_v2_qlora"])
+@pytest.mark.parametrize("name", NAMES)
 def test_every_layout_gives_back_the_stored_tensors(name):
   ckpt, entries = _entries(name)
   for entry in entries:

@@ -6,6 +6,7 @@ import pytest
 from s3r.model import PRESETS, init_params
 from s3r.model.config import MoeFields
 from s3r.train import flops
+from tests.model import family_facts
 
 
 def test_tiny_training_flops_per_token_match_a_hand_count():
@@ -39,7 +40,7 @@ def _matmul_weights_per_token(name: str) -> float:
   return total + (cfg.d_model * cfg.vocab_size if cfg.tie_embeddings else 0)
 
 
-@pytest.mark.parametrize("name", ["tiny", "cpu-small", "qwen3-tiny", "gemma3-tiny", "moe-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize("name", ["cpu-small", *family_facts.TINY])  # every family, its width-64 presets
 def test_weight_flops_are_six_per_matmul_weight_a_token_uses(name):
   assert flops.train_flops_per_token(PRESETS[name], 64).weights == 6 * _matmul_weights_per_token(name)
 
