@@ -27,6 +27,7 @@ ACT_DTYPES = ("bfloat16", "float32")  # activation dtypes (see ModelConfig.act_d
 
 
 def check_positive(obj, fields, kind=int):
+  """Raises ValueError naming `type(obj).field` unless each of `fields` of `obj` is a positive `kind` (int or float)."""
   for field in fields:
     value = getattr(obj, field)
     ok = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else isinstance(value, (int, float))
