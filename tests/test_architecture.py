@@ -138,7 +138,7 @@ def _module_graph() -> dict[str, set[str]]:
   graph: dict[str, set[str]] = {}
   for name, path in sorted(modules.items()):
     targets = {module(imported) for _, imported in _imports(path, names=True)}
-    graph[name] = targets - {None, name}
+    graph[name] = {t for t in targets if t is not None and t != name}
   return graph
 
 

@@ -74,8 +74,12 @@ NESTED = """HloModule m
 
 def test_find_dot_looks_into_the_computations_a_fusion_calls_and_counts_convolutions_only_when_asked():
   comps = hlo.parse_hlo(NESTED)
-  dot, comp = hlo.find_dot(comps, "outer")
+  found = hlo.find_dot(comps, "outer")
+  assert found is not None
+  dot, comp = found
   assert (dot.name, comp.name, dot.operands) == ("d", "inner", ["a", "b"])
   assert hlo.find_dot(comps, "conv") is None
-  conv, _ = hlo.find_dot(comps, "conv", (*hlo.DOT_OPCODES, "convolution"))
+  found = hlo.find_dot(comps, "conv", (*hlo.DOT_OPCODES, "convolution"))
+  assert found is not None
+  conv, _ = found
   assert conv.name == "c" and hlo.find_dot(comps, "missing") is None

@@ -69,4 +69,4 @@ def test_the_taps_report_each_layers_own_projection_inputs_and_weights(scan_laye
 def test_a_block_that_is_no_subclass_of_the_familys_block_is_refused():
   cfg, _, _ = _tiny()
   with pytest.raises(ValueError, match="block: must be a subclass of"):
-    s3r_model.graphdef(cfg, block=dict)
+    s3r_model.graphdef(cfg, block=dict)  # pyrefly: ignore[bad-argument-type]  # the wrong type is the test
