@@ -86,7 +86,28 @@ def predicted_sentence(validation: dict, ffn: dict, steps: dict) -> str:
     f"{100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}%), predicts that block with `s3r_ec_dx` at "
     f"{span(ffn['results']['rows'])} the speed of `bf16` on the H200, and a full train step of the three dense "
     f"families at {span(steps['results']['rows'], dense)} on an H100: XLA's int8 GEMMs, as compiled today, do not "
-    "pay for the quantizers ([docs/speed-model.md](docs/speed-model.md); predicted, not measured)."
+    "pay for the quantizers."
+  )
+
+
+def tpu_sentence(validation: dict, steps: dict) -> str:
+  """The README's v5p sentence: the Table III validation's held-out errors, and the dense families' predicted
+  `s3r_ec_dx` train steps over `bf16` against the paper's measured Table IV (labtools/paper.py)."""
+  from labtools.paper import PAPER_TABLE_IV_MS
+
+  s = validation["results"]["summary"]
+  rows = [x for x in steps["results"]["rows"] if x["recipe"] == "s3r_ec_dx"]
+  ratios = [x["ratio"] for x in rows]
+  names = [x["model"].removeprefix("step_").split("_L")[0] for x in rows]
+  paper = [PAPER_TABLE_IV_MS["bf16"][n] / PAPER_TABLE_IV_MS["s3r_ec_dx"][n] for n in names]
+  above = [100 * (r / q - 1) for r, q in zip(ratios, paper, strict=True)]
+  assert len(rows) == 3, names
+  return (
+    "For a TPU v5p the model, fitted on two of the paper's FFN shapes (median error "
+    f"{100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}% on the other seven), predicts `s3r_ec_dx` train "
+    f"steps of the three dense families at {min(ratios):.2f}-{max(ratios):.2f}x `bf16`, "
+    f"{min(above):.0f}-{max(above):.0f}% above the paper's measured {min(paper):.2f}-{max(paper):.2f}x "
+    "([docs/speed-model.md](docs/speed-model.md); predicted, not measured)."
   )
 
 
@@ -217,6 +238,15 @@ def test_readme_predicted_speed_sentence_matches_the_committed_model_results():
   assert predicted_sentence(validation, ffn, steps) in readme, predicted_sentence(validation, ffn, steps)
   ffn["results"]["rows"][1]["ratio"] = 0.1
   assert predicted_sentence(validation, ffn, steps) not in readme  # the check can fail
+
+
+def test_readme_tpu_sentence_matches_the_committed_model_results():
+  readme = " ".join(README.read_text().split())
+  validation = _load("results/perfmodel/bench_perfmodel_validate_v5p_cpu.json")
+  steps = _load("results/perfmodel/bench_perfmodel_predict_v5p_cpu.json")
+  assert tpu_sentence(validation, steps) in readme, tpu_sentence(validation, steps)
+  steps["results"]["rows"][-1]["ratio"] = 3.0
+  assert tpu_sentence(validation, steps) not in readme  # the check can fail
 
 
 def test_readme_memory_sentence_matches_the_committed_aot_results():
