@@ -121,3 +121,11 @@ def paired_cell(d: dict | None) -> str:
   if d["sd"] is None:
     return f"{d['mean']:+.3f} (seed {d['seeds'][0]} only)"
   return f"{d['mean']:+.3f} ± {d['sd']:.3f}" + ("" if d["t"] is None else f", t {d['t']:+.2f} ({d['p']:.3g})")
+
+
+def defined(value, what: str):
+  """`value` when a test or interval was computable (`interval` and `tost` give None for fewer than two
+  differences); otherwise a ValueError naming `what`."""
+  if value is None:
+    raise ValueError(f"{what}: too few differences (or no spread) to compute it")
+  return value

@@ -397,6 +397,7 @@ def long_arm_sentence(doc: dict, finals: dict) -> str:
   rules' verdicts (research/results/dose_long.json), the paper's difference beside each (labtools/paper.py),
   and the scope of the equivalence: C4 validation and seeds 3-5 alone, recomputed from the run files."""
   from labtools.paper import paper_diff
+  from research import stats
 
   tests = {r: doc["paired_tests"][f"{r} − int8_sr"] for r in ("s3r", "s3r_ec_dx")}
   seeds = sorted({s for (_, s, _) in finals})
@@ -414,9 +415,9 @@ def long_arm_sentence(doc: dict, finals: dict) -> str:
   (lr,) = set(doc["sweep"]["fixed_lrs"].values())
   assert tests["s3r"]["verdict"] == "above 0", "the README says the cost is shown"
   assert tests["s3r_ec_dx"]["verdict"] == f"equivalent within ±{margin:g}", "the README says equivalence is shown"
-  c4 = _tost(gaps("s3r_ec_dx", "c4", seeds), margin)
-  late = _tost(gaps("s3r_ec_dx", "val", RULE_SEEDS), margin)
-  late_cost = _interval(gaps("s3r", "val", RULE_SEEDS), 0.95)
+  c4 = stats.defined(stats.tost(gaps("s3r_ec_dx", "c4", seeds), margin), "TOST")
+  late = stats.defined(stats.tost(gaps("s3r_ec_dx", "val", RULE_SEEDS), margin), "TOST")
+  late_cost = stats.defined(stats.interval(gaps("s3r", "val", RULE_SEEDS), 0.95), "interval")
   assert not c4["equivalent"] and not late["equivalent"] and late_cost[0] > 0, "the README's scope sentence"
   first, last = RULE_SEEDS[0], RULE_SEEDS[-1]
   return (
@@ -642,24 +643,6 @@ def test_results_doc_rerun_rows_match_the_int8_arms_curves():
   assert f"| {first} |" in text and f"| {second} |" in text
   final["rerun", 1]["s3r"] += 0.01
   assert rerun_rows(final)[1] != second  # the check can fail
-
-
-def _tost(diffs, margin: float) -> dict:
-  """research.stats.tost for enough differences (it gives None below two)."""
-  from research import stats
-
-  out = stats.tost(diffs, margin)
-  assert out is not None, "too few differences for an equivalence test"
-  return out
-
-
-def _interval(diffs, level: float = 0.95) -> tuple[float, float]:
-  """research.stats.interval for enough differences (it gives None below two)."""
-  from research import stats
-
-  out = stats.interval(diffs, level)
-  assert out is not None, "too few differences for an interval"
-  return out
 
 
 def _known(x: float | None) -> float:

@@ -64,8 +64,8 @@ def scope_phrases(runs: list[dict], margin: float = 0.01) -> list[str]:
   def gaps(a: str, b: str, key: str, over) -> list[float]:
     return [final[a, s, key] - final[b, s, key] for s in over]
 
-  c4 = _tost(gaps("s3r_ec_dx", "int8_sr", "c4", seeds), margin)
-  late = _tost(gaps("s3r_ec_dx", "int8_sr", "val", RULE_SEEDS), margin)
+  c4 = stats.defined(stats.tost(gaps("s3r_ec_dx", "int8_sr", "c4", seeds), margin), "TOST")
+  late = stats.defined(stats.tost(gaps("s3r_ec_dx", "int8_sr", "val", RULE_SEEDS), margin), "TOST")
   assert not c4["equivalent"] and not late["equivalent"], "the page says the equivalence is not reached there"
   central = gaps("s3r", "s3r_ec_dx", "val", seeds)
   mean, sd = stats.mean_sd(central)
@@ -75,7 +75,7 @@ def scope_phrases(runs: list[dict], margin: float = 0.01) -> list[str]:
     f"{_span(late['ci'])} (TOST p {late['p']:.2f})",
     f"is not reached on C4 validation (90% interval {_span(c4['ci'])}) nor on seeds {RULE_SEEDS[0]}-"
     f"{RULE_SEEDS[-1]} alone ({_span(late['ci'])})",
-    f"it is {mean:+.3f} ± {sd:.3f} (95% interval {_span(_interval(central))}, above 0)",
+    f"it is {mean:+.3f} ± {sd:.3f} (95% interval {_span(stats.defined(stats.interval(central), 'interval'))}, above 0)",
   ]
 
 
@@ -164,7 +164,7 @@ def test_quality_at_scale_page_quotes_the_long_arm_as_results_md_does():
   runs = _long_runs()
   final = {(r["recipe"], r["seed"]): r["val_losses"]["c4"] for r in runs if r["status"] == "done"}
   seeds = sorted({s for (_, s) in final})
-  c4 = _tost([final["s3r_ec_dx", s] - final["int8_sr", s] for s in seeds], 0.01)
+  c4 = stats.defined(stats.tost([final["s3r_ec_dx", s] - final["int8_sr", s] for s in seeds], 0.01), "TOST")
   page = " ".join((ROOT / "research" / "docs" / "quality-at-scale.md").read_text().split())
   phrases = [
     f"`s3r` ends {_signed(tests['s3r']['mean'])} above independent SR (95% interval {_span(tests['s3r']['ci95'])})",
@@ -174,23 +174,5 @@ def test_quality_at_scale_page_quotes_the_long_arm_as_results_md_does():
   for phrase in phrases:
     assert phrase in page, phrase
   assert "six seeds" in page and len(seeds) == 6
-  moved = _tost([final["s3r_ec_dx", s] - final["int8_sr", s] + 0.002 for s in seeds], 0.01)
+  moved = stats.defined(stats.tost([final["s3r_ec_dx", s] - final["int8_sr", s] + 0.002 for s in seeds], 0.01), "TOST")
   assert _span(moved["ci"]) != _span(c4["ci"])  # the check can fail
-
-
-def _tost(diffs, margin: float) -> dict:
-  """research.stats.tost for enough differences (it gives None below two)."""
-  from research import stats
-
-  out = stats.tost(diffs, margin)
-  assert out is not None, "too few differences for an equivalence test"
-  return out
-
-
-def _interval(diffs, level: float = 0.95) -> tuple[float, float]:
-  """research.stats.interval for enough differences (it gives None below two)."""
-  from research import stats
-
-  out = stats.interval(diffs, level)
-  assert out is not None, "too few differences for an interval"
-  return out
