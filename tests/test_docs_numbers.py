@@ -96,7 +96,8 @@ def tpu_sentence(validation: dict, steps: dict) -> str:
   from labtools.paper import PAPER_TABLE_IV_MS
 
   s = validation["results"]["summary"]
-  rows = [x for x in steps["results"]["rows"] if x["recipe"] == "s3r_ec_dx"]
+  dense = ("llama3.1-8b", "qwen3-8b", "gemma3-12b")
+  rows = [x for x in steps["results"]["rows"] if x["recipe"] == "s3r_ec_dx" and any(m in x["model"] for m in dense)]
   ratios = [x["ratio"] for x in rows]
   names = [x["model"].removeprefix("step_").split("_L")[0] for x in rows]
   paper = [PAPER_TABLE_IV_MS["bf16"][n] / PAPER_TABLE_IV_MS["s3r_ec_dx"][n] for n in names]
