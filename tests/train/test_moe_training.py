@@ -15,8 +15,8 @@ import s3r
 from s3r import model as M
 from s3r.train import loop
 from s3r.train import step as St
-from s3r.train.config import TrainConfig
 from s3r.train.step import optimizer as O
+from tests.train.conftest import tiny_config
 
 MOE_METRICS = ("load_balance_loss", "dropped_fraction")
 
@@ -98,23 +98,10 @@ def _records(cfg):
 @pytest.mark.slow  # two MoE runs (40 s); dense resumption is bit-for-bit in tests/train/test_loop.py, MoE metrics are
 # logged in tests/train/test_families_cli.py
 def test_moe_run_logs_the_moe_metrics_and_resumes_bit_for_bit(tmp_path, corpus_dir, cache_dir):
-  cfg = TrainConfig(
-    out=str(tmp_path / "run"),
-    preset="moe-tiny",
-    recipe="s3r",
-    steps=4,
-    warmup=1,
-    batch=2,
-    seq=16,
-    lr=3e-3,
-    data=str(corpus_dir),
-    vocab=300,
-    cache_dir=str(cache_dir),
-    eval_every=2,
-    eval_batches=1,
-    ckpt_every=2,
-    progress=False,
-  )
+  cfg = tiny_config(
+    tmp_path / "run", corpus_dir, cache_dir, preset="moe-tiny", recipe="s3r", steps=4, warmup=1, batch=2, seq=16,
+    eval_every=2, ckpt_every=2,
+  )  # fmt: skip
   loop.train(cfg, log=lambda *_: None)
   full = _records(cfg)
   assert [r["step"] for r in full] == list(range(5))
